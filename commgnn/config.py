@@ -1,0 +1,174 @@
+"""Strict mapping between TOML tables and frozen config dataclasses (a leaf module).
+
+Every component owns a ``@dataclass(frozen=True, kw_only=True)`` config that validates
+itself in ``__post_init__``. This module only moves values in and out of them:
+
+* :func:`from_dict` builds a config from a (possibly nested) mapping. Unknown keys and
+  values of the wrong type are :class:`~commgnn.errors.ConfigError` naming the full key
+  path, e.g. ``model.hidden: expected int, got str ('16')``.
+* :func:`to_dict` turns a config back into plain values, so the resolved config can be
+  written beside the results and read back to the same object.
+* :func:`load_toml` / :func:`dump_toml` read and write the files.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import tomllib
+import types
+import typing
+from pathlib import Path
+from typing import Any, Literal, Mapping, TypeVar, Union, get_args, get_origin
+
+from commgnn.errors import ConfigError
+
+T = TypeVar("T")
+
+
+def _type_name(tp: Any) -> str:
+    if get_origin(tp) is Literal:
+        return " | ".join(repr(a) for a in get_args(tp))
+    return getattr(tp, "__name__", str(tp))
+
+
+def _coerce(value: Any, tp: Any, path: str) -> Any:
+    """Check ``value`` against annotation ``tp``; return it (ints widen to float)."""
+    origin = get_origin(tp)
+    if tp is Any:
+        return value
+    if origin in (Union, types.UnionType):
+        errors = []
+        for arm in get_args(tp):
+            if arm is type(None):
+                if value is None:
+                    return None
+                continue
+            try:
+                return _coerce(value, arm, path)
+            except ConfigError as exc:
+                errors.append(str(exc))
+        raise ConfigError(f"{path}: expected {' or '.join(_type_name(a) for a in get_args(tp))}, "
+                          f"got {type(value).__name__} ({value!r})")
+    if origin is Literal:
+        if value not in get_args(tp):
+            choices = ", ".join(repr(a) for a in get_args(tp))
+            raise ConfigError(f"{path}: {value!r} is not one of {choices}")
+        return value
+    if origin in (tuple, list):
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"{path}: expected a list, got {type(value).__name__} ({value!r})")
+        (item_tp, *_rest) = get_args(tp) or (Any,)
+        return tuple(_coerce(v, item_tp, f"{path}[{i}]") for i, v in enumerate(value))
+    if dataclasses.is_dataclass(tp):
+        if dataclasses.is_dataclass(value) and isinstance(value, tp):
+            return value
+        if not isinstance(value, Mapping):
+            raise ConfigError(f"{path}: expected a table, got {type(value).__name__} ({value!r})")
+        return from_dict(tp, value, path=path)
+    if tp is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(f"{path}: expected true/false, got {type(value).__name__} ({value!r})")
+        return value
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"{path}: expected int, got {type(value).__name__} ({value!r})")
+        return value
+    if tp is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(f"{path}: expected float, got {type(value).__name__} ({value!r})")
+        return float(value)
+    if tp is str:
+        if not isinstance(value, str):
+            raise ConfigError(f"{path}: expected string, got {type(value).__name__} ({value!r})")
+        return value
+    return value
+
+
+def from_dict(cls: type[T], data: Mapping[str, Any], *, path: str = "") -> T:
+    """Build dataclass ``cls`` from ``data``, rejecting unknown keys and wrong types."""
+    if not isinstance(data, Mapping):
+        raise ConfigError(f"{path or 'config'}: expected a table, got {type(data).__name__}")
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
+    unknown = sorted(set(data) - set(fields))
+    if unknown:
+        where = f"{path}." if path else ""
+        known = ", ".join(sorted(fields))
+        raise ConfigError(f"unknown config key '{where}{unknown[0]}' (known keys here: {known})")
+    kwargs = {}
+    for name, value in data.items():
+        key = f"{path}.{name}" if path else name
+        kwargs[name] = _coerce(value, hints[name], key)
+    try:
+        return cls(**kwargs)
+    except ConfigError as exc:
+        if path and not str(exc).startswith(path):
+            raise ConfigError(f"{path}.{exc}") from None
+        raise
+    except TypeError as exc:  # a required field is missing
+        raise ConfigError(f"{path or 'config'}: {exc}") from None
+
+
+def to_dict(cfg: Any) -> dict[str, Any]:
+    """Plain-value view of a config dataclass (``None`` fields are left out: TOML has no null)."""
+    out: dict[str, Any] = {}
+    for f in dataclasses.fields(cfg):
+        value = getattr(cfg, f.name)
+        if value is None:
+            continue
+        if dataclasses.is_dataclass(value):
+            value = to_dict(value)
+        elif isinstance(value, tuple):
+            value = list(value)
+        out[f.name] = value
+    return out
+
+
+def replace_path(cfg: T, dotted: str, value: Any) -> T:
+    """Return ``cfg`` with the field at ``a.b.c`` replaced (validated again)."""
+    head, _, rest = dotted.partition(".")
+    names = {f.name for f in dataclasses.fields(cfg)}
+    if head not in names:
+        raise ConfigError(f"unknown config key '{dotted}'")
+    if rest:
+        value = replace_path(getattr(cfg, head), rest, value)
+    else:
+        hints = typing.get_type_hints(type(cfg))
+        value = _coerce(value, hints[head], dotted)
+    return dataclasses.replace(cfg, **{head: value})
+
+
+def load_toml(path: str | Path) -> dict[str, Any]:
+    """Read a TOML file, turning I/O and syntax problems into one-line config errors."""
+    p = Path(path)
+    try:
+        with p.open("rb") as fh:
+            return tomllib.load(fh)
+    except FileNotFoundError:
+        raise ConfigError(f"config file not found: {p}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"config file {p} is not valid TOML: {exc}") from None
+
+
+def dump_toml(data: Mapping[str, Any]) -> str:
+    """Serialise nested plain values to TOML text (tables after scalars, as TOML requires)."""
+    import tomli_w
+
+    return tomli_w.dumps(dict(data))
+
+
+def positive(name: str, value: int | float, *, allow_zero: bool = False) -> None:
+    """Raise a :class:`ConfigError` unless ``value`` is > 0 (or >= 0 with ``allow_zero``)."""
+    if value < 0 or (value == 0 and not allow_zero):
+        bound = ">= 0" if allow_zero else "> 0"
+        raise ConfigError(f"{name} must be {bound}, got {value}")
+
+
+def fraction(name: str, value: float, *, open_low: bool = False, open_high: bool = False) -> None:
+    """Raise a :class:`ConfigError` unless ``value`` lies in [0, 1] (ends optionally open)."""
+    low_ok = value > 0 if open_low else value >= 0
+    high_ok = value < 1 if open_high else value <= 1
+    if not (low_ok and high_ok):
+        lo = "(0" if open_low else "[0"
+        hi = "1)" if open_high else "1]"
+        raise ConfigError(f"{name} must lie in {lo}, {hi}, got {value}")

@@ -1,0 +1,28 @@
+"""Error types shared by every layer (a leaf module).
+
+A :class:`UserError` is a problem with what the user asked for (a bad flag, a missing
+dataset, a corrupt partition directory). The CLI prints it as one line and exits with
+code 2, without a traceback. Anything else is a bug and keeps its traceback.
+"""
+
+from __future__ import annotations
+
+
+class UserError(Exception):
+    """A problem with the user's input; reported as one line, exit code 2."""
+
+
+class ConfigError(UserError):
+    """A configuration value or key is invalid."""
+
+
+class DataError(UserError):
+    """A dataset is missing, malformed or inconsistent."""
+
+
+class PartitionError(UserError):
+    """A partitioning request or a saved partition directory is invalid."""
+
+
+class RankFailure(RuntimeError):
+    """A peer rank died or a collective timed out; names the rank where known."""
