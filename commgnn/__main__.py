@@ -1,0 +1,5 @@
+import sys
+
+from commgnn.cli.main import main
+
+sys.exit(main())

@@ -1,0 +1,52 @@
+"""Baseline gradient sync: one fp32 all-reduce (SUM) of all gradients flattened into a bucket.
+
+Bytes: ``torch.distributed`` does not expose what a backend puts on the wire, so we
+count the ring all-reduce algorithm's payload, ``2 (P-1)/P * n * s`` bytes sent per rank
+for ``n`` elements of ``s`` bytes (reduce-scatter plus all-gather), the lower bound any
+bandwidth-optimal all-reduce reaches. Both gloo (ring / halving-doubling) and NCCL (ring)
+send this much for large buckets.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable
+
+import torch
+from torch import nn
+
+from commgnn.dist.context import DistContext
+from commgnn.dist.events import Hooks
+
+
+def ring_allreduce_bytes(numel: int, elem_size: int, world_size: int) -> int:
+    """Payload one rank sends in a ring all-reduce of ``numel`` elements."""
+    return (2 * (world_size - 1) * numel * elem_size) // world_size
+
+
+class AllReduceSync:
+    """fp32 SUM all-reduce of one flattened bucket (exact)."""
+
+    def __init__(self, ctx: DistContext, hooks: Hooks) -> None:
+        self.ctx, self.hooks = ctx, hooks
+
+    def sync(self, params: Iterable[nn.Parameter]) -> None:
+        if not self.ctx.is_distributed:
+            return
+        params = [p for p in params if p.requires_grad]
+        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
+        flat = torch.cat([g.reshape(-1) for g in grads])
+        self.hooks.sent("grad_sync", -1, -1,
+                        ring_allreduce_bytes(flat.numel(), flat.element_size(), self.ctx.world_size))
+        with self.hooks.timed("comm"):
+            self.ctx.all_reduce(flat, "sum")
+        offset = 0
+        for p in params:
+            n = p.numel()
+            p.grad = flat[offset:offset + n].view_as(p).clone()
+            offset += n
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        pass

@@ -1,0 +1,189 @@
+"""The distributed runtime: one :class:`DistContext`, built once and passed explicitly.
+
+Library code never calls ``dist.get_rank()`` or reads environment variables: the CLI
+reads ``torchrun``'s environment (:func:`launch_info_from_env`), builds the context with
+:func:`init_distributed` and hands it down. A world of size 1 never creates a process
+group, so every strategy's world-size-1 path runs without ``torch.distributed``.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import os
+import socket
+from dataclasses import dataclass
+from typing import Literal, Mapping
+
+import torch
+import torch.distributed as dist
+
+from commgnn.config import positive
+from commgnn.errors import ConfigError, UserError
+
+
+@dataclass(frozen=True, kw_only=True)
+class RuntimeConfig:
+    """How ranks are started and talk to each other."""
+
+    parts: int = 2
+    """Number of ranks P (= partitions) started locally by ``commgnn train``. Under
+    ``torchrun`` the world size comes from its environment and must equal this."""
+    backend: Literal["auto", "gloo", "nccl"] = "auto"
+    """Collective backend; ``auto`` picks NCCL when every local rank has its own GPU, else gloo."""
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    """Where tensors live; ``auto`` = CUDA when available for every local rank, else CPU."""
+    timeout_s: float = 120.0
+    """Collective time-out in seconds: a dead or stuck peer makes the others fail after at most this."""
+    threads: int = 0
+    """Intra-op threads per rank; 0 = the machine's cores divided by the local ranks (at least 1)."""
+    master_addr: str = "127.0.0.1"
+    """Rendezvous address for locally spawned ranks."""
+    port: int = 0
+    """Rendezvous port for locally spawned ranks; 0 picks a free one."""
+
+    def __post_init__(self) -> None:
+        positive("runtime.parts", self.parts)
+        positive("runtime.timeout_s", self.timeout_s)
+        positive("runtime.threads", self.threads, allow_zero=True)
+        if not 0 <= self.port <= 65535:
+            raise ConfigError(f"runtime.port must lie in [0, 65535], got {self.port}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class LaunchInfo:
+    """Where this process sits in the job, as the launcher told it."""
+
+    rank: int
+    world_size: int
+    local_rank: int
+    local_world_size: int
+    master_addr: str
+    port: int
+    external: bool = False
+    """True under torchrun (rendezvous via its environment), False for our own spawner."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class DistContext:
+    """Rank, world size, device and process group of this process."""
+
+    rank: int
+    world_size: int
+    local_rank: int
+    local_world_size: int
+    device: torch.device
+    backend: str
+    timeout_s: float
+    group: dist.ProcessGroup | None = None
+    """The default group (None when world_size == 1)."""
+
+    @property
+    def is_distributed(self) -> bool:
+        return self.world_size > 1
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    def barrier(self) -> None:
+        if self.is_distributed:
+            dist.barrier(group=self.group)
+
+    def all_reduce(self, t: torch.Tensor, op: str = "sum") -> torch.Tensor:
+        """In-place all-reduce (``sum`` | ``max`` | ``min``); a no-op for one rank."""
+        if self.is_distributed:
+            ops = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}
+            dist.all_reduce(t, op=ops[op], group=self.group)
+        return t
+
+    @staticmethod
+    def single(device: torch.device | str = "cpu") -> "DistContext":
+        """A world of one rank (no process group)."""
+        return DistContext(rank=0, world_size=1, local_rank=0, local_world_size=1,
+                           device=torch.device(device), backend="none", timeout_s=0.0)
+
+
+def launch_info_from_env(env: Mapping[str, str]) -> LaunchInfo | None:
+    """Parse torchrun's variables (RANK, WORLD_SIZE, LOCAL_RANK, ...); None when absent."""
+    if "RANK" not in env or "WORLD_SIZE" not in env:
+        return None
+    try:
+        world = int(env["WORLD_SIZE"])
+        return LaunchInfo(rank=int(env["RANK"]), world_size=world,
+                          local_rank=int(env.get("LOCAL_RANK", "0")),
+                          local_world_size=int(env.get("LOCAL_WORLD_SIZE", str(world))),
+                          master_addr=env.get("MASTER_ADDR", "127.0.0.1"),
+                          port=int(env.get("MASTER_PORT", "29500")), external=True)
+    except ValueError as exc:
+        raise UserError(f"bad torchrun environment: {exc}") from None
+
+
+def pick_device(cfg: RuntimeConfig, local_rank: int, local_world_size: int) -> torch.device:
+    """The device of a local rank: its own GPU when there is one per rank, else CPU."""
+    enough_gpus = torch.cuda.is_available() and torch.cuda.device_count() >= local_world_size
+    if cfg.device == "cuda":
+        if not enough_gpus:
+            have = torch.cuda.device_count() if torch.cuda.is_available() else 0
+            raise UserError(f"runtime.device = 'cuda' needs one GPU per local rank: "
+                            f"{local_world_size} ranks, {have} GPUs")
+        return torch.device("cuda", local_rank)
+    if cfg.device == "auto" and enough_gpus:
+        return torch.device("cuda", local_rank)
+    return torch.device("cpu")
+
+
+def threads_per_rank(cfg: RuntimeConfig, local_world_size: int) -> int:
+    """Intra-op threads so that local ranks share the cores without oversubscribing them."""
+    if cfg.threads:
+        return cfg.threads
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, cores // local_world_size)
+
+
+def init_distributed(info: LaunchInfo, cfg: RuntimeConfig) -> DistContext:
+    """Create the process group (if world > 1), set threads and device; return the context."""
+    device = pick_device(cfg, info.local_rank, info.local_world_size)
+    torch.set_num_threads(threads_per_rank(cfg, info.local_world_size))
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    backend = cfg.backend
+    if backend == "auto":
+        backend = "nccl" if device.type == "cuda" else "gloo"
+    if backend == "nccl" and device.type != "cuda":
+        raise UserError("runtime.backend = 'nccl' needs CUDA devices; use 'gloo' on CPU")
+    if info.world_size == 1:
+        return DistContext(rank=0, world_size=1, local_rank=0, local_world_size=1, device=device,
+                           backend="none", timeout_s=cfg.timeout_s)
+    timeout = _dt.timedelta(seconds=cfg.timeout_s)
+    if info.external:
+        dist.init_process_group(backend, timeout=timeout)
+    else:
+        store = dist.TCPStore(info.master_addr, info.port, info.world_size, info.rank == 0,
+                              timeout=timeout)
+        dist.init_process_group(backend, store=store, rank=info.rank, world_size=info.world_size,
+                                timeout=timeout)
+    return DistContext(rank=info.rank, world_size=info.world_size, local_rank=info.local_rank,
+                       local_world_size=info.local_world_size, device=device, backend=backend,
+                       timeout_s=cfg.timeout_s, group=dist.group.WORLD)
+
+
+def shutdown(ctx: DistContext) -> None:
+    if ctx.is_distributed and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def free_port(addr: str = "127.0.0.1") -> int:
+    """A port that was free a moment ago (the OS picks it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((addr, 0))
+        return int(s.getsockname()[1])
+
+
+def check_port_free(addr: str, port: int) -> None:
+    """Raise a UserError when ``addr:port`` cannot be bound (already in use)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind((addr, port))
+        except OSError:
+            raise UserError(f"port {port} on {addr} is already in use; "
+                            f"choose another with --port, or --port 0 to pick a free one") from None

@@ -1,0 +1,69 @@
+"""Communication and timing events, and the hook bus that carries them (a leaf module).
+
+Exchange code stays free of bookkeeping: it only calls ``hooks.sent(...)`` with the
+payload it actually handed to a collective, and wraps blocking calls in
+``hooks.timed("comm")``. Whoever wants to count (the :class:`commgnn.metrics.Meter`)
+subscribes to the bus. With no subscriber the calls cost a list iteration.
+"""
+
+from __future__ import annotations
+
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Callable, Iterator, Literal, Union
+
+TrafficClass = Literal["halo_fwd", "halo_bwd", "halo_eval", "grad_sync", "control"]
+"""Traffic classes: halo rows forward (training), halo gradients backward, halo rows of
+exact evaluation passes, gradient / model synchronisation, and control (the small
+reductions of loss and accuracy counts)."""
+
+Phase = Literal["comm", "wait"]
+"""Timed phases. Compute time is the epoch's wall time minus these."""
+
+
+@dataclass(frozen=True, slots=True)
+class CommEvent:
+    """``nbytes`` of payload this rank sent to ``peer`` (-1: a collective over all ranks)."""
+
+    kind: TrafficClass
+    layer: int
+    peer: int
+    nbytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class TimeEvent:
+    """``seconds`` of wall time this rank spent in ``phase``."""
+
+    phase: Phase
+    seconds: float
+
+
+Event = Union[CommEvent, TimeEvent]
+
+
+class Hooks:
+    """A list of subscribers that receive every :data:`Event`."""
+
+    def __init__(self) -> None:
+        self._subs: list[Callable[[Event], None]] = []
+
+    def subscribe(self, fn: Callable[[Event], None]) -> None:
+        self._subs.append(fn)
+
+    def emit(self, event: Event) -> None:
+        for fn in self._subs:
+            fn(event)
+
+    def sent(self, kind: TrafficClass, layer: int, peer: int, nbytes: int) -> None:
+        if nbytes:
+            self.emit(CommEvent(kind, layer, peer, int(nbytes)))
+
+    @contextmanager
+    def timed(self, phase: Phase) -> Iterator[None]:
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.emit(TimeEvent(phase, time.perf_counter() - t0))

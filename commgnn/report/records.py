@@ -1,0 +1,150 @@
+"""Run records: the files a run leaves in its output directory.
+
+``--out DIR`` holds
+
+* ``config.toml``: the fully resolved run configuration (reloadable with ``--config``);
+* ``manifest.json``: package and library versions, git commit, host, seed, dataset
+  fingerprint and the partition report;
+* ``partitions/``: the partition directory the ranks loaded (format in
+  :mod:`commgnn.partition.store`), unless the run was given one;
+* ``metrics.jsonl``: one JSON object per epoch (loss, accuracies, bytes by class summed
+  over ranks and for the busiest rank, times);
+* ``summary.json``: the run's outcome (keys listed in :func:`summarise`).
+
+The directory is first written as a hidden sibling and renamed into place, so a run that
+fails on bad input leaves nothing half-written behind.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+from importlib import metadata
+from pathlib import Path
+from typing import Any, Iterable
+
+from commgnn.errors import UserError
+
+
+def library_versions() -> dict[str, str]:
+    out = {"python": sys.version.split()[0]}
+    for name in ("commgnn", "torch", "torch_geometric", "numpy", "pymetis", "rich"):
+        try:
+            out[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            out[name] = "absent"
+    return out
+
+
+def git_commit() -> str | None:
+    """Commit of the checkout commgnn runs from, if it is one (None otherwise)."""
+    here = Path(__file__).resolve().parent
+    try:
+        res = subprocess.run(["git", "rev-parse", "HEAD"], cwd=here, capture_output=True,
+                             text=True, timeout=5, check=False)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if res.returncode != 0:
+        return None
+    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=here,
+                           capture_output=True, text=True, timeout=5, check=False).stdout.strip()
+    return res.stdout.strip() + ("+dirty" if dirty else "")
+
+
+def host_info() -> dict[str, Any]:
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return {"hostname": socket.gethostname(), "platform": platform.platform(),
+            "machine": platform.machine(), "cores": cores}
+
+
+def prepare_out_dir(out: Path) -> Path:
+    """Check ``out`` may be written; return the hidden staging sibling to fill first."""
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise UserError(f"output directory {out} already exists and is not empty; choose another --out")
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UserError(f"cannot create output directory {out.parent}: {exc.strerror}") from None
+    staging = out.parent / f".{out.name}.staging-{os.getpid()}"
+    if staging.exists():
+        shutil.rmtree(staging)
+    staging.mkdir()
+    return staging
+
+
+def commit_out_dir(staging: Path, out: Path) -> None:
+    if out.exists():
+        out.rmdir()  # empty (checked by prepare_out_dir)
+    staging.rename(out)
+
+
+def write_json(path: Path, obj: Any) -> None:
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(obj, indent=2, sort_keys=False) + "\n")
+    tmp.replace(path)
+
+
+class MetricsLog:
+    """Appends one JSON line per epoch (flushed, so a live run can be followed)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._fh = path.open("a")
+
+    def write(self, row: dict[str, Any]) -> None:
+        self._fh.write(json.dumps(row) + "\n")
+        self._fh.flush()
+
+    def close(self) -> None:
+        self._fh.close()
+
+
+def summarise(*, dataset: str, model: str, parts: int, rows: Iterable[dict[str, Any]],
+              totals: dict[str, Any], partition: dict[str, Any]) -> dict[str, Any]:
+    """Build ``summary.json`` from the per-epoch rows of ``metrics.jsonl``.
+
+    Keys: ``dataset, model, parts, epochs_run, best_epoch, best_val_acc, test_acc`` (at the
+    best validation epoch), ``halo_bytes_per_epoch`` and ``grad_bytes_per_epoch`` (means over
+    epochs, summed over ranks), ``halo_bytes_per_epoch_max_rank``, ``total_bytes`` (all
+    classes, all epochs, all ranks), ``epoch_time_s`` (median of the slowest rank's epoch),
+    ``comm_time_frac``, ``wait_time_frac``, ``peak_rss_mb`` (max over ranks), ``partition``
+    (edge_cut, comm_volume, max_rank_halo) and the byte breakdowns by pair and layer.
+    """
+    rows = list(rows)
+    if not rows:
+        raise ValueError("no epochs to summarise")
+    best = max(rows, key=lambda r: (r["val_acc"], -r["epoch"]))
+    n = len(rows)
+    epoch_s = [r["epoch_s"] for r in rows]
+    halo_max = [r["bytes_max_rank"]["halo_fwd"] + r["bytes_max_rank"]["halo_bwd"] for r in rows]
+    return {
+        "dataset": dataset,
+        "model": model,
+        "parts": parts,
+        "epochs_run": n,
+        "best_epoch": best["epoch"],
+        "best_val_acc": best["val_acc"],
+        "test_acc": best["test_acc"],
+        "halo_bytes_per_epoch": sum(r["halo_bytes"] for r in rows) / n,
+        "halo_bytes_per_epoch_max_rank": sum(halo_max) / n,
+        "grad_bytes_per_epoch": sum(r["grad_bytes"] for r in rows) / n,
+        "eval_halo_bytes_per_epoch": sum(r["bytes"]["halo_eval"] for r in rows) / n,
+        "total_bytes": sum(r["total_bytes"] for r in rows),
+        "epoch_time_s": statistics.median(epoch_s),
+        "comm_time_frac": sum(r["comm_s"] for r in rows) / max(sum(epoch_s), 1e-12),
+        "wait_time_frac": sum(r["wait_s"] for r in rows) / max(sum(epoch_s), 1e-12),
+        "peak_rss_mb": totals["peak_rss_mb"],
+        "partition": {k: partition.get(k) for k in ("edge_cut", "comm_volume", "max_rank_halo")},
+        "bytes_by_pair": totals["bytes_by_pair"],
+        "bytes_by_layer": totals["bytes_by_layer"],
+    }
+
+
+def read_json(path: Path) -> Any:
+    return json.loads(Path(path).read_text())
