@@ -90,8 +90,12 @@ class FullGraphTrainer:
                 self.ctx.all_reduce(t)
         return t
 
-    def train_step(self) -> torch.Tensor:
-        """One forward/backward/sync/update; returns this rank's share of the loss."""
+    def compute_gradients(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Forward, loss, backward and gradient sync, without the update.
+
+        Returns ``(loss share of this rank, logits [n_own, C])``; afterwards every
+        parameter's ``.grad`` holds the (synced) full-graph gradient.
+        """
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
         logits = self.model(self.x, self.graph, self.halo)
@@ -103,8 +107,13 @@ class FullGraphTrainer:
             with self.hooks.timed("wait"):
                 self.ctx.barrier()
         self.grad_sync.sync(self.model.parameters())
+        return loss.detach(), logits.detach()
+
+    def train_step(self) -> torch.Tensor:
+        """One full-graph optimisation step; returns this rank's share of the loss."""
+        loss, _ = self.compute_gradients()
         self.optimizer.step()
-        return loss.detach()
+        return loss
 
     @torch.no_grad()
     def evaluate(self) -> torch.Tensor:

@@ -1,0 +1,53 @@
+"""Shared test utilities: small graphs and running functions on several gloo ranks.
+
+Multi-process tests use commgnn's own launcher (``spawn_ranks``) on 127.0.0.1 with a
+free port; each rank writes its results to ``<tmp>/rank{r}.pt`` for the test to compare.
+Functions run on ranks must live in a module (here) so spawned children can import them.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+from torch_geometric.data import Data
+from torch_geometric.utils import coalesce, remove_self_loops, to_undirected
+
+from commgnn.dist.context import LaunchInfo, RuntimeConfig, free_port, init_distributed, shutdown
+from commgnn.dist.launch import spawn_ranks
+
+
+def small_graph(n: int = 60, m: int = 240, f: int = 8, c: int = 3, seed: int = 0) -> Data:
+    """A random undirected graph with masks, no self loops, no duplicate edges."""
+    g = torch.Generator().manual_seed(seed)
+    ei = torch.randint(0, n, (2, m), generator=g)
+    ei, _ = remove_self_loops(ei)
+    ei = coalesce(to_undirected(ei), num_nodes=n)
+    x = torch.randn(n, f, generator=g)
+    y = torch.randint(0, c, (n,), generator=g)
+    perm = torch.randperm(n, generator=g)
+    masks = [torch.zeros(n, dtype=torch.bool) for _ in range(3)]
+    masks[0][perm[: n // 2]] = True
+    masks[1][perm[n // 2: 3 * n // 4]] = True
+    masks[2][perm[3 * n // 4:]] = True
+    data = Data(x=x, edge_index=ei, y=y, train_mask=masks[0], val_mask=masks[1], test_mask=masks[2])
+    data.num_classes_total = c
+    return data
+
+
+def _entry(info: LaunchInfo, fn: Callable[..., Any], out_dir: str, timeout_s: float, args: tuple) -> None:
+    ctx = init_distributed(info, RuntimeConfig(parts=info.world_size, timeout_s=timeout_s, threads=1))
+    try:
+        result = fn(ctx, *args)
+        torch.save(result, Path(out_dir) / f"rank{ctx.rank}.pt")
+    finally:
+        shutdown(ctx)
+
+
+def run_on_ranks(fn: Callable[..., Any], world_size: int, tmp_path: Path, *args: Any,
+                 timeout_s: float = 60.0) -> list[Any]:
+    """Run ``fn(ctx, *args)`` on ``world_size`` gloo ranks; return each rank's result."""
+    spawn_ranks(_entry, (fn, str(tmp_path), timeout_s, args), nprocs=world_size,
+                master_addr="127.0.0.1", port=free_port())
+    return [torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in range(world_size)]

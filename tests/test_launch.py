@@ -1,0 +1,81 @@
+"""Runtime: a dead rank never hangs the others; user errors cross process boundaries."""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+
+import pytest
+import torch
+
+from commgnn.dist.context import (LaunchInfo, RuntimeConfig, check_port_free, free_port, init_distributed,
+                                  launch_info_from_env, shutdown, threads_per_rank)
+from commgnn.dist.launch import spawn_ranks
+from commgnn.errors import RankFailure, UserError
+
+
+def dying_rank(info: LaunchInfo, victim: int, timeout_s: float, marker_dir: str) -> None:
+    ctx = init_distributed(info, RuntimeConfig(parts=info.world_size, timeout_s=timeout_s, threads=1))
+    t = torch.ones(4)
+    for step in range(1000):
+        if ctx.rank == victim and step == 3:
+            os._exit(17)  # dies without a word, as a crashed or killed process would
+        try:
+            ctx.all_reduce(t)
+        except Exception:
+            # Survivors must get here on their own, within the time-out.
+            open(os.path.join(marker_dir, f"failed{ctx.rank}"), "w").close()
+            raise
+    shutdown(ctx)
+
+
+def test_dead_rank_names_it_and_others_fail_fast(tmp_path):
+    t0 = time.monotonic()
+    with pytest.raises(RankFailure, match=r"rank 2 of 3 failed \(exit code 17\)"):
+        # grace longer than the time-out: survivors must fail by themselves, not be killed
+        spawn_ranks(dying_rank, (2, 10.0, str(tmp_path)), nprocs=3, master_addr="127.0.0.1",
+                    port=free_port(), grace_s=30.0)
+    elapsed = time.monotonic() - t0
+    assert elapsed < 30.0, f"took {elapsed:.1f}s"
+    assert sorted(os.listdir(tmp_path)) == ["failed0", "failed1"]
+
+
+def user_error_rank(info: LaunchInfo) -> None:
+    if info.rank == 1:
+        raise UserError("rank one did not like its input")
+    time.sleep(60)
+
+
+def test_user_error_in_a_rank_is_a_user_error():
+    t0 = time.monotonic()
+    with pytest.raises(UserError, match="rank one did not like its input"):
+        spawn_ranks(user_error_rank, (), nprocs=2, master_addr="127.0.0.1", port=free_port(), grace_s=1.0)
+    assert time.monotonic() - t0 < 30
+
+
+def test_port_in_use_is_reported():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        with pytest.raises(UserError, match=f"port {port} on 127.0.0.1 is already in use"):
+            check_port_free("127.0.0.1", port)
+
+
+def test_torchrun_environment_is_parsed():
+    env = {"RANK": "3", "WORLD_SIZE": "8", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2",
+           "MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29555"}
+    info = launch_info_from_env(env)
+    assert (info.rank, info.world_size, info.local_rank, info.local_world_size, info.port) == (3, 8, 1, 2, 29555)
+    assert info.external and info.master_addr == "10.0.0.1"
+    assert launch_info_from_env({}) is None
+    with pytest.raises(UserError, match="bad torchrun environment"):
+        launch_info_from_env({"RANK": "x", "WORLD_SIZE": "2"})
+
+
+def test_threads_share_the_cores():
+    cores = len(os.sched_getaffinity(0))
+    assert threads_per_rank(RuntimeConfig(), 1) == cores
+    assert threads_per_rank(RuntimeConfig(), 2 * cores) == 1
+    assert threads_per_rank(RuntimeConfig(threads=3), 4) == 3
