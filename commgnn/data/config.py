@@ -1,0 +1,104 @@
+"""Configs of the data layer: which graph to load and how to build a synthetic one.
+
+Both are frozen and validate themselves on construction, so a bad value fails with a
+one-line :class:`~commgnn.errors.ConfigError` naming its full key (``data.train_ratio``,
+``data.synthetic.num_nodes``) before any data is touched.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from commgnn.config import fraction, positive
+from commgnn.errors import ConfigError
+
+
+@dataclass(frozen=True, kw_only=True)
+class SyntheticConfig:
+    """A contextual stochastic block model (CSBM), see :func:`commgnn.data.make_csbm`."""
+
+    num_nodes: int = 20_000
+    """Number of nodes N; classes are balanced (sizes differ by at most one)."""
+    num_classes: int = 8
+    """Number of classes C (at least 2)."""
+    avg_degree: float = 10.0
+    """Mean directed in-degree after symmetrisation: the graph has round(N * avg_degree / 2)
+    undirected edges, stored as twice as many directed ones. At most N / (2 C), so that the
+    same-class blocks stay sparse enough to sample without duplicates."""
+    homophily: float = 0.8
+    """Fraction of (undirected) edges whose endpoints share a class, in [0, 1]; met exactly
+    up to rounding of the edge count."""
+    feature_dim: int = 64
+    """Feature dimension F."""
+    feature_noise: float = 1.0
+    """Per-coordinate std of the Gaussian noise around each class centroid. Centroid
+    coordinates are drawn with std 1/sqrt(F), so centroids have norm ~1 and two centroids
+    are ~sqrt(2) apart whatever F is: at the default 1.0 the features alone separate the
+    classes only weakly and the graph (homophily) carries much of the signal. 0 gives
+    noiseless features (each node sits on its centroid)."""
+    seed: int = 0
+    """Seed of the generator; the same config always yields the same graph."""
+
+    def __post_init__(self) -> None:
+        positive("data.synthetic.num_nodes", self.num_nodes)
+        positive("data.synthetic.num_classes", self.num_classes)
+        if self.num_classes < 2:
+            raise ConfigError(f"data.synthetic.num_classes must be >= 2, got {self.num_classes}")
+        if self.num_classes > self.num_nodes:
+            raise ConfigError(f"data.synthetic.num_classes ({self.num_classes}) must not exceed "
+                              f"data.synthetic.num_nodes ({self.num_nodes})")
+        positive("data.synthetic.avg_degree", self.avg_degree)
+        max_degree = self.num_nodes / (2 * self.num_classes)
+        if self.avg_degree > max_degree:
+            raise ConfigError(f"data.synthetic.avg_degree must be <= num_nodes / (2 * num_classes) "
+                              f"= {max_degree:g} for this graph, got {self.avg_degree:g} "
+                              f"(raise num_nodes or lower avg_degree)")
+        fraction("data.synthetic.homophily", self.homophily)
+        positive("data.synthetic.feature_dim", self.feature_dim)
+        positive("data.synthetic.feature_noise", self.feature_noise, allow_zero=True)
+        positive("data.synthetic.seed", self.seed, allow_zero=True)
+
+
+@dataclass(frozen=True, kw_only=True)
+class DataConfig:
+    """Which graph to load (see :func:`commgnn.data.load_dataset`) and how to split it."""
+
+    dataset: str = "synthetic"
+    """``"synthetic"`` (a CSBM built from ``synthetic``), a registered dataset name
+    (case-insensitive, e.g. ``"cora"``; see :func:`commgnn.data.dataset_names`), or the
+    path of a user graph file ending in ``.pt``."""
+    root: str | None = None
+    """Folder holding the staged datasets, laid out like ``shared/datasets`` (one folder
+    per dataset or dataset group). It is only read: each dataset is copied into
+    ``cache_dir`` first. None: PyG downloads the dataset into ``cache_dir`` instead."""
+    cache_dir: str | None = None
+    """Writable folder for dataset copies, PyG's processed files and downloads.
+    None: ``~/.cache/commgnn``."""
+    train_ratio: float = 0.6
+    """Share of each class's labelled nodes used for training, in (0, 1). Only for graphs
+    that come without split masks (the default split is 60/20/20)."""
+    val_ratio: float = 0.2
+    """Share of each class's labelled nodes used for validation, in (0, 1); the test set
+    is the rest, so ``train_ratio + val_ratio`` must be < 1."""
+    split_seed: int = 0
+    """Seed of the stratified split (independent of the synthetic graph's seed)."""
+    synthetic: SyntheticConfig = field(default_factory=SyntheticConfig)
+    """Parameters of the synthetic graph, used when ``dataset = "synthetic"``."""
+
+    def __post_init__(self) -> None:
+        if not self.dataset.strip():
+            raise ConfigError("data.dataset must not be empty (use 'synthetic', a dataset name "
+                              "or a path to a .pt graph file)")
+        for key in ("root", "cache_dir"):
+            value = getattr(self, key)
+            if value is not None and not value.strip():
+                raise ConfigError(f"data.{key} must be a non-empty path or left out, got ''")
+        fraction("data.train_ratio", self.train_ratio, open_low=True, open_high=True)
+        fraction("data.val_ratio", self.val_ratio, open_low=True, open_high=True)
+        if self.train_ratio + self.val_ratio >= 1:
+            raise ConfigError(f"data.train_ratio + data.val_ratio must be < 1 to leave test nodes, "
+                              f"got {self.train_ratio} + {self.val_ratio}")
+        positive("data.split_seed", self.split_seed, allow_zero=True)
+        if not isinstance(self.synthetic, SyntheticConfig):
+            raise ConfigError(f"data.synthetic: expected a SyntheticConfig table, "
+                              f"got {type(self.synthetic).__name__}")
