@@ -1,0 +1,34 @@
+"""Layer 2: split a graph into one partition per rank, build each rank's local view,
+measure the split, and save/load partition directories.
+
+Typical use::
+
+    parts = partition_graph(data.edge_index, data.num_nodes, P, PartitionConfig(method="metis"))
+    report = partition_report(data.edge_index, parts, P, data.train_mask)
+    locals_ = build_local_partitions(data, parts, P)
+    save_partitions("parts/", locals_, {"graph_fingerprint": fp, "report": report, ...})
+    lp = load_partition("parts/", rank, expected_fingerprint=fp, expected_parts=P)
+"""
+
+from commgnn.partition.api import partition_graph
+from commgnn.partition.base import PARTITIONERS
+from commgnn.partition.build import build_local_partition, build_local_partitions
+from commgnn.partition.config import PartitionConfig
+from commgnn.partition.local import LocalPartition
+from commgnn.partition.report import PartitionReport, format_report, partition_report
+from commgnn.partition.store import load_meta, load_partition, save_partitions
+
+__all__ = [
+    "PARTITIONERS",
+    "LocalPartition",
+    "PartitionConfig",
+    "PartitionReport",
+    "build_local_partition",
+    "build_local_partitions",
+    "format_report",
+    "load_meta",
+    "load_partition",
+    "partition_graph",
+    "partition_report",
+    "save_partitions",
+]
