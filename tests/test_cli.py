@@ -181,3 +181,14 @@ def test_process_exit_code_and_no_traceback(tmp_path):
     assert res.returncode == 2
     assert "Traceback" not in res.stderr
     assert len(res.stderr.strip().splitlines()) == 1 and "unknown dataset" in res.stderr
+
+
+def test_cora_gcn_on_4_ranks_reaches_published_accuracy(shared_datasets, tmp_path):
+    """`commgnn train --dataset Cora --parts 4 --model gcn` >= 0.79 test accuracy (GCN paper: 81.5)."""
+    cfg = _config(tmp_path, f'[data]\ncache_dir = "{tmp_path / "cache"}"\n[output]\nquiet = true\n')
+    out = tmp_path / "cora"
+    assert main(["train", "--config", cfg, "--dataset", "Cora", "--data-root", str(shared_datasets),
+                 "--parts", "4", "--model", "gcn", "--out", str(out)]) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["parts"] == 4 and summary["halo_bytes_per_epoch"] > 0
+    assert summary["test_acc"] >= 0.79, summary["test_acc"]
