@@ -37,7 +37,6 @@ def _coerce(value: Any, tp: Any, path: str) -> Any:
     if tp is Any:
         return value
     if origin in (Union, types.UnionType):
-        errors = []
         for arm in get_args(tp):
             if arm is type(None):
                 if value is None:
@@ -45,8 +44,8 @@ def _coerce(value: Any, tp: Any, path: str) -> Any:
                 continue
             try:
                 return _coerce(value, arm, path)
-            except ConfigError as exc:
-                errors.append(str(exc))
+            except ConfigError:
+                pass
         raise ConfigError(f"{path}: expected {' or '.join(_type_name(a) for a in get_args(tp))}, "
                           f"got {type(value).__name__} ({value!r})")
     if origin is Literal:
@@ -146,6 +145,8 @@ def load_toml(path: str | Path) -> dict[str, Any]:
             return tomllib.load(fh)
     except FileNotFoundError:
         raise ConfigError(f"config file not found: {p}") from None
+    except OSError as exc:
+        raise ConfigError(f"cannot read config file {p}: {exc.strerror}") from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"config file {p} is not valid TOML: {exc}") from None
 

@@ -12,6 +12,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from commgnn.comm.exchange import RowExchange
 from commgnn.dist.context import DistContext
 from commgnn.dist.events import Hooks
 from commgnn.models import ModelConfig, ReferenceGNN
@@ -114,11 +115,19 @@ def test_parity_detects_a_wrong_halo(graph_and_refs, tmp_path):
         _check(data, refs, per_rank)
 
 
+class ZeroHalo(RowExchange):
+    """Pretends nothing crosses the cut: zero rows instead of the peers' halo rows."""
+
+    def __init__(self, n_halo: int) -> None:
+        self.n_halo = n_halo
+
+    def exchange(self, h, layer, kind=None):
+        return h.new_zeros(self.n_halo, h.shape[1])
+
+
 def no_halo_rank(ctx: DistContext, data, parts, refs: dict) -> dict:
     part = build_local_partition(data, parts, ctx.world_size, ctx.rank)
-    # Pretend nothing crosses the cut: zero rows instead of the peers' halo rows.
-    zero_halo = type("ZeroHalo", (), {"exchange": lambda self, h, layer: h.new_zeros(part.num_halo, h.shape[1]),
-                                      "state_dict": lambda self: {}, "load_state_dict": lambda self, s: None})()
+    zero_halo = ZeroHalo(part.num_halo)
     results = {}
     for name in MODELS:
         mcfg, tcfg = _cfgs(name)

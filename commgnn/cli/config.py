@@ -18,7 +18,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from commgnn.config import from_dict, load_toml, replace_path, to_dict
+from commgnn.comm.config import CommConfig
+from commgnn.config import from_dict, load_toml, replace_path
 from commgnn.data import DataConfig
 from commgnn.dist.context import RuntimeConfig
 from commgnn.models import ModelConfig
@@ -41,11 +42,19 @@ class RunConfig:
     """Everything one ``commgnn train`` needs."""
 
     data: DataConfig = field(default_factory=DataConfig)
+    """``[data]``: which graph and how it is split."""
     partition: PartitionConfig = field(default_factory=PartitionConfig)
+    """``[partition]``: partitioner, objective, seed, or a saved directory."""
     model: ModelConfig = field(default_factory=ModelConfig)
+    """``[model]``: architecture."""
     train: TrainConfig = field(default_factory=TrainConfig)
+    """``[train]``: optimisation and early stopping."""
+    comm: CommConfig = field(default_factory=CommConfig)
+    """``[comm]``: communication levers (``[comm.halo]``)."""
     runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
+    """``[runtime]``: ranks, backend, devices, time-outs, threads."""
     output: OutputConfig = field(default_factory=OutputConfig)
+    """``[output]``: run directory and console output."""
 
 
 # flag name (argparse dest) -> dotted config key
@@ -71,6 +80,15 @@ FLAG_KEYS: dict[str, str] = {
     "backend": "runtime.backend",
     "out": "output.out",
     "quiet": "output.quiet",
+    "precompute": "comm.halo.precompute",
+    "transform_first": "comm.halo.transform_first",
+    "bits": "comm.halo.bits",
+    "budget_mb": "comm.halo.budget_mb",
+    "sample_rate": "comm.halo.sample_rate",
+    "staleness": "comm.halo.staleness.mode",
+    "stale_threshold": "comm.halo.staleness.threshold",
+    "max_age": "comm.halo.staleness.max_age",
+    "exact_every": "comm.halo.exact_every",
 }
 
 
@@ -86,6 +104,3 @@ def resolve_config(toml_path: str | None, flags: Mapping[str, Any],
         cfg = replace_path(cfg, "data.root", env["COMMGNN_DATA_ROOT"])
     return cfg
 
-
-def config_dict(cfg: RunConfig) -> dict[str, Any]:
-    return to_dict(cfg)

@@ -27,9 +27,32 @@ def _add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--objective", help="METIS objective: cut | vol")
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line (like every other user error)."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        print(f"commgnn: error: {message} (see `{self.prog} --help`)", file=sys.stderr)
+        sys.exit(2)
+
+
+def _bits(text: str) -> Any:
+    """``8`` -> 8, ``4,8`` -> {forward: 4, backward: 8}, ``adaptive`` -> "adaptive"."""
+    if text == "adaptive":
+        return text
+    try:
+        parts = [int(p) for p in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected N, FWD,BWD or 'adaptive', got {text!r}") from None
+    if len(parts) == 1:
+        return parts[0]
+    if len(parts) == 2:
+        return {"forward": parts[0], "backward": parts[1]}
+    raise argparse.ArgumentTypeError(f"expected N, FWD,BWD or 'adaptive', got {text!r}")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="commgnn", description="Communication-efficient distributed GNN training.")
-    sub = parser.add_subparsers(dest="command")
+    parser = _Parser(prog="commgnn", description="Communication-efficient distributed GNN training.")
+    sub = parser.add_subparsers(dest="command", parser_class=_Parser)
 
     t = sub.add_parser("train", help="train a GNN partition-parallel (default: synthetic graph)")
     _add_common(t)
@@ -49,6 +72,18 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--backend", help="auto | gloo | nccl")
     t.add_argument("--out", help="run directory (default: runs/<date>-<dataset>-<model>-p<P>)")
     t.add_argument("--quiet", action="store_const", const=True, help="no progress bar or table")
+    h = t.add_argument_group("halo levers ([comm.halo])")
+    h.add_argument("--precompute", action="store_const", const=True,
+                   help="aggregate the input features once (no per-epoch input exchange)")
+    h.add_argument("--transform-first", dest="transform_first", action="store_const", const=True,
+                   help="send W h instead of h where narrower")
+    h.add_argument("--bits", type=_bits, help="quantization: 1|2|4|8|32, FWD,BWD (e.g. 4,8) or adaptive")
+    h.add_argument("--budget-mb", dest="budget_mb", type=float, help="adaptive bits: MB per rank per epoch")
+    h.add_argument("--sample-rate", dest="sample_rate", type=float, help="fraction of boundary rows sent")
+    h.add_argument("--staleness", help="none | pipeline | skip")
+    h.add_argument("--stale-threshold", dest="stale_threshold", type=float, help="skip: relative change to resend")
+    h.add_argument("--max-age", dest="max_age", type=int, help="skip: oldest a cached row may be (epochs)")
+    h.add_argument("--exact-every", dest="exact_every", type=int, help="exact refresh every k epochs (0 = never)")
 
     p = sub.add_parser("partition", help="partition a graph, print its quality report, save it")
     _add_common(p)
@@ -74,10 +109,9 @@ def cmd_train(ns: argparse.Namespace) -> int:
 
 def cmd_partition(ns: argparse.Namespace) -> int:
     from commgnn.cli.config import resolve_config
+    from commgnn.cli.run import partition_for_run, partition_meta
     from commgnn.data import fingerprint, load_dataset
-    from commgnn.errors import PartitionError
-    from commgnn.partition import (build_local_partitions, format_report, partition_graph,
-                                   partition_report, save_partitions)
+    from commgnn.partition import PartitionReport, build_local_partitions, format_report, save_partitions
 
     flags = _flags(ns)
     out = Path(flags.pop("out"))
@@ -85,17 +119,13 @@ def cmd_partition(ns: argparse.Namespace) -> int:
     cfg = resolve_config(ns.config, flags, os.environ)
     if seed is not None:
         cfg = replace(cfg, partition=replace(cfg.partition, seed=seed))
+    cfg = replace(cfg, partition=replace(cfg.partition, dir=None))
     P = cfg.runtime.parts
     data = load_dataset(cfg.data)
-    if P > data.num_nodes:
-        raise PartitionError(f"cannot split {data.num_nodes} nodes into {P} partitions")
     fp = fingerprint(data)
-    parts = partition_graph(data.edge_index, data.num_nodes, P, cfg.partition)
-    report = partition_report(data.edge_index, parts, P, data.train_mask)
-    meta = {"graph_fingerprint": fp, "dataset": cfg.data.dataset, "method": cfg.partition.method,
-            "objective": cfg.partition.objective, "seed": cfg.partition.seed, "report": report.to_dict()}
-    save_partitions(out, build_local_partitions(data, parts, P), meta)
-    print(format_report(report))
+    parts, report = partition_for_run(cfg, data, fp)
+    save_partitions(out, build_local_partitions(data, parts, P), partition_meta(cfg, fp, report))
+    print(format_report(PartitionReport.from_dict(report)))
     print(f"saved {P} partitions to {out}")
     return 0
 

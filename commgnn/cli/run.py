@@ -14,6 +14,7 @@ Two launch paths share one per-rank loop (:func:`run_rank`):
 from __future__ import annotations
 
 import datetime as _dt
+import hashlib
 import shutil
 import sys
 from dataclasses import replace
@@ -22,14 +23,14 @@ from typing import Any, Mapping
 
 import torch
 
-from commgnn.cli.config import RunConfig, config_dict
-from commgnn.config import dump_toml
+from commgnn.cli.config import RunConfig
+from commgnn.config import dump_toml, to_dict
 from commgnn.data import fingerprint, load_dataset
 from commgnn.dist.context import (DistContext, LaunchInfo, check_port_free, free_port, init_distributed,
                                   launch_info_from_env, shutdown)
 from commgnn.dist.events import Hooks
 from commgnn.dist.launch import spawn_ranks
-from commgnn.errors import PartitionError, UserError
+from commgnn.errors import PartitionError, RankFailure, UserError
 from commgnn.metrics import Meter
 from commgnn.partition import (LocalPartition, build_local_partition, build_local_partitions, load_meta,
                                load_partition, partition_graph, partition_report, save_partitions)
@@ -62,7 +63,13 @@ def _manifest(cfg: RunConfig, data: Any, fp: str, report: dict[str, Any], torchr
     }
 
 
-def _partition(cfg: RunConfig, data: Any, fp: str) -> tuple[torch.Tensor | None, dict[str, Any]]:
+def partition_meta(cfg: RunConfig, fp: str, report: dict[str, Any]) -> dict[str, Any]:
+    """``meta.json`` content of a partition directory made for this run."""
+    return {"graph_fingerprint": fp, "dataset": cfg.data.dataset, "method": cfg.partition.method,
+            "objective": cfg.partition.objective, "seed": cfg.partition.seed, "report": report}
+
+
+def partition_for_run(cfg: RunConfig, data: Any, fp: str) -> tuple[torch.Tensor | None, dict[str, Any]]:
     """Part ids (None when a saved directory is used) and the partition report."""
     P = cfg.runtime.parts
     if cfg.partition.dir:
@@ -79,30 +86,30 @@ def _partition(cfg: RunConfig, data: Any, fp: str) -> tuple[torch.Tensor | None,
 
 def _write_header(staging: Path, cfg: RunConfig, data: Any, fp: str, report: dict[str, Any],
                   torchrun: bool) -> None:
-    (staging / "config.toml").write_text(dump_toml(config_dict(cfg)))
+    (staging / "config.toml").write_text(dump_toml(to_dict(cfg)))
     write_json(staging / "manifest.json", _manifest(cfg, data, fp, report, torchrun))
 
 
 def train_local(cfg: RunConfig) -> dict[str, Any]:
     """Run P local ranks; return the summary."""
     P, rt = cfg.runtime.parts, cfg.runtime
+    port = rt.port  # the config keeps the user's value (0 = pick), so it can be rerun
     if P > 1:
-        if rt.port:
-            check_port_free(rt.master_addr, rt.port)
+        if port:
+            check_port_free(rt.master_addr, port)
         else:
-            cfg = replace(cfg, runtime=replace(rt, port=free_port(rt.master_addr)))
+            port = free_port(rt.master_addr)
     data = load_dataset(cfg.data)
     fp = fingerprint(data)
-    parts, report = _partition(cfg, data, fp)
+    parts, report = partition_for_run(cfg, data, fp)
     out = Path(cfg.output.out) if cfg.output.out else default_out_dir(cfg)
     cfg = replace(cfg, output=replace(cfg.output, out=str(out)))
     staging = prepare_out_dir(out)
     try:
         _write_header(staging, cfg, data, fp, report, torchrun=False)
         if parts is not None:
-            meta = {"graph_fingerprint": fp, "method": cfg.partition.method,
-                    "objective": cfg.partition.objective, "seed": cfg.partition.seed, "report": report}
-            save_partitions(staging / "partitions", build_local_partitions(data, parts, P), meta)
+            save_partitions(staging / "partitions", build_local_partitions(data, parts, P),
+                            partition_meta(cfg, fp, report))
         commit_out_dir(staging, out)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
@@ -115,7 +122,7 @@ def train_local(cfg: RunConfig) -> dict[str, Any]:
             _local_rank(LaunchInfo(rank=0, world_size=1, local_rank=0, local_world_size=1,
                                    master_addr=rt.master_addr, port=0), *args)
         else:
-            spawn_ranks(_local_rank, args, nprocs=P, master_addr=rt.master_addr, port=cfg.runtime.port)
+            spawn_ranks(_local_rank, args, nprocs=P, master_addr=rt.master_addr, port=port)
     except UserError:
         shutil.rmtree(out, ignore_errors=True)  # bad input found late: leave nothing behind
         raise
@@ -132,14 +139,21 @@ def _local_rank(info: LaunchInfo, cfg: RunConfig, out: str, part_dir: str, fp: s
         shutdown(ctx)
 
 
-def _agree(ctx: DistContext, ok: bool) -> bool:
-    """True when every rank reports success (one tiny all-reduce)."""
-    flag = torch.tensor([0.0 if ok else 1.0])
-    return float(ctx.all_reduce(flag, "max")) == 0.0
+def _agree(ctx: DistContext, ok: bool, *checks: str) -> bool:
+    """True when every rank succeeded and all ranks hold the same ``checks`` strings
+    (fingerprints of the graph and the partition: ranks that partitioned on their own
+    must have got the same answer, or the exchange splits would not line up)."""
+    digest = int(hashlib.sha256("|".join(checks).encode()).hexdigest()[:12], 16) if ok else -1
+    lo = ctx.all_reduce(torch.tensor([float(digest)], dtype=torch.float64), "min")
+    hi = ctx.all_reduce(torch.tensor([float(digest)], dtype=torch.float64), "max")
+    return bool(lo[0] == hi[0]) and digest >= 0
 
 
 def train_torchrun(cfg: RunConfig, info: LaunchInfo) -> dict[str, Any] | None:
-    """This process is one rank of a torchrun job; rank 0 returns the summary."""
+    """This process is one rank of a torchrun job; rank 0 returns the summary.
+
+    The world size comes from torchrun; ``runtime.parts`` is replaced by it.
+    """
     cfg = replace(cfg, runtime=replace(cfg.runtime, parts=info.world_size))
     ctx = init_distributed(info, cfg.runtime)
     out = Path(cfg.output.out) if cfg.output.out else default_out_dir(cfg)
@@ -147,26 +161,48 @@ def train_torchrun(cfg: RunConfig, info: LaunchInfo) -> dict[str, Any] | None:
     error: BaseException | None = None
     part: LocalPartition | None = None
     report: dict[str, Any] = {}
+    checks: tuple[str, ...] = ()
     try:
         data = load_dataset(cfg.data)
         fp = fingerprint(data)
-        parts, report = _partition(cfg, data, fp)
-        if parts is None:
+        if cfg.partition.dir:
+            report = load_meta(cfg.partition.dir).get("report", {})
             part = load_partition(cfg.partition.dir, ctx.rank, expected_fingerprint=fp,
                                   expected_parts=ctx.world_size)
+            checks = (fp,)
         else:
+            parts, report = partition_for_run(cfg, data, fp)
             part = build_local_partition(data, parts, ctx.world_size, ctx.rank)
-        if ctx.is_main:
-            staging = prepare_out_dir(out)
-            _write_header(staging, cfg, data, fp, report, torchrun=True)
-            commit_out_dir(staging, out)
-        del data
-    except UserError as exc:
+            checks = (fp, hashlib.sha256(parts.numpy().tobytes()).hexdigest())
+    except Exception as exc:  # every rank must reach the agreement below
         error = exc
     try:
+        if not _agree(ctx, error is None, *checks):
+            if error is not None:
+                raise error
+            raise UserError("ranks disagree on the graph or its partition (different data or "
+                            "library versions on different hosts?); pass a shared --partition-dir")
+        staging = None
+        if ctx.is_main:
+            try:
+                staging = prepare_out_dir(out)
+                _write_header(staging, cfg, data, fp, report, torchrun=True)
+                commit_out_dir(staging, out)
+            except Exception as exc:
+                error = exc
         if not _agree(ctx, error is None):
-            raise error if error is not None else UserError("another rank failed while preparing the run")
-        run_rank(ctx, cfg, part, out, report)  # type: ignore[arg-type]
+            if error is not None:
+                if staging is not None:
+                    shutil.rmtree(staging, ignore_errors=True)
+                raise error
+            raise UserError("rank 0 could not write the run directory")
+        del data
+        try:
+            run_rank(ctx, cfg, part, out, report)  # type: ignore[arg-type]
+        except torch.distributed.DistError as exc:
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise RankFailure(f"rank {ctx.rank}: a collective failed, so a peer rank died or timed "
+                              f"out ({first}); torchrun's report names the rank that exited first") from None
     finally:
         shutdown(ctx)
     return read_json(out / "summary.json") if ctx.is_main else None
@@ -178,22 +214,27 @@ def run_rank(ctx: DistContext, cfg: RunConfig, part: LocalPartition, out: Path,
     hooks = Hooks()
     meter = Meter(ctx, cfg.model.layers)
     hooks.subscribe(meter)
-    trainer = FullGraphTrainer(ctx, part, cfg.model, cfg.train, hooks)
+    trainer = FullGraphTrainer(ctx, part, cfg.model, cfg.train, hooks, halo_cfg=cfg.comm.halo)
+    meter.end_setup()  # set-up traffic is reported apart from the epochs
     log = MetricsLog(out / "metrics.jsonl") if ctx.is_main else None
     rows: list[dict[str, Any]] = []
     show = ctx.is_main and not cfg.output.quiet
-    with EpochProgress(cfg.train.epochs, enabled=show) as progress:
-        for res in trainer.run():
-            traffic = meter.end_epoch(res.time_s)
-            row = {"epoch": res.epoch, "loss": res.loss, "train_acc": res.train_acc,
-                   "val_acc": res.val_acc, "test_acc": res.test_acc, **traffic.to_dict()}
-            rows.append(row)
-            if log:
-                log.write(row)
-            progress.update(row)
+    try:
+        with EpochProgress(cfg.train.epochs, enabled=show) as progress:
+            for res in trainer.run():
+                traffic = meter.end_epoch(res.time_s)
+                row = {"epoch": res.epoch, "loss": res.loss, "train_acc": res.train_acc,
+                       "val_acc": res.val_acc, "test_acc": res.test_acc, **traffic.to_dict(),
+                       **trainer.halo.epoch_log()}
+                rows.append(row)
+                if log:
+                    log.write(row)
+                progress.update(row)
+    finally:
+        if log:
+            log.close()
     totals = meter.totals()
     if log:
-        log.close()
         summary = summarise(dataset=cfg.data.dataset, model=cfg.model.name, parts=ctx.world_size,
                             rows=rows, totals=totals, partition=report)
         write_json(out / "summary.json", summary)

@@ -15,12 +15,21 @@ import torch
 from torch import nn
 
 from commgnn.dist.context import DistContext
-from commgnn.dist.events import Hooks
+from commgnn.dist.events import Hooks, TrafficClass
 
 
 def ring_allreduce_bytes(numel: int, elem_size: int, world_size: int) -> int:
     """Payload one rank sends in a ring all-reduce of ``numel`` elements."""
     return (2 * (world_size - 1) * numel * elem_size) // world_size
+
+
+def counted_all_reduce(ctx: DistContext, hooks: Hooks, t: torch.Tensor, kind: TrafficClass) -> torch.Tensor:
+    """In-place SUM all-reduce of ``t``, reported to ``hooks`` as ``kind`` traffic."""
+    if ctx.is_distributed:
+        hooks.sent(kind, -1, -1, ring_allreduce_bytes(t.numel(), t.element_size(), ctx.world_size))
+        with hooks.timed("comm"):
+            ctx.all_reduce(t, "sum")
+    return t
 
 
 class AllReduceSync:
@@ -34,11 +43,8 @@ class AllReduceSync:
             return
         params = [p for p in params if p.requires_grad]
         grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
-        flat = torch.cat([g.reshape(-1) for g in grads])
-        self.hooks.sent("grad_sync", -1, -1,
-                        ring_allreduce_bytes(flat.numel(), flat.element_size(), self.ctx.world_size))
-        with self.hooks.timed("comm"):
-            self.ctx.all_reduce(flat, "sum")
+        flat = counted_all_reduce(self.ctx, self.hooks, torch.cat([g.reshape(-1) for g in grads]),
+                                  "grad_sync")
         offset = 0
         for p in params:
             n = p.numel()

@@ -37,8 +37,21 @@ class HaloPlan:
 class HaloExchange(Protocol):
     """Exchange of boundary rows before a layer's aggregation."""
 
-    def exchange(self, h: Tensor, layer: int) -> Tensor:
-        """Return the ``[n_halo, d]`` halo rows for layer ``layer`` given owned rows ``h``."""
+    def exchange(self, h: Tensor, layer: int, kind: str | None = None) -> Tensor:
+        """Return the ``[n_halo, d]`` halo rows for layer ``layer`` given owned rows ``h``
+        (``kind``: the traffic class to count them as; default by grad mode)."""
+        ...
+
+    def set_epoch(self, epoch: int, exact: bool) -> None:
+        """Before each training epoch; ``exact`` asks for an exact (guard) epoch."""
+        ...
+
+    def flush(self) -> None:
+        """After the backward pass: finish anything in flight."""
+        ...
+
+    def epoch_log(self) -> dict[str, Any]:
+        """Facts to log for the epoch (e.g. chosen bit-widths)."""
         ...
 
     def state_dict(self) -> dict[str, Any]: ...

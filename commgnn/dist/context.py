@@ -27,7 +27,7 @@ class RuntimeConfig:
 
     parts: int = 2
     """Number of ranks P (= partitions) started locally by ``commgnn train``. Under
-    ``torchrun`` the world size comes from its environment and must equal this."""
+    ``torchrun`` the world size comes from its environment and replaces this."""
     backend: Literal["auto", "gloo", "nccl"] = "auto"
     """Collective backend; ``auto`` picks NCCL when every local rank has its own GPU, else gloo."""
     device: Literal["auto", "cpu", "cuda"] = "auto"
@@ -54,11 +54,17 @@ class LaunchInfo:
     """Where this process sits in the job, as the launcher told it."""
 
     rank: int
+    """Global rank of this process."""
     world_size: int
+    """Number of ranks in the job."""
     local_rank: int
+    """Rank among the processes on this machine (selects the GPU)."""
     local_world_size: int
+    """Processes on this machine (they share its cores)."""
     master_addr: str
+    """Rendezvous host."""
     port: int
+    """Rendezvous port."""
     external: bool = False
     """True under torchrun (rendezvous via its environment), False for our own spawner."""
 
@@ -93,8 +99,23 @@ class DistContext:
         """In-place all-reduce (``sum`` | ``max`` | ``min``); a no-op for one rank."""
         if self.is_distributed:
             ops = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}
-            dist.all_reduce(t, op=ops[op], group=self.group)
+            if self.backend == "nccl" and t.device != self.device:
+                # NCCL reduces device tensors only; bookkeeping vectors live on the CPU.
+                on_dev = t.to(self.device)
+                dist.all_reduce(on_dev, op=ops[op], group=self.group)
+                t.copy_(on_dev.cpu())
+            else:
+                dist.all_reduce(t, op=ops[op], group=self.group)
         return t
+
+    def all_gather(self, t: torch.Tensor) -> torch.Tensor:
+        """``[P, *t.shape]``: every rank's ``t`` (same shape everywhere), in rank order."""
+        if not self.is_distributed:
+            return t.unsqueeze(0).clone()
+        src = t.to(self.device) if self.backend == "nccl" else t
+        out = [torch.empty_like(src) for _ in range(self.world_size)]
+        dist.all_gather(out, src.contiguous(), group=self.group)
+        return torch.stack(out).to(t.device)
 
     @staticmethod
     def single(device: torch.device | str = "cpu") -> "DistContext":

@@ -13,10 +13,11 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Callable, Iterator, Literal, Union
 
-TrafficClass = Literal["halo_fwd", "halo_bwd", "halo_eval", "grad_sync", "control"]
+TrafficClass = Literal["halo_fwd", "halo_bwd", "halo_eval", "halo_setup", "grad_sync", "control"]
 """Traffic classes: halo rows forward (training), halo gradients backward, halo rows of
-exact evaluation passes, gradient / model synchronisation, and control (the small
-reductions of loss and accuracy counts)."""
+exact evaluation passes, one-time halo traffic before training (precomputation), gradient
+/ model synchronisation, and control (small reductions of loss and accuracy counts, and
+levers' own agreements such as bit-width tables)."""
 
 Phase = Literal["comm", "wait"]
 """Timed phases. Compute time is the epoch's wall time minus these."""
@@ -48,11 +49,22 @@ class Hooks:
 
     def __init__(self) -> None:
         self._subs: list[Callable[[Event], None]] = []
+        self._timing = True
+
+    def bytes_only(self) -> "Hooks":
+        """A view that forwards byte events but drops timings: for work that runs in the
+        background, overlapped with compute, whose waiting is timed where it happens."""
+        view = Hooks()
+        view._subs = self._subs
+        view._timing = False
+        return view
 
     def subscribe(self, fn: Callable[[Event], None]) -> None:
         self._subs.append(fn)
 
     def emit(self, event: Event) -> None:
+        if not self._timing and isinstance(event, TimeEvent):
+            return
         for fn in self._subs:
             fn(event)
 

@@ -9,7 +9,8 @@ user error from a crash, so this small launcher (written here; the standard libr
 * the parent waits on all process sentinels at once; when one rank exits non-zero it
   gives the survivors ``grace_s`` to fail by themselves (their collectives fail fast
   when a peer's socket closes, or at the collective time-out), then terminates them;
-* the raised :class:`~commgnn.errors.RankFailure` names the rank that died first.
+* the raised :class:`~commgnn.errors.RankFailure` names the rank at fault (a killed or
+  crashed rank, not a survivor whose collective failed because of it).
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ import sys
 import time
 import traceback
 from typing import Any, Callable
+
+import torch.distributed
 
 from commgnn.dist.context import LaunchInfo
 from commgnn.errors import RankFailure, UserError
@@ -34,6 +37,12 @@ def _child(fn: Callable[..., Any], info: LaunchInfo, args: tuple, errq: Any) -> 
         sys.exit(2)
     except KeyboardInterrupt:
         sys.exit(130)
+    except torch.distributed.DistError as exc:
+        # A peer died or timed out: one line, not a traceback; the parent names the rank.
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        print(f"commgnn: rank {info.rank}: collective failed ({first})", file=sys.stderr)
+        errq.put((info.rank, "collective", first))
+        sys.exit(1)
     except BaseException as exc:  # report, keep the traceback for bugs
         errq.put((info.rank, "error", f"{type(exc).__name__}: {exc}".splitlines()[0]))
         traceback.print_exc()
@@ -57,25 +66,25 @@ def spawn_ranks(fn: Callable[..., Any], args: tuple, *, nprocs: int, master_addr
         p.start()
         procs.append(p)
     rank_of = {p.sentinel: r for r, p in enumerate(procs)}
-    first: tuple[int, int] | None = None  # (rank, exit code) of the first failure
-    deadline = float("inf")
+    failed: list[tuple[int, int]] = []  # (rank, exit code) in the order they were seen
+    terminated: set[int] = set()
+    deadline: float | None = None
     try:
         alive = {p.sentinel for p in procs}
         while alive:
-            timeout = None if first is None else max(0.0, deadline - time.monotonic())
-            ready = multiprocessing.connection.wait(list(alive), timeout=timeout if timeout != float("inf") else None)
-            for s in ready:
+            wait_s = None if deadline is None else max(0.0, deadline - time.monotonic())
+            for s in multiprocessing.connection.wait(list(alive), timeout=wait_s):
                 alive.discard(s)
                 r = rank_of[s]
                 procs[r].join()
-                code = procs[r].exitcode
-                if code != 0 and first is None:
-                    first = (r, code)
-                    deadline = time.monotonic() + grace_s
-            if first is not None and time.monotonic() >= deadline:
-                for p in procs:
-                    if p.is_alive():
-                        p.terminate()
+                if procs[r].exitcode != 0:
+                    failed.append((r, procs[r].exitcode))
+                    if deadline is None:
+                        deadline = time.monotonic() + grace_s
+            if deadline is not None and time.monotonic() >= deadline and alive:
+                for s in alive:
+                    terminated.add(rank_of[s])
+                    procs[rank_of[s]].terminate()
                 for p in procs:
                     p.join(5)
                     if p.is_alive():
@@ -88,7 +97,7 @@ def spawn_ranks(fn: Callable[..., Any], args: tuple, *, nprocs: int, master_addr
     finally:
         for p in procs:
             p.join(1)
-    if first is None:
+    if not failed:
         return
     reports: dict[int, tuple[str, str]] = {}
     while True:
@@ -97,7 +106,10 @@ def spawn_ranks(fn: Callable[..., Any], args: tuple, *, nprocs: int, master_addr
         except (queue.Empty, EOFError, OSError):
             break
         reports.setdefault(r, (kind, msg))
-    rank, code = first
+    # Blame the rank at fault, not a survivor whose collective failed because of it.
+    culprits = [(r, c) for r, c in failed
+                if r not in terminated and reports.get(r, ("crash", ""))[0] != "collective"]
+    rank, code = (culprits or failed)[0]
     kind, msg = reports.get(rank, ("crash", ""))
     if kind == "user":
         raise UserError(msg)

@@ -1,28 +1,33 @@
 """The one meter: bytes by traffic class, layer and peer, and time by phase, fed by hooks.
 
 Subscribe it to the run's :class:`~commgnn.dist.events.Hooks`; exchange code never calls
-it directly. At the end of each epoch :meth:`Meter.end_epoch` reduces the epoch's
-counters over ranks (sum and max) and resets them; :meth:`Meter.totals` gives the whole
-run by class, layer and (sender, receiver) pair.
+it directly. At the end of each epoch :meth:`Meter.end_epoch` gathers the epoch's
+counters from all ranks (one small ``all_gather``) and resets them; :meth:`Meter.totals`
+gives the whole run by class, layer and (sender, receiver) pair.
 
-The meter's own reductions are measurement overhead and are not counted as traffic.
+What is counted: every payload handed to a collective by halo exchanges, gradient sync and
+the loss/accuracy reductions ("control"). All-reduce payloads are the ring algorithm's
+``2 (P-1)/P x bytes`` per rank (backends do not expose wire bytes). Not counted: barriers
+(no payload) and the meter's own gather, which is measurement overhead.
+
 Time: ``comm`` is wall time inside collectives, ``wait`` is time in the barrier before
-gradient sync (waiting for the slowest rank); ``compute`` is the rest of the epoch.
+gradient sync (waiting for the slowest rank); ``compute`` is the rest of the epoch, per rank.
 """
 
 from __future__ import annotations
 
 import resource
+import threading
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, get_args
 
 import torch
 
 from commgnn.dist.context import DistContext
-from commgnn.dist.events import CommEvent, Event, TimeEvent
+from commgnn.dist.events import CommEvent, Event, TimeEvent, TrafficClass
 
-CLASSES = ("halo_fwd", "halo_bwd", "halo_eval", "grad_sync", "control")
-PHASES = ("comm", "wait")
+CLASSES: tuple[str, ...] = get_args(TrafficClass)
+TIMES = ("comm", "wait", "compute", "epoch")
 
 
 def peak_rss_mb() -> float:
@@ -32,14 +37,16 @@ def peak_rss_mb() -> float:
 
 @dataclass(frozen=True)
 class EpochTraffic:
-    """One epoch's bytes and times, summed over ranks and as the max over ranks."""
+    """One epoch's bytes and times over all ranks."""
 
     bytes_sum: dict[str, int]
+    """Bytes sent per traffic class, summed over ranks."""
     bytes_max: dict[str, int]
-    """Busiest rank's bytes sent, per class (the time floor is set by this, not the mean)."""
-    comm_s_max: float
-    wait_s_max: float
-    epoch_s_max: float
+    """Busiest rank's bytes sent per class (the time floor is set by this, not the mean)."""
+    time_max: dict[str, float]
+    """Slowest rank's seconds per phase (``comm``, ``wait``, ``compute``, ``epoch``)."""
+    time_mean: dict[str, float]
+    """Mean over ranks of the seconds per phase."""
 
     @property
     def halo_bytes(self) -> int:
@@ -53,24 +60,38 @@ class EpochTraffic:
     def to_dict(self) -> dict[str, Any]:
         return {"bytes": self.bytes_sum, "bytes_max_rank": self.bytes_max,
                 "halo_bytes": self.halo_bytes, "grad_bytes": self.bytes_sum["grad_sync"],
-                "total_bytes": self.total_bytes, "comm_s": self.comm_s_max,
-                "wait_s": self.wait_s_max, "epoch_s": self.epoch_s_max,
-                "compute_s": max(0.0, self.epoch_s_max - self.comm_s_max - self.wait_s_max)}
+                "total_bytes": self.total_bytes,
+                **{f"{k}_s": v for k, v in self.time_max.items()},
+                "time_mean_s": self.time_mean}
 
 
 class Meter:
-    """Counts what the hooks report on this rank; reduces over ranks on request."""
+    """Counts what the hooks report on this rank; gathers over ranks on request."""
 
     def __init__(self, ctx: DistContext, num_layers: int) -> None:
         self.ctx, self.num_layers = ctx, num_layers
         P = ctx.world_size
         self._epoch = torch.zeros(len(CLASSES), dtype=torch.float64)
-        self._time = dict.fromkeys(PHASES, 0.0)
-        # cumulative: [class, receiver] bytes this rank sent, and [class, layer]
+        self._time = {"comm": 0.0, "wait": 0.0}
+        # cumulative: [class, receiver] bytes this rank sent, and [class, layer (+ other)]
         self._by_peer = torch.zeros(len(CLASSES), P, dtype=torch.float64)
         self._by_layer = torch.zeros(len(CLASSES), num_layers + 1, dtype=torch.float64)
+        self._lock = threading.Lock()
+        self.setup: dict[str, int] = {}
+        """Bytes per class sent before the first epoch (e.g. a precomputed aggregation)."""
+
+    def end_setup(self) -> None:
+        """Move what was counted so far (set-up traffic) out of the first epoch."""
+        rows = self.ctx.all_gather(self._epoch.clone())
+        self.setup = {c: int(v) for c, v in zip(CLASSES, rows.sum(0))}
+        self._epoch.zero_()
+        self._time = {"comm": 0.0, "wait": 0.0}
 
     def __call__(self, ev: Event) -> None:
+        with self._lock:  # pipelined exchanges report from a background thread
+            self._record(ev)
+
+    def _record(self, ev: Event) -> None:
         if isinstance(ev, CommEvent):
             k = CLASSES.index(ev.kind)
             self._epoch[k] += ev.nbytes
@@ -81,32 +102,39 @@ class Meter:
             self._time[ev.phase] += ev.seconds
 
     def end_epoch(self, epoch_s: float) -> EpochTraffic:
-        """Reduce this epoch's counters over ranks (all ranks call it), then reset them."""
-        vec = torch.cat([self._epoch, torch.tensor([self._time["comm"], self._time["wait"], epoch_s],
-                                                   dtype=torch.float64)])
-        summed = self.ctx.all_reduce(vec.clone(), "sum")
-        maxed = self.ctx.all_reduce(vec.clone(), "max")
+        """Gather this epoch's counters from all ranks (all ranks call it), then reset them."""
+        comm, wait = self._time["comm"], self._time["wait"]
+        times = [comm, wait, max(0.0, epoch_s - comm - wait), epoch_s]
+        rows = self.ctx.all_gather(torch.cat([self._epoch, torch.tensor(times, dtype=torch.float64)]))
         n = len(CLASSES)
-        out = EpochTraffic(bytes_sum={c: int(summed[i]) for i, c in enumerate(CLASSES)},
-                           bytes_max={c: int(maxed[i]) for i, c in enumerate(CLASSES)},
-                           comm_s_max=float(maxed[n]), wait_s_max=float(maxed[n + 1]),
-                           epoch_s_max=float(maxed[n + 2]))
+        b_sum, b_max = rows[:, :n].sum(0), rows[:, :n].max(0).values
+        t_max, t_mean = rows[:, n:].max(0).values, rows[:, n:].mean(0)
         self._epoch.zero_()
-        self._time = dict.fromkeys(PHASES, 0.0)
-        return out
+        self._time = {"comm": 0.0, "wait": 0.0}
+        return EpochTraffic(bytes_sum={c: int(b_sum[i]) for i, c in enumerate(CLASSES)},
+                            bytes_max={c: int(b_max[i]) for i, c in enumerate(CLASSES)},
+                            time_max={k: float(t_max[i]) for i, k in enumerate(TIMES)},
+                            time_mean={k: float(t_mean[i]) for i, k in enumerate(TIMES)})
 
     def totals(self) -> dict[str, Any]:
-        """Whole-run bytes by class x (sender, receiver) and by class x layer (all ranks call it)."""
-        P = self.ctx.world_size
-        pairs = torch.zeros(len(CLASSES), P, P, dtype=torch.float64)
-        pairs[:, self.ctx.rank, :] = self._by_peer
-        pairs = self.ctx.all_reduce(pairs)
-        layers = self.ctx.all_reduce(self._by_layer.clone())
-        rss = self.ctx.all_reduce(torch.tensor([peak_rss_mb()], dtype=torch.float64), "max")
+        """Whole-run bytes by class x (sender, receiver) and by class x layer, and peak
+        memory per rank (all ranks call it)."""
+        pairs = self.ctx.all_gather(self._by_peer).transpose(0, 1)  # [class, sender, receiver]
+        layers = self.ctx.all_gather(self._by_layer).sum(0)
+        rss = self.ctx.all_gather(torch.tensor([peak_rss_mb()], dtype=torch.float64))[:, 0]
         layer_names = [str(i) for i in range(self.num_layers)] + ["other"]
         return {
             "bytes_by_pair": {c: pairs[i].long().tolist() for i, c in enumerate(CLASSES)},
             "bytes_by_layer": {c: dict(zip(layer_names, layers[i].long().tolist()))
                                for i, c in enumerate(CLASSES)},
-            "peak_rss_mb": float(rss[0]),
+            "setup_bytes": self.setup,
+            "peak_rss_mb": float(rss.max()),
+            "peak_rss_mb_by_rank": rss.tolist(),
         }
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"by_peer": self._by_peer.clone(), "by_layer": self._by_layer.clone()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self._by_peer.copy_(state["by_peer"])
+        self._by_layer.copy_(state["by_layer"])

@@ -8,7 +8,9 @@ With ``X' = H W^T`` viewed as ``[n_src, heads, C]`` and self loops on owned node
 
 Every in-edge of an owned node is local, so the softmax is exact. Parameters are named
 ``lin.weight``, ``att_src``, ``att_dst``, ``bias`` as in PyG. Edge-wise gather/scatter
-(``torch_geometric.utils.softmax`` and ``index_add_``) does the attention.
+(``torch_geometric.utils.softmax`` and ``index_add_``) does the attention. The message is
+``H`` or, with ``transform_first`` when ``heads C < d_in``, ``X'`` itself (the attention
+needs nothing else of a source row). ``precompute`` keeps the constant input's halo rows.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from commgnn.models.graph import LocalGraph
 
 class GATLayer(nn.Module):
     def __init__(self, in_dim: int, out_dim: int, heads: int, concat: bool = True,
-                 attn_dropout: float = 0.0) -> None:
+                 attn_dropout: float = 0.0, transform_first: bool = False) -> None:
         super().__init__()
         self.heads, self.out_dim, self.concat, self.attn_dropout = heads, out_dim, concat, attn_dropout
         self.lin = nn.Linear(in_dim, heads * out_dim, bias=False)
@@ -32,10 +34,24 @@ class GATLayer(nn.Module):
         self.bias = nn.Parameter(torch.zeros(heads * out_dim if concat else out_dim))
         for p in (self.lin.weight, self.att_src, self.att_dst):
             nn.init.xavier_uniform_(p)
+        self.transform_first = transform_first and heads * out_dim < in_dim
 
-    def forward(self, h: Tensor, graph: LocalGraph) -> Tensor:
+    def message(self, h: Tensor) -> Tensor:
+        return self.lin(h) if self.transform_first else h
+
+    def combine(self, m_src: Tensor, h_own: Tensor, graph: LocalGraph) -> Tensor:
+        return self._attend(m_src if self.transform_first else self.lin(m_src), graph)
+
+    def precompute(self, x_src: Tensor, graph: LocalGraph) -> Tensor:
+        return x_src
+
+    def from_precomputed(self, pre: Tensor, x_own: Tensor, graph: LocalGraph) -> Tensor:
+        return self._attend(self.lin(pre), graph)  # the cache holds raw input rows
+
+    def _attend(self, xw: Tensor, graph: LocalGraph) -> Tensor:
+        """Attention and aggregation of transformed rows ``xw: [n_src, heads * C]``."""
         n_own = graph.num_own
-        x = self.lin(h).view(-1, self.heads, self.out_dim)             # [n_src, H, C]
+        x = xw.view(-1, self.heads, self.out_dim)
         a_src = (x * self.att_src).sum(-1)                                # [n_src, H]
         a_dst = (x[:n_own] * self.att_dst).sum(-1)                        # [n_own, H]
         src, dst = graph.edges_with_self_loops()

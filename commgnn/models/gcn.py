@@ -5,6 +5,10 @@
 ``D`` holds *global* degrees (halo rows included), so the result on owned rows equals
 ``GCNConv`` on the whole graph. Parameters are named ``lin.weight`` and ``bias`` as in
 PyG, so a state dict loads into either.
+
+What crosses the cut is the layer's *message*: ``H`` itself, or with ``transform_first``
+(when ``d_out < d_in``) the narrower ``H W^T``: the same numbers, since ``W`` acts row by
+row. ``precompute`` aggregates the (constant) input once: ``(A_hat X) W^T`` = ``A_hat (X W^T)``.
 """
 
 from __future__ import annotations
@@ -16,11 +20,25 @@ from commgnn.models.graph import LocalGraph, spmm
 
 
 class GCNLayer(nn.Module):
-    def __init__(self, in_dim: int, out_dim: int) -> None:
+    def __init__(self, in_dim: int, out_dim: int, transform_first: bool = False) -> None:
         super().__init__()
         self.lin = nn.Linear(in_dim, out_dim, bias=False)
         self.bias = nn.Parameter(torch.zeros(out_dim))
         nn.init.xavier_uniform_(self.lin.weight)  # PyG's glorot init
+        self.transform_first = transform_first and out_dim < in_dim
 
-    def forward(self, h: Tensor, graph: LocalGraph) -> Tensor:
-        return spmm(graph.gcn_adj(h.dtype), self.lin(h)) + self.bias
+    def message(self, h: Tensor) -> Tensor:
+        """What owned rows send: ``[n_own, d_in]`` or ``[n_own, d_out]`` (transform first)."""
+        return self.lin(h) if self.transform_first else h
+
+    def combine(self, m_src: Tensor, h_own: Tensor, graph: LocalGraph) -> Tensor:
+        """``[n_src, d_msg]`` messages of owned+halo rows -> ``[n_own, d_out]``."""
+        xw = m_src if self.transform_first else self.lin(m_src)
+        return spmm(graph.gcn_adj(xw.dtype), xw) + self.bias
+
+    def precompute(self, x_src: Tensor, graph: LocalGraph) -> Tensor:
+        """``A_hat X``: ``[n_own, d_in]``, computed once for a constant input."""
+        return spmm(graph.gcn_adj(x_src.dtype), x_src)
+
+    def from_precomputed(self, pre: Tensor, x_own: Tensor, graph: LocalGraph) -> Tensor:
+        return self.lin(pre) + self.bias

@@ -21,12 +21,11 @@ from typing import Any
 import torch
 from torch import Tensor
 
-warnings.filterwarnings("ignore", message="Sparse CSR tensor support is in beta")
-warnings.filterwarnings("ignore", message="Sparse invariant checks")
-
 
 def _csr(rows: Tensor, cols: Tensor, vals: Tensor, shape: tuple[int, int]) -> Tensor:
-    return torch.sparse_coo_tensor(torch.stack([rows, cols]), vals, shape).coalesce().to_sparse_csr()
+    with warnings.catch_warnings():  # torch's "CSR support is in beta" notice, once per build
+        warnings.simplefilter("ignore", UserWarning)
+        return torch.sparse_coo_tensor(torch.stack([rows, cols]), vals, shape).coalesce().to_sparse_csr()
 
 
 @dataclass

@@ -2,12 +2,15 @@
 
 For layer l on rank r (``n_own`` owned rows, ``n_halo`` halo rows)::
 
-    h      = dropout(h)                          # [n_own, d_l], the owner draws the mask
-    h_src  = cat(h, halo.exchange(h, l))         # [n_own + n_halo, d_l]
-    h      = act(conv_l(h_src, graph))           # [n_own, d_{l+1}]  (no act after the last)
+    h      = dropout(h)                                   # [n_own, d_l], the owner draws the mask
+    m      = conv_l.message(h)                            # h, or h W^T when narrower (transform first)
+    m_src  = cat(m, halo.exchange(m, l))                  # [n_own + n_halo, d_msg]
+    h      = act(conv_l.combine(m_src, h, graph))         # [n_own, d_{l+1}]  (no act after the last)
 
-:func:`reference_model` builds the same architecture from PyG's own layers for a single
-process on the whole graph; the parameter names agree, so one state dict fits both.
+With ``precompute`` the first layer's aggregation of the constant input is computed once
+(:meth:`PartitionGNN.precompute`, one exchange before training) and input dropout acts on
+the aggregate. :class:`commgnn.models.reference.ReferenceGNN` is the same architecture
+from PyG's own layers for one process on the whole graph; the parameter names agree.
 """
 
 from __future__ import annotations
@@ -30,67 +33,59 @@ def layer_dims(cfg: ModelConfig, in_dim: int, num_classes: int) -> list[tuple[in
     return list(zip(dims[:-1], dims[1:]))
 
 
-def _activation(cfg: ModelConfig, h: Tensor) -> Tensor:
+def layer_specs(cfg: ModelConfig, in_dim: int, num_classes: int) -> list[tuple[int, int, int, bool]]:
+    """``(d_in, channels per head, heads, concat)`` of each layer (heads = 1 except GAT's
+    hidden layers, which concatenate ``cfg.heads`` heads of ``hidden / heads`` channels)."""
+    specs = []
+    dims = layer_dims(cfg, in_dim, num_classes)
+    for i, (d_in, d_out) in enumerate(dims):
+        hidden_gat = cfg.name == "gat" and i < len(dims) - 1
+        heads = cfg.heads if hidden_gat else 1
+        specs.append((d_in, d_out // heads, heads, hidden_gat))
+    return specs
+
+
+def activation(cfg: ModelConfig, h: Tensor) -> Tensor:
     return F.elu(h) if cfg.name == "gat" else F.relu(h)
 
 
 class PartitionGNN(nn.Module):
     """GCN / GraphSAGE / GAT over a rank's partition plus its halo."""
 
-    def __init__(self, cfg: ModelConfig, in_dim: int, num_classes: int) -> None:
+    def __init__(self, cfg: ModelConfig, in_dim: int, num_classes: int, *,
+                 transform_first: bool = False) -> None:
         super().__init__()
         self.cfg = cfg
         self.convs = nn.ModuleList()
-        dims = layer_dims(cfg, in_dim, num_classes)
-        for i, (d_in, d_out) in enumerate(dims):
-            last = i == len(dims) - 1
+        for d_in, d_out, heads, concat in layer_specs(cfg, in_dim, num_classes):
             if cfg.name == "gcn":
-                self.convs.append(GCNLayer(d_in, d_out))
+                self.convs.append(GCNLayer(d_in, d_out, transform_first))
             elif cfg.name == "sage":
-                self.convs.append(SAGELayer(d_in, d_out))
+                self.convs.append(SAGELayer(d_in, d_out, transform_first))
             else:
-                heads = 1 if last else cfg.heads
-                self.convs.append(GATLayer(d_in, d_out // heads if not last else d_out, heads,
-                                           concat=not last, attn_dropout=cfg.attn_dropout))
+                self.convs.append(GATLayer(d_in, d_out, heads, concat=concat, attn_dropout=cfg.attn_dropout,
+                                           transform_first=transform_first))
+        self.pre: Tensor | None = None
+
+    @torch.no_grad()
+    def precompute(self, x: Tensor, graph: LocalGraph, halo: HaloExchange) -> None:
+        """Exchange the constant input once and keep the first layer's aggregate of it."""
+        x_src = torch.cat([x, halo.exchange(x, 0, kind="halo_setup")])
+        self.pre = self.convs[0].precompute(x_src, graph)
 
     def forward(self, x: Tensor, graph: LocalGraph, halo: HaloExchange) -> Tensor:
         h = x
+        p = self.cfg.dropout
         for i, conv in enumerate(self.convs):
-            h = F.dropout(h, p=self.cfg.dropout, training=self.training)
-            halo_rows = halo.exchange(h, i)
-            h_src = torch.cat([h, halo_rows]) if halo_rows.shape[0] else h
-            h = conv(h_src, graph)
-            if i < len(self.convs) - 1:
-                h = _activation(self.cfg, h)
-        return h
-
-
-class ReferenceGNN(nn.Module):
-    """The same architecture from PyG's ``GCNConv`` / ``SAGEConv`` / ``GATConv`` (one process)."""
-
-    def __init__(self, cfg: ModelConfig, in_dim: int, num_classes: int) -> None:
-        from torch_geometric.nn import GATConv, GCNConv, SAGEConv
-
-        super().__init__()
-        self.cfg = cfg
-        self.convs = nn.ModuleList()
-        dims = layer_dims(cfg, in_dim, num_classes)
-        for i, (d_in, d_out) in enumerate(dims):
-            last = i == len(dims) - 1
-            if cfg.name == "gcn":
-                self.convs.append(GCNConv(d_in, d_out))
-            elif cfg.name == "sage":
-                self.convs.append(SAGEConv(d_in, d_out, aggr="mean"))
+            if i == 0 and self.pre is not None:
+                h = conv.from_precomputed(F.dropout(self.pre, p, self.training),
+                                          F.dropout(x, p, self.training), graph)
             else:
-                heads = 1 if last else cfg.heads
-                self.convs.append(GATConv(d_in, d_out if last else d_out // heads, heads=heads,
-                                          concat=not last, dropout=cfg.attn_dropout))
-
-    def forward(self, x: Tensor, edge_index: Tensor) -> Tensor:
-        h = x
-        for i, conv in enumerate(self.convs):
-            h = F.dropout(h, p=self.cfg.dropout, training=self.training)
-            h = conv(h, edge_index)
+                h = F.dropout(h, p=p, training=self.training)
+                m = conv.message(h)
+                # Always through the exchange's output, even with no halo rows here: its
+                # backward is a collective that every rank must enter.
+                h = conv.combine(torch.cat([m, halo.exchange(m, i)]), h, graph)
             if i < len(self.convs) - 1:
-                h = _activation(self.cfg, h)
+                h = activation(self.cfg, h)
         return h

@@ -10,18 +10,19 @@ from rich.table import Table
 
 
 def human_bytes(n: float) -> str:
-    for unit in ("B", "KB", "MB", "GB", "TB"):
-        if abs(n) < 1000 or unit == "TB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
+    if abs(n) < 1000:
+        return f"{n:.0f} B"
+    for unit in ("KB", "MB", "GB", "TB"):
         n /= 1000
-    return f"{n:.2f} TB"
+        if abs(n) < 1000 or unit == "TB":
+            break
+    return f"{n:.2f} {unit}"
 
 
 class EpochProgress:
     """Progress bar with live loss, accuracy and bytes; silent when disabled."""
 
     def __init__(self, total: int, *, enabled: bool, console: Console | None = None) -> None:
-        self.enabled = enabled
         self._progress: Progress | None = None
         if enabled:
             self._progress = Progress(TextColumn("[bold]epoch"), BarColumn(), MofNCompleteColumn(),
@@ -36,6 +37,9 @@ class EpochProgress:
 
     def __exit__(self, *exc: Any) -> None:
         if self._progress:
+            # An early stop ends the bar where training ended.
+            done = self._progress.tasks[0].completed
+            self._progress.update(self._task, total=max(done, 1))
             self._progress.stop()
 
     def update(self, row: dict[str, Any]) -> None:

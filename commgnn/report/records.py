@@ -48,12 +48,12 @@ def git_commit() -> str | None:
     try:
         res = subprocess.run(["git", "rev-parse", "HEAD"], cwd=here, capture_output=True,
                              text=True, timeout=5, check=False)
+        if res.returncode != 0:
+            return None
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=here,
+                               capture_output=True, text=True, timeout=5, check=False).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         return None
-    if res.returncode != 0:
-        return None
-    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=here,
-                           capture_output=True, text=True, timeout=5, check=False).stdout.strip()
     return res.stdout.strip() + ("+dirty" if dirty else "")
 
 
@@ -72,9 +72,12 @@ def prepare_out_dir(out: Path) -> Path:
     except OSError as exc:
         raise UserError(f"cannot create output directory {out.parent}: {exc.strerror}") from None
     staging = out.parent / f".{out.name}.staging-{os.getpid()}"
-    if staging.exists():
-        shutil.rmtree(staging)
-    staging.mkdir()
+    try:
+        if staging.exists():
+            shutil.rmtree(staging)
+        staging.mkdir()
+    except OSError as exc:
+        raise UserError(f"cannot write in {out.parent}: {exc.strerror}") from None
     return staging
 
 
@@ -113,7 +116,8 @@ def summarise(*, dataset: str, model: str, parts: int, rows: Iterable[dict[str, 
     best validation epoch), ``halo_bytes_per_epoch`` and ``grad_bytes_per_epoch`` (means over
     epochs, summed over ranks), ``halo_bytes_per_epoch_max_rank``, ``total_bytes`` (all
     classes, all epochs, all ranks), ``epoch_time_s`` (median of the slowest rank's epoch),
-    ``comm_time_frac``, ``wait_time_frac``, ``peak_rss_mb`` (max over ranks), ``partition``
+    ``comm_time_frac``, ``wait_time_frac`` (of the mean rank's epoch time), ``peak_rss_mb`` (max over ranks) and
+    ``peak_rss_mb_by_rank``, ``partition``
     (edge_cut, comm_volume, max_rank_halo) and the byte breakdowns by pair and layer.
     """
     rows = list(rows)
@@ -137,13 +141,22 @@ def summarise(*, dataset: str, model: str, parts: int, rows: Iterable[dict[str, 
         "eval_halo_bytes_per_epoch": sum(r["bytes"]["halo_eval"] for r in rows) / n,
         "total_bytes": sum(r["total_bytes"] for r in rows),
         "epoch_time_s": statistics.median(epoch_s),
-        "comm_time_frac": sum(r["comm_s"] for r in rows) / max(sum(epoch_s), 1e-12),
-        "wait_time_frac": sum(r["wait_s"] for r in rows) / max(sum(epoch_s), 1e-12),
+        # fractions of the mean rank's time
+        "comm_time_frac": _frac(rows, "comm"),
+        "wait_time_frac": _frac(rows, "wait"),
+        "setup_bytes": totals["setup_bytes"],
         "peak_rss_mb": totals["peak_rss_mb"],
+        "peak_rss_mb_by_rank": totals["peak_rss_mb_by_rank"],
         "partition": {k: partition.get(k) for k in ("edge_cut", "comm_volume", "max_rank_halo")},
         "bytes_by_pair": totals["bytes_by_pair"],
         "bytes_by_layer": totals["bytes_by_layer"],
+        "byte_counting": "payload handed to collectives; all-reduce = ring algorithm's 2(P-1)/P x bytes per rank",
     }
+
+
+def _frac(rows: list[dict[str, Any]], phase: str) -> float:
+    total = sum(r["time_mean_s"]["epoch"] for r in rows)
+    return sum(r["time_mean_s"][phase] for r in rows) / max(total, 1e-12)
 
 
 def read_json(path: Path) -> Any:

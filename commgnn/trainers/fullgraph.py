@@ -6,7 +6,8 @@ gradient is the sum of the ranks' gradients (halo gradients travel back to their
 inside the exchange's backward). The gradient strategy then sums over ranks.
 
 Evaluation is always exact: an eval-mode forward with the exact exchange, and accuracy
-counts summed over ranks.
+counts summed over ranks. Training uses the halo levers of its :class:`HaloConfig`; every
+``exact_every`` epochs (counting from the first) they step aside for an exact epoch.
 """
 
 from __future__ import annotations
@@ -18,8 +19,10 @@ from typing import Any, Iterator
 import torch
 import torch.nn.functional as F
 
-from commgnn.comm.allreduce import AllReduceSync, ring_allreduce_bytes
+from commgnn.comm.allreduce import AllReduceSync, counted_all_reduce
 from commgnn.comm.alltoall import AllToAllHalo
+from commgnn.comm.build import build_halo
+from commgnn.comm.config import HaloConfig
 from commgnn.comm.grad_sync import GradSync
 from commgnn.comm.halo import HaloExchange, HaloPlan
 from commgnn.dist.context import DistContext
@@ -60,35 +63,36 @@ class FullGraphTrainer:
     """Trains a :class:`PartitionGNN` on one rank's partition; all ranks run it in lockstep."""
 
     def __init__(self, ctx: DistContext, part: LocalPartition, model_cfg: ModelConfig,
-                 train_cfg: TrainConfig, hooks: Hooks, *, halo: HaloExchange | None = None,
-                 grad_sync: GradSync | None = None, eval_halo: HaloExchange | None = None) -> None:
+                 train_cfg: TrainConfig, hooks: Hooks, *, halo_cfg: HaloConfig | None = None,
+                 halo: HaloExchange | None = None, grad_sync: GradSync | None = None) -> None:
         self.ctx, self.cfg, self.hooks = ctx, train_cfg, hooks
+        self.halo_cfg = halo_cfg = halo_cfg if halo_cfg is not None else HaloConfig()
         dtype = _DTYPES[train_cfg.dtype]
         self.part = part.to(ctx.device)
         self.x = self.part.x.to(dtype)
         self.graph = local_graph(self.part)
         plan = halo_plan(self.part)
-        self.halo = halo if halo is not None else AllToAllHalo(ctx, plan, hooks)
+        self.halo = halo if halo is not None else build_halo(ctx, plan, hooks, halo_cfg, num_layers=model_cfg.layers,
+                                                             seed=train_cfg.seed)
         # Evaluation stays exact whatever lossy lever trains.
-        self.eval_halo = eval_halo if eval_halo is not None else AllToAllHalo(ctx, plan, hooks)
+        self.eval_halo = AllToAllHalo(ctx, plan, hooks)
         self.grad_sync = grad_sync if grad_sync is not None else AllReduceSync(ctx, hooks)
         torch.manual_seed(train_cfg.seed)  # identical initial weights on every rank
-        self.model = PartitionGNN(model_cfg, part.x.shape[1], part.num_classes).to(ctx.device, dtype)
+        self.model = PartitionGNN(model_cfg, part.x.shape[1], part.num_classes,
+                                  transform_first=halo_cfg.transform_first).to(ctx.device, dtype)
+        if halo_cfg.precompute:
+            self.model.precompute(self.x, self.graph, self.eval_halo)
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=train_cfg.lr,
                                           weight_decay=train_cfg.weight_decay)
         torch.manual_seed(train_cfg.seed + 7919 * (ctx.rank + 1))  # per-rank dropout stream
         masks = torch.stack([self.part.train_mask, self.part.val_mask, self.part.test_mask])
         self.split_sizes = self._reduce(masks.sum(dim=1).to(torch.float64))
         self.epoch = 0
+        self.best_val, self.since_best = -1.0, 0  # early stopping, identical on all ranks
 
     def _reduce(self, t: torch.Tensor) -> torch.Tensor:
         """Sum a small bookkeeping vector over ranks (counted as 'control' traffic)."""
-        if self.ctx.is_distributed:
-            self.hooks.sent("control", -1, -1,
-                            ring_allreduce_bytes(t.numel(), t.element_size(), self.ctx.world_size))
-            with self.hooks.timed("comm"):
-                self.ctx.all_reduce(t)
-        return t
+        return counted_all_reduce(self.ctx, self.hooks, t, "control")
 
     def compute_gradients(self) -> tuple[torch.Tensor, torch.Tensor]:
         """Forward, loss, backward and gradient sync, without the update.
@@ -98,10 +102,13 @@ class FullGraphTrainer:
         """
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
+        every = self.halo_cfg.exact_every
+        self.halo.set_epoch(self.epoch, exact=bool(every) and self.epoch % every == 0)
         logits = self.model(self.x, self.graph, self.halo)
         mask = self.part.train_mask
         loss = F.cross_entropy(logits[mask], self.part.y[mask], reduction="sum") / self.split_sizes[0]
         loss.backward()
+        self.halo.flush()
         if self.ctx.is_distributed:
             # Time spent waiting for the slowest rank (load imbalance), kept apart from transfer.
             with self.hooks.timed("wait"):
@@ -137,24 +144,25 @@ class FullGraphTrainer:
 
     def run(self) -> Iterator[EpochResult]:
         """Epochs until ``epochs`` or early stopping (decided identically on every rank)."""
-        best, since_best = -1.0, 0
         while self.epoch < self.cfg.epochs:
-            res = self.step()
-            yield res
-            if res.val_acc > best:
-                best, since_best = res.val_acc, 0
-            else:
-                since_best += 1
-            if self.cfg.patience and since_best >= self.cfg.patience:
+            if self.cfg.patience and self.since_best >= self.cfg.patience:
                 break
+            res = self.step()
+            if res.val_acc > self.best_val:
+                self.best_val, self.since_best = res.val_acc, 0
+            else:
+                self.since_best += 1
+            yield res
 
     def state_dict(self) -> dict[str, Any]:
-        return {"epoch": self.epoch, "model": self.model.state_dict(),
+        return {"epoch": self.epoch, "best_val": self.best_val, "since_best": self.since_best,
+                "rng": torch.get_rng_state(), "model": self.model.state_dict(),
                 "optimizer": self.optimizer.state_dict(), "halo": self.halo.state_dict(),
                 "grad_sync": self.grad_sync.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.epoch = state["epoch"]
+        self.epoch, self.best_val, self.since_best = state["epoch"], state["best_val"], state["since_best"]
+        torch.set_rng_state(state["rng"])
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.halo.load_state_dict(state["halo"])

@@ -1,0 +1,150 @@
+"""Adaptive bit-widths (after AdaQP): bits per layer, direction and peer from the measured
+variance of the messages and a byte budget, re-solved every k epochs.
+
+Stochastic rounding of a row with range ``R`` at ``b`` bits adds variance at most
+``d R^2 / (4 (2^b - 1)^2)``. From the rows it sent to each peer since the last solve, a
+sender estimates that error ``V(block, b)`` and the bytes ``B(block, b)`` of every block
+(layer, direction, peer) at b in {1, 2, 4, 8}, then minimises ``sum V`` subject to
+``sum B <= budget``: all blocks start at 1 bit and the upgrade with the largest variance
+cut per extra byte is taken while it fits (greedy on a convex-ish front). Receivers learn
+the chosen widths through one small all-to-all of the bit table (counted as control).
+Until the first solve every block uses 8 bits.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+from commgnn.comm import quant
+from commgnn.comm.exchange import RowExchange, Wrapper
+from commgnn.dist.context import DistContext
+from commgnn.dist.events import Hooks
+
+_DIRS = ("halo_fwd", "halo_bwd")
+
+
+def solve_bits(stats: dict[tuple[int, int, int], tuple[float, int, int]], budget: float) -> dict:
+    """Greedy bit allocation. ``stats[(layer, dir, peer)] = (sum of R^2 per row, rows, d)``
+    (per epoch); returns ``{block: bits}`` whose bytes fit ``budget`` where possible."""
+    ladder = quant.BITS
+    bits = {k: ladder[0] for k in stats}
+
+    def cost(k: tuple[int, int, int], b: int) -> float:
+        _, rows, d = stats[k]
+        return rows * quant.bytes_per_row(d, b)
+
+    def var(k: tuple[int, int, int], b: int) -> float:
+        r2, _, d = stats[k]
+        return d * r2 / (4 * ((1 << b) - 1) ** 2)
+
+    spent = sum(cost(k, b) for k, b in bits.items())
+    while True:
+        best, best_gain = None, 0.0
+        for k, b in bits.items():
+            i = ladder.index(b)
+            if i + 1 == len(ladder):
+                continue
+            nb = ladder[i + 1]
+            extra = cost(k, nb) - cost(k, b)
+            if spent + extra > budget:
+                continue
+            gain = (var(k, b) - var(k, nb)) / max(extra, 1e-9)
+            if gain > best_gain:
+                best, best_gain = (k, nb, extra), gain
+        if best is None:
+            return bits
+        k, nb, extra = best
+        bits[k] = nb
+        spent += extra
+
+
+class AdaptiveQuantized(Wrapper):
+    def __init__(self, inner: RowExchange, *, ctx: DistContext, hooks: Hooks, num_layers: int,
+                 budget_bytes: float, every: int, seed: int) -> None:
+        super().__init__(inner)
+        self.ctx, self.hooks, self.num_layers = ctx, hooks, num_layers
+        self.budget, self.every = budget_bytes, every
+        self.gen = torch.Generator().manual_seed(seed)
+        P = ctx.world_size
+        K = 2 * num_layers
+        self.send_bits = torch.full((K, P), 8, dtype=torch.long)  # [layer*2+dir, peer] mine
+        self.recv_bits = torch.full((K, P), 8, dtype=torch.long)  # what peers use towards me
+        self.r2 = torch.zeros(K, P, dtype=torch.float64)          # sum of row range^2 since solve
+        self.rows = torch.zeros(K, P, dtype=torch.float64)
+        self.width = torch.zeros(K, dtype=torch.long)
+        self.epochs_seen = 0
+        self.exact_now = False
+
+    def set_epoch(self, epoch: int, exact: bool) -> None:
+        self.exact_now = exact
+        if epoch > 0 and epoch % self.every == 0 and self.epochs_seen:
+            self._resolve()
+        if not exact:
+            self.epochs_seen += 1  # this epoch's messages feed the next solve
+        super().set_epoch(epoch, exact)
+
+    def _resolve(self) -> None:
+        stats = {}
+        for k in range(self.send_bits.shape[0]):
+            for q in range(self.ctx.world_size):
+                if self.rows[k, q] > 0:
+                    n = self.epochs_seen
+                    stats[(k // 2, k % 2, q)] = (float(self.r2[k, q]) / n, int(self.rows[k, q] / n),
+                                                 int(self.width[k]))
+        for (layer, d, q), b in solve_bits(stats, self.budget).items():
+            self.send_bits[layer * 2 + d, q] = b
+        # receivers must decode with the sender's widths: column q of my table goes to q
+        send = self.send_bits.t().contiguous().reshape(-1)
+        recv = torch.empty_like(send)
+        K = self.send_bits.shape[0]
+        self.hooks.sent("control", -1, -1, send.numel() * send.element_size() * (self.ctx.world_size - 1)
+                        // self.ctx.world_size)
+        with self.hooks.timed("comm"):
+            dist.all_to_all_single(recv, send, group=self.ctx.group)
+        self.recv_bits = recv.view(self.ctx.world_size, K).t().contiguous()
+        self.r2.zero_()
+        self.rows.zero_()
+        self.epochs_seen = 0
+
+    def move(self, rows: Tensor, out_counts: list[int], in_counts: list[int], layer: int,
+             kind: str) -> Tensor:
+        if self.exact_now or kind not in _DIRS or not rows.is_floating_point():
+            return self.inner.move(rows, out_counts, in_counts, layer, kind)
+        k = layer * 2 + _DIRS.index(kind)
+        d = rows.shape[1]
+        self.width[k] = d
+        payloads, out_bytes = [], []
+        for q, block in enumerate(torch.split(rows.detach().cpu(), out_counts)):
+            if block.shape[0]:
+                rng = block.max(dim=1).values - block.min(dim=1).values
+                self.r2[k, q] += float((rng.double() ** 2).sum())
+                self.rows[k, q] += block.shape[0]
+            b = int(self.send_bits[k, q])
+            payloads.append(quant.encode(block, b, self.gen).reshape(-1))
+            out_bytes.append(payloads[-1].numel())
+        in_bytes = [c * quant.bytes_per_row(d, int(self.recv_bits[k, q])) for q, c in enumerate(in_counts)]
+        got = self.inner.move(torch.cat(payloads).to(rows.device), out_bytes, in_bytes, layer, kind)
+        blocks = []
+        for q, (chunk, c) in enumerate(zip(torch.split(got.cpu(), in_bytes), in_counts)):
+            b = int(self.recv_bits[k, q])
+            blocks.append(quant.decode(chunk.view(c, quant.bytes_per_row(d, b)), b, d, rows.dtype))
+        return torch.cat(blocks).to(rows.device)
+
+    def epoch_log(self) -> dict[str, Any]:
+        table = {f"{k // 2}.{'fwd' if k % 2 == 0 else 'bwd'}": self.send_bits[k].tolist()
+                 for k in range(self.send_bits.shape[0]) if self.width[k] > 0}
+        return {**super().epoch_log(), "bits": table}
+
+    def own_state(self) -> dict[str, Any]:
+        return {name: getattr(self, name).clone() for name in ("send_bits", "recv_bits", "r2", "rows", "width")} | {
+            "epochs_seen": self.epochs_seen, "gen": self.gen.get_state()}
+
+    def load_own_state(self, state: dict[str, Any]) -> None:
+        for name in ("send_bits", "recv_bits", "r2", "rows", "width"):
+            setattr(self, name, state[name].clone())
+        self.epochs_seen = state["epochs_seen"]
+        self.gen.set_state(state["gen"])

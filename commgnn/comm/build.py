@@ -1,0 +1,53 @@
+"""Build the halo exchange a :class:`~commgnn.comm.config.HaloConfig` describes.
+
+Levers wrap in a fixed order, outermost first, because each acts on what the next one
+sees: staleness decides *whether* a row travels, sampling *which* rows (and scales them
+before they are encoded), quantization *how* they are encoded, and the all-to-all moves
+the bytes::
+
+    Pipelined | SkipUnchanged ( Sampled ( Quantized | AdaptiveQuantized ( AllToAllHalo )))
+"""
+
+from __future__ import annotations
+
+import torch.distributed as dist
+
+from commgnn.comm.adaptive import AdaptiveQuantized
+from commgnn.comm.alltoall import AllToAllHalo
+from commgnn.comm.config import BitsConfig, HaloConfig
+from commgnn.comm.exchange import RowExchange
+from commgnn.comm.halo import HaloPlan
+from commgnn.comm.pipelined import Pipelined
+from commgnn.comm.quantized import Quantized
+from commgnn.comm.sampled import Sampled
+from commgnn.comm.skip import SkipUnchanged
+from commgnn.dist.context import DistContext
+from commgnn.dist.events import Hooks
+
+
+def build_halo(ctx: DistContext, plan: HaloPlan, hooks: Hooks, cfg: HaloConfig, *, num_layers: int,
+               seed: int) -> RowExchange:
+    """The composed training-time exchange (evaluation always uses a plain AllToAllHalo)."""
+    st = cfg.staleness
+    pipelined = st.mode == "pipeline" and ctx.is_distributed
+    if pipelined:
+        # Background exchanges get their own communicator (every rank creates it, in the
+        # same order) and report bytes only: their time overlaps compute.
+        group = dist.new_group(ranks=list(range(ctx.world_size)))
+        ex: RowExchange = AllToAllHalo(ctx, plan, hooks.bytes_only(), group=group)
+    else:
+        ex = AllToAllHalo(ctx, plan, hooks)
+    rank_seed = seed * 1_000_003 + ctx.rank
+    if cfg.bits == "adaptive":
+        ex = AdaptiveQuantized(ex, ctx=ctx, hooks=hooks, num_layers=num_layers,
+                               budget_bytes=cfg.budget_mb * 1e6, every=cfg.adapt_every, seed=rank_seed)
+    elif isinstance(cfg.bits, BitsConfig) and cfg.bits != BitsConfig():
+        ex = Quantized(ex, forward_bits=cfg.bits.forward, backward_bits=cfg.bits.backward, seed=rank_seed)
+    if cfg.sample_rate < 1.0:
+        ex = Sampled(ex, rate=cfg.sample_rate, seed=seed, rank=ctx.rank)
+    if pipelined:
+        ex = Pipelined(ex, smoothing=st.smoothing, hooks=hooks)
+    elif st.mode == "skip":
+        ex = SkipUnchanged(ex, threshold=st.threshold, max_age=st.max_age,
+                           residual_bits=st.residual_bits, seed=rank_seed + 17)
+    return ex

@@ -1,0 +1,122 @@
+"""Communication configuration: ``[comm.halo]`` (the halo levers).
+
+Example::
+
+    [comm.halo]
+    precompute = true
+    transform_first = true
+    bits = { forward = 4, backward = 8 }   # or bits = 8, or bits = "adaptive" with budget_mb
+    sample_rate = 0.1
+    staleness = { mode = "skip", threshold = 0.05, max_age = 4 }
+    exact_every = 20
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal, Union
+
+from commgnn.config import fraction, positive
+from commgnn.errors import ConfigError
+
+VALID_BITS = (1, 2, 4, 8, 32)
+
+
+def _check_bits(name: str, bits: int) -> None:
+    if bits not in VALID_BITS:
+        raise ConfigError(f"{name} must be one of 1, 2, 4, 8 or 32 (32 = no quantization), got {bits}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class BitsConfig:
+    """Bits per value of halo messages; 32 sends float32 unchanged."""
+
+    forward: int = 32
+    """Bits of the embeddings sent forward (1, 2, 4, 8 or 32)."""
+    backward: int = 32
+    """Bits of the gradients sent backward (1, 2, 4, 8 or 32)."""
+
+    def __post_init__(self) -> None:
+        _check_bits("comm.halo.bits.forward", self.forward)
+        _check_bits("comm.halo.bits.backward", self.backward)
+
+
+@dataclass(frozen=True, kw_only=True)
+class StalenessConfig:
+    """Reuse of earlier halo rows instead of fresh ones."""
+
+    mode: Literal["none", "pipeline", "skip"] = "none"
+    """``pipeline``: compute epoch t with epoch t-1's halo rows and gradients while epoch t's
+    exchange runs in the background (PipeGCN). ``skip``: resend a row only when it changed
+    by more than ``threshold`` or is ``max_age`` epochs old (SANCUS)."""
+    smoothing: float = 0.0
+    """pipeline: EMA momentum applied to stale rows and gradients (0 = none; PipeGCN ~0.95)."""
+    threshold: float = 0.05
+    """skip: relative L2 change of a row, ||x - x_sent|| / ||x_sent||, above which it is resent."""
+    max_age: int = 4
+    """skip: a row older than this many epochs is resent whatever its change (the bound)."""
+    residual_bits: int = 32
+    """skip: send ``x - x_cached`` quantized to this many bits instead of ``x`` (32 = off)."""
+
+    def __post_init__(self) -> None:
+        fraction("comm.halo.staleness.smoothing", self.smoothing, open_high=True)
+        positive("comm.halo.staleness.threshold", self.threshold, allow_zero=True)
+        positive("comm.halo.staleness.max_age", self.max_age)
+        _check_bits("comm.halo.staleness.residual_bits", self.residual_bits)
+
+
+@dataclass(frozen=True, kw_only=True)
+class HaloConfig:
+    """Halo-exchange levers; the defaults are the exact exchange."""
+
+    precompute: bool = False
+    """Aggregate the raw input features once before training (GCN, SAGE) or keep their halo
+    rows (GAT): no per-epoch exchange of input features. Input dropout then acts on the
+    aggregated features."""
+    transform_first: bool = False
+    """Apply a layer's linear map before the exchange where that narrows the message
+    (send min(d_in, d_out) columns). Exact for GCN, SAGE-mean and GAT."""
+    bits: Union[int, BitsConfig, Literal["adaptive"]] = 32
+    """Quantization: one width for both directions, a ``{forward, backward}`` table, or
+    ``"adaptive"`` (per layer and peer, from message variance and ``budget_mb``)."""
+    budget_mb: float | None = None
+    """adaptive: halo megabytes (1e6) each rank may send per epoch."""
+    adapt_every: int = 10
+    """adaptive: re-solve the bit-widths every this many epochs."""
+    sample_rate: float = 1.0
+    """Fraction p of boundary rows each rank sends per epoch, scaled by 1/p (BNS-GCN)."""
+    staleness: StalenessConfig = field(default_factory=StalenessConfig)
+    """Reuse of stale rows (``[comm.halo.staleness]`` or an inline table)."""
+    exact_every: int = 0
+    """Guard: every this many epochs (counting from the first) all levers step aside and
+    the exchange is exact, refreshing caches; 0 = never."""
+
+    def __post_init__(self) -> None:
+        if isinstance(self.bits, int) and not isinstance(self.bits, bool):
+            _check_bits("comm.halo.bits", self.bits)
+            object.__setattr__(self, "bits", BitsConfig(forward=self.bits, backward=self.bits))
+        if self.bits == "adaptive":
+            if self.budget_mb is None:
+                raise ConfigError("comm.halo.bits = 'adaptive' needs comm.halo.budget_mb (MB per rank per epoch)")
+            positive("comm.halo.budget_mb", self.budget_mb)
+        elif self.budget_mb is not None:
+            raise ConfigError("comm.halo.budget_mb is only used with bits = 'adaptive'")
+        positive("comm.halo.adapt_every", self.adapt_every)
+        fraction("comm.halo.sample_rate", self.sample_rate, open_low=True)
+        positive("comm.halo.exact_every", self.exact_every, allow_zero=True)
+        if self.staleness.mode == "pipeline" and self.sample_rate < 1:
+            raise ConfigError("comm.halo: staleness.mode = 'pipeline' and sample_rate < 1 cannot be "
+                              "combined (a stale row would belong to last epoch's sample)")
+
+    @property
+    def is_exact(self) -> bool:
+        """True when no lossy lever is on (precompute / transform_first are lossless)."""
+        return (self.bits == BitsConfig() and self.sample_rate == 1.0 and self.staleness.mode == "none")
+
+
+@dataclass(frozen=True, kw_only=True)
+class CommConfig:
+    """``[comm]``: communication strategies."""
+
+    halo: HaloConfig = field(default_factory=HaloConfig)
+    """``[comm.halo]``: halo-exchange levers."""
