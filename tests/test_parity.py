@@ -12,6 +12,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from commgnn.comm.config import HaloConfig
 from commgnn.comm.exchange import RowExchange
 from commgnn.dist.context import DistContext
 from commgnn.dist.events import Hooks
@@ -52,12 +53,12 @@ def reference(data, name: str) -> dict:
     return out
 
 
-def parity_rank(ctx: DistContext, data, parts, refs: dict) -> dict:
+def parity_rank(ctx: DistContext, data, parts, refs: dict, halo_cfg: HaloConfig | None = None) -> dict:
     results = {}
     for name in MODELS:
         mcfg, tcfg = _cfgs(name)
         part = build_local_partition(data, parts, ctx.world_size, ctx.rank)
-        trainer = FullGraphTrainer(ctx, part, mcfg, tcfg, Hooks())
+        trainer = FullGraphTrainer(ctx, part, mcfg, tcfg, Hooks(), halo_cfg=halo_cfg)
         trainer.model.load_state_dict(refs[name]["state"])
         loss, logits = trainer.compute_gradients()
         grads = {n: p.grad.clone() for n, p in trainer.model.named_parameters()}
@@ -87,7 +88,7 @@ def _check(data, refs: dict, per_rank: list[dict]) -> None:
 
 @pytest.fixture(scope="module")
 def graph_and_refs():
-    data = small_graph(n=60, m=240)
+    data = small_graph(n=60, m=240, f=12)  # 12 -> 8 -> 8 -> 3: transform-first narrows layers 0 and 2
     return data, {name: reference(data, name) for name in MODELS}
 
 
@@ -104,6 +105,16 @@ def test_parity_multi_rank(graph_and_refs, tmp_path, P):
     per_rank = run_on_ranks(parity_rank, P, tmp_path, data, parts, refs)
     assert all(len(r["gcn"]["ids"]) > 0 for r in per_rank)
     _check(data, refs, per_rank)
+
+
+@pytest.mark.parametrize("levers", [{"transform_first": True}, {"precompute": True, "transform_first": True},
+                                    {"bits": 32, "sample_rate": 1.0, "exact_every": 5}])
+def test_lossless_levers_keep_parity(graph_and_refs, tmp_path, levers):
+    """Precomputed layer-1 aggregation, transform-before-aggregate and neutral lossy
+    settings give the exact model's logits, gradients and updates."""
+    data, refs = graph_and_refs
+    parts = partition_graph(data.edge_index, data.num_nodes, 3, PartitionConfig(method="random", seed=1))
+    _check(data, refs, run_on_ranks(parity_rank, 3, tmp_path, data, parts, refs, HaloConfig(**levers)))
 
 
 def test_parity_detects_a_wrong_halo(graph_and_refs, tmp_path):

@@ -92,6 +92,11 @@ class HaloConfig:
     the exchange is exact, refreshing caches; 0 = never."""
 
     def __post_init__(self) -> None:
+        # Plain tables are accepted from Python as from TOML.
+        if isinstance(self.bits, dict):
+            object.__setattr__(self, "bits", BitsConfig(**self.bits))
+        if isinstance(self.staleness, dict):
+            object.__setattr__(self, "staleness", StalenessConfig(**self.staleness))
         if isinstance(self.bits, int) and not isinstance(self.bits, bool):
             _check_bits("comm.halo.bits", self.bits)
             object.__setattr__(self, "bits", BitsConfig(forward=self.bits, backward=self.bits))

@@ -1,0 +1,218 @@
+"""Halo levers: byte counts equal payloads, lossless levers keep parity, lossy ones are
+unbiased or bounded as documented."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from commgnn.comm import quant
+from commgnn.comm.adaptive import solve_bits
+from commgnn.comm.alltoall import AllToAllHalo
+from commgnn.comm.build import build_halo
+from commgnn.comm.config import HaloConfig
+from commgnn.config import from_dict
+from commgnn.dist.context import DistContext
+from commgnn.dist.events import CommEvent, Hooks
+from commgnn.errors import ConfigError
+from commgnn.partition import PartitionConfig, build_local_partition, partition_graph
+from commgnn.trainers import halo_plan
+from helpers import run_on_ranks, small_graph
+
+
+# ---------------------------------------------------------------- the codec
+@pytest.mark.parametrize("bits", quant.BITS)
+def test_quantization_error_bound_and_payload_size(bits):
+    x = torch.randn(50, 13) * torch.rand(50, 1) * 10
+    payload = quant.encode(x, bits, torch.Generator().manual_seed(0))
+    assert payload.dtype == torch.uint8 and payload.shape == (50, quant.bytes_per_row(13, bits))
+    assert quant.bytes_per_row(13, bits) == math.ceil(13 * bits / 8) + 8
+    y = quant.decode(payload, bits, 13)
+    step = (x.max(1).values - x.min(1).values) / (2 ** bits - 1)
+    assert ((y - x).abs() <= step[:, None] * (1 + 1e-5) + 1e-6).all()
+
+
+@pytest.mark.parametrize("bits", quant.BITS)
+def test_quantization_is_unbiased(bits):
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(8, 16, generator=g)
+    draws = 4000
+    mean = sum(quant.decode(quant.encode(x, bits, g), bits, 16) for _ in range(draws)) / draws
+    step = (x.max(1).values - x.min(1).values) / (2 ** bits - 1)
+    # stochastic rounding error has std <= step/2: the mean of `draws` is within 5 sigma
+    assert ((mean - x).abs() <= 5 * step[:, None] / 2 / math.sqrt(draws) + 1e-6).all()
+
+
+def test_quantization_is_exact_on_grid_values():
+    x = torch.tensor([[0.0, 1.0, 2.0, 3.0], [5.0, 5.0, 5.0, 5.0]])
+    assert torch.equal(quant.decode(quant.encode(x, 2), 2, 4), x)
+
+
+def test_adaptive_solver_respects_budget_and_favours_variance():
+    stats = {(0, 0, 1): (100.0, 50, 16), (0, 0, 2): (1.0, 50, 16)}  # same size, 100x the range^2
+    budget = 50 * quant.bytes_per_row(16, 8) + 50 * quant.bytes_per_row(16, 2)
+    bits = solve_bits(stats, budget)
+    spent = sum(stats[k][1] * quant.bytes_per_row(16, b) for k, b in bits.items())
+    assert spent <= budget
+    assert bits[(0, 0, 1)] > bits[(0, 0, 2)]
+    assert set(solve_bits(stats, 0).values()) == {1}  # nothing fits: the floor
+
+
+def test_config_rejects_nonsense():
+    with pytest.raises(ConfigError, match="must be one of 1, 2, 4, 8 or 32"):
+        HaloConfig(bits=3)
+    with pytest.raises(ConfigError, match="needs comm.halo.budget_mb"):
+        HaloConfig(bits="adaptive")
+    with pytest.raises(ConfigError, match="sample_rate must lie in"):
+        HaloConfig(sample_rate=0.0)
+    cfg = from_dict(HaloConfig, {"bits": {"forward": 4, "backward": 8}, "staleness": {"mode": "skip"}})
+    assert cfg.bits.forward == 4 and cfg.staleness.mode == "skip"
+    assert from_dict(HaloConfig, {"bits": 8}).bits.backward == 8
+
+
+# ---------------------------------------------------------------- on ranks
+EPOCHS = 6
+D = 5
+
+
+def _rows(rank: int, epoch: int, n: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(1000 * epoch + rank)
+    return (torch.randn(n, D, generator=g) + epoch).double()
+
+
+def lever_rank(ctx: DistContext, data, parts, cfg: HaloConfig) -> dict:
+    """Exchange fresh rows for a few epochs through `cfg`; record outputs, exact answers,
+    bytes counted as sent and bytes that really arrived."""
+    part = build_local_partition(data, parts, ctx.world_size, ctx.rank)
+    plan = halo_plan(part)
+    hooks, exact_hooks = Hooks(), Hooks()
+    counted: list[CommEvent] = []
+    hooks.subscribe(lambda e: counted.append(e) if isinstance(e, CommEvent) else None)
+    lever = build_halo(ctx, plan, hooks, cfg, num_layers=1, seed=7)
+    received = [0]
+    transport = lever.transport if hasattr(lever, "transport") else lever
+    original = transport.move
+
+    def spy(rows, out_counts, in_counts, layer, kind):
+        got = original(rows, out_counts, in_counts, layer, kind)
+        received[0] += got.numel() * got.element_size()
+        return got
+
+    transport.move = spy
+    exact = AllToAllHalo(ctx, plan, exact_hooks)
+    outs, truths, grads, true_grads = [], [], [], []
+    for epoch in range(EPOCHS):
+        lever.set_epoch(epoch, exact=bool(cfg.exact_every) and epoch % cfg.exact_every == 0)
+        h = _rows(ctx.rank, epoch, part.num_owned).requires_grad_()
+        out = lever.exchange(h, 0)
+        weight = torch.arange(1, out.numel() + 1, dtype=out.dtype).view_as(out)
+        (out * weight).sum().backward()
+        lever.flush()
+        h2 = h.detach().clone().requires_grad_()
+        truth = exact.exchange(h2, 0)
+        (truth * weight).sum().backward()
+        outs.append(out.detach())
+        truths.append(truth.detach())
+        grads.append(h.grad)
+        true_grads.append(h2.grad)
+    return {"outs": outs, "truths": truths, "grads": grads, "true_grads": true_grads,
+            "sent": sum(e.nbytes for e in counted if e.kind.startswith("halo")), "received": received[0],
+            "plan": (plan.send_counts, plan.recv_counts), "log": lever.epoch_log(),
+            "max_age": getattr(lever, "max_age_used", None)}
+
+
+@pytest.fixture(scope="module")
+def graph():
+    data = small_graph(n=80, m=400)
+    parts = partition_graph(data.edge_index, data.num_nodes, 3, PartitionConfig(method="random", seed=2))
+    return data, parts
+
+
+def _run(tmp_path, graph, cfg):
+    data, parts = graph
+    return run_on_ranks(lever_rank, 3, tmp_path, data, parts, cfg)
+
+
+def test_neutral_levers_are_exact(tmp_path, graph):
+    res = _run(tmp_path, graph, HaloConfig(bits=32, sample_rate=1.0, exact_every=0))
+    for r in res:
+        for out, truth, g, tg in zip(r["outs"], r["truths"], r["grads"], r["true_grads"]):
+            assert torch.equal(out, truth) and torch.equal(g, tg)
+        send_rows, recv_rows = map(sum, r["plan"])  # forward sends rows, backward their gradients
+        assert r["sent"] == EPOCHS * (send_rows + recv_rows) * D * 8  # float64
+
+
+def test_quantized_bytes_equal_payload(tmp_path, graph):
+    res = _run(tmp_path, graph, HaloConfig(bits={"forward": 4, "backward": 8}))
+    assert sum(r["sent"] for r in res) == sum(r["received"] for r in res)
+    for r in res:
+        send_rows, recv_rows = map(sum, r["plan"])
+        assert r["sent"] == EPOCHS * (send_rows * quant.bytes_per_row(D, 4) + recv_rows * quant.bytes_per_row(D, 8))
+        for out, truth in zip(r["outs"], r["truths"]):
+            step = (truth.max(1).values - truth.min(1).values) / 15
+            assert ((out - truth).abs() <= step[:, None] + 1e-6).all()
+
+
+def test_sampling_bytes_and_unbiasedness(tmp_path, graph):
+    res = _run(tmp_path, graph, HaloConfig(sample_rate=0.5))
+    assert sum(r["sent"] for r in res) == sum(r["received"] for r in res)
+    total_rows = sum(sum(r["plan"][0]) for r in res)
+    sent_rows = sum(r["sent"] for r in res) / (2 * D * 8)  # forward and backward, same sample
+    assert 0.3 * EPOCHS * total_rows < sent_rows < 0.7 * EPOCHS * total_rows
+    for r in res:  # each row arrives either exactly scaled by 1/p, or as zeros
+        for out, truth in zip(r["outs"], r["truths"]):
+            kept = out.abs().sum(1) > 0
+            torch.testing.assert_close(out[kept], truth[kept] / 0.5)
+
+
+def sampling_mean_rank(ctx: DistContext, data, parts) -> dict:
+    part = build_local_partition(data, parts, ctx.world_size, ctx.rank)
+    lever = build_halo(ctx, halo_plan(part), Hooks(), HaloConfig(sample_rate=0.25), num_layers=1, seed=3)
+    h = _rows(ctx.rank, 0, part.num_owned)
+    total = 0
+    for epoch in range(400):
+        lever.set_epoch(epoch, exact=False)
+        total = total + lever.exchange(h, 0, kind="halo_fwd")
+    return {"mean": total / 400, "truth": AllToAllHalo(ctx, halo_plan(part), Hooks()).exchange(h, 0)}
+
+
+def test_sampled_halo_is_unbiased_over_epochs(tmp_path, graph):
+    data, parts = graph
+    for r in run_on_ranks(sampling_mean_rank, 3, tmp_path, data, parts):
+        # per-element std of one draw is |x| sqrt((1-p)/p) = sqrt(3)|x|; 400 draws: 5 sigma
+        bound = 5 * r["truth"].abs() * math.sqrt(3) / 20 + 1e-9
+        assert ((r["mean"] - r["truth"]).abs() <= bound).all()
+
+
+def test_skip_respects_the_staleness_bound_and_counts_bitmaps(tmp_path, graph):
+    # threshold 10: rows drift by ~1 per epoch, so only the age bound forces a resend
+    res = _run(tmp_path, graph, from_dict(HaloConfig, {"staleness": {"mode": "skip", "threshold": 10.0,
+                                                                      "max_age": 2}}))
+    assert sum(r["sent"] for r in res) == sum(r["received"] for r in res)
+    for r in res:
+        assert r["max_age"] <= 2
+        # epochs 0 (all), 1, 2 (none: age 1, 2), 3 (all: age would be 3), 4, 5 (none)
+        for e in (0, 3):
+            assert torch.equal(r["outs"][e], r["truths"][e])
+        for e in (1, 2):
+            assert torch.equal(r["outs"][e], r["truths"][0])
+
+
+def test_guard_epochs_are_exact(tmp_path, graph):
+    res = _run(tmp_path, graph, from_dict(HaloConfig, {"bits": 2, "exact_every": 3}))
+    for r in res:
+        for e in range(EPOCHS):
+            same = torch.equal(r["outs"][e], r["truths"][e])
+            assert same == (e % 3 == 0), e
+
+
+def test_pipelined_uses_last_epochs_rows_and_gradients(tmp_path, graph):
+    res = _run(tmp_path, graph, from_dict(HaloConfig, {"staleness": {"mode": "pipeline"}}))
+    for r in res:
+        assert torch.equal(r["outs"][0], r["truths"][0]) and torch.equal(r["grads"][0], r["true_grads"][0])
+        for e in range(1, EPOCHS):
+            assert torch.equal(r["outs"][e], r["truths"][e - 1])
+            assert torch.equal(r["grads"][e], r["true_grads"][e - 1])
+    assert sum(r["sent"] for r in res) == sum(r["received"] for r in res)
