@@ -1,4 +1,4 @@
-"""The ``commgnn`` command: ``train``, ``partition`` and ``datasets``.
+"""The ``commgnn`` command: ``train``, ``partition``, ``bench`` and ``datasets``.
 
 User errors (bad flags, config, data, partition directories, a busy port) print one
 line, ``commgnn: error: ...``, and exit with code 2, without a traceback. A rank that dies
@@ -90,6 +90,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, help="partitioner seed")
     p.add_argument("--out", required=True, help="partition directory to write")
 
+    b = sub.add_parser("bench", help="run a grid of configurations and compare them")
+    b.add_argument("--grid", required=True, help="grid TOML ([base], [grid], [[halo]] entries)")
+    b.add_argument("--out", help="output folder (default: runs/bench-<grid name>); reruns resume")
+
     sub.add_parser("datasets", help="list the dataset names commgnn knows")
     return parser
 
@@ -107,11 +111,22 @@ def cmd_train(ns: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_partition(ns: argparse.Namespace) -> int:
-    from commgnn.cli.config import resolve_config
+def partition_to_dir(cfg: Any, out: Path) -> str:
+    """Partition ``cfg``'s graph into ``cfg.runtime.parts`` parts, save to ``out``; the report text."""
     from commgnn.cli.run import partition_for_run, partition_meta
     from commgnn.data import fingerprint, load_dataset
     from commgnn.partition import PartitionReport, build_local_partitions, format_report, save_partitions
+
+    cfg = replace(cfg, partition=replace(cfg.partition, dir=None))
+    data = load_dataset(cfg.data)
+    fp = fingerprint(data)
+    parts, report = partition_for_run(cfg, data, fp)
+    save_partitions(out, build_local_partitions(data, parts, cfg.runtime.parts), partition_meta(cfg, fp, report))
+    return format_report(PartitionReport.from_dict(report))
+
+
+def cmd_partition(ns: argparse.Namespace) -> int:
+    from commgnn.cli.config import resolve_config
 
     flags = _flags(ns)
     out = Path(flags.pop("out"))
@@ -119,14 +134,17 @@ def cmd_partition(ns: argparse.Namespace) -> int:
     cfg = resolve_config(ns.config, flags, os.environ)
     if seed is not None:
         cfg = replace(cfg, partition=replace(cfg.partition, seed=seed))
-    cfg = replace(cfg, partition=replace(cfg.partition, dir=None))
-    P = cfg.runtime.parts
-    data = load_dataset(cfg.data)
-    fp = fingerprint(data)
-    parts, report = partition_for_run(cfg, data, fp)
-    save_partitions(out, build_local_partitions(data, parts, P), partition_meta(cfg, fp, report))
-    print(format_report(PartitionReport.from_dict(report)))
-    print(f"saved {P} partitions to {out}")
+    print(partition_to_dir(cfg, out))
+    print(f"saved {cfg.runtime.parts} partitions to {out}")
+    return 0
+
+
+def cmd_bench(ns: argparse.Namespace) -> int:
+    from commgnn.cli.bench import run_grid
+
+    out = Path(ns.out) if ns.out else Path("runs") / f"bench-{Path(ns.grid).stem}"
+    table = run_grid(ns.grid, out)
+    print(f"{len(table)} configurations; tables and pareto.png in {out}")
     return 0
 
 
@@ -143,7 +161,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if ns.command is None:
         parser.print_help()
         return 2
-    handler = {"train": cmd_train, "partition": cmd_partition, "datasets": cmd_datasets}[ns.command]
+    handler = {"train": cmd_train, "partition": cmd_partition, "bench": cmd_bench,
+               "datasets": cmd_datasets}[ns.command]
     try:
         return handler(ns)
     except UserError as exc:

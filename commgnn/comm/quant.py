@@ -46,7 +46,7 @@ def encode(x: Tensor, bits: int, generator: torch.Generator | None = None) -> Te
     pad = (-d) % per
     if pad:
         q = torch.cat([q, q.new_zeros(n, pad)], dim=1)
-    q = q.view(n, -1, per)
+    q = q.view(n, (d + pad) // per, per)
     shifts = torch.arange(0, 8, bits, dtype=torch.uint8, device=x.device)
     packed = (q << shifts).sum(dim=2, dtype=torch.uint8) if per > 1 else q[:, :, 0]
     header = torch.stack([lo, step], dim=1).contiguous().view(torch.uint8)  # [n, 8]
@@ -56,13 +56,13 @@ def encode(x: Tensor, bits: int, generator: torch.Generator | None = None) -> Te
 def decode(payload: Tensor, bits: int, d: int, dtype: torch.dtype = torch.float32) -> Tensor:
     """Inverse of :func:`encode`: ``uint8 [n, bytes_per_row(d, bits)] -> [n, d]``."""
     n = payload.shape[0]
-    packed, header = payload[:, :-_HEADER], payload[:, -_HEADER:].contiguous()
-    lo, step = header.view(torch.float32).view(n, 2).unbind(dim=1)
+    packed, header = payload[:, :-_HEADER], payload[:, -_HEADER:].clone()  # aligned for the float view
+    lo, step = header.reshape(-1).view(torch.float32).view(n, 2).unbind(dim=1)
     per = 8 // bits
     if per > 1:
         shifts = torch.arange(0, 8, bits, dtype=torch.uint8, device=payload.device)
         q = (packed.unsqueeze(-1) >> shifts) & ((1 << bits) - 1)
-        q = q.reshape(n, -1)[:, :d]
+        q = q.reshape(n, packed.shape[1] * per)[:, :d]
     else:
         q = packed[:, :d]
     return (lo[:, None] + q.to(torch.float32) * step[:, None]).to(dtype)

@@ -1,0 +1,227 @@
+"""``commgnn bench --grid FILE.toml``: a grid of ordinary runs, compared side by side.
+
+Grid file::
+
+    [base]                      # any run-config tables, applied to every run
+    train = { epochs = 200, patience = 50 }
+    data = { root = "../shared/datasets" }
+
+    [grid]
+    datasets = ["CS", "Computers"]
+    models = ["gcn", "sage"]
+    parts = [8]
+    seeds = [0, 1, 2]
+
+    [[halo]]                    # one entry per halo setting; the exact one is required
+    name = "exact"
+
+    [[halo]]
+    name = "4/8-bit"
+    bits = { forward = 4, backward = 8 }
+
+Every (dataset, model, parts, halo, seed) is a normal run with its own run directory under
+``OUT/runs/``; all runs of one (dataset, parts) share one partition directory, so byte
+ratios compare the same graph and partitioning. Finished runs (with a ``summary.json``) are
+not run again, so an interrupted grid resumes. ``OUT`` receives ``results.csv``,
+``results.md`` (mean +- std over seeds) and ``pareto.png``.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import shutil
+import statistics
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from commgnn.cli.config import RunConfig
+from commgnn.comm.config import HaloConfig
+from commgnn.config import from_dict, load_toml, replace_path
+from commgnn.errors import ConfigError
+
+
+@dataclass(frozen=True, kw_only=True)
+class GridAxes:
+    """``[grid]``: the axes of the grid."""
+
+    datasets: tuple[str, ...] = ("synthetic",)
+    """Dataset names (as ``--dataset``)."""
+    models: tuple[str, ...] = ("gcn",)
+    """Model names."""
+    parts: tuple[int, ...] = (2,)
+    """Rank counts."""
+    seeds: tuple[int, ...] = (0,)
+    """Training seeds (initialisation, dropout, sampling)."""
+
+    def __post_init__(self) -> None:
+        for name in ("datasets", "models", "parts", "seeds"):
+            if not getattr(self, name):
+                raise ConfigError(f"grid.{name} must not be empty")
+
+
+@dataclass(frozen=True, kw_only=True)
+class GridFile:
+    base: dict[str, Any] = field(default_factory=dict)
+    """Run-config tables applied to every run."""
+    grid: GridAxes = field(default_factory=GridAxes)
+    """The axes."""
+    halo: tuple[dict[str, Any], ...] = ()
+    """Halo settings, each with a ``name``; one must be the exact exchange."""
+
+
+def load_grid(path: str) -> tuple[RunConfig, GridAxes, list[tuple[str, HaloConfig]]]:
+    raw = load_toml(path)
+    grid = from_dict(GridFile, raw)
+    base = from_dict(RunConfig, grid.base, path="base")
+    settings = []
+    for i, entry in enumerate(grid.halo):
+        entry = dict(entry)
+        name = entry.pop("name", None)
+        if not isinstance(name, str) or not name:
+            raise ConfigError(f"halo[{i}] needs a name")
+        settings.append((name, from_dict(HaloConfig, entry, path=f"halo[{i}]")))
+    names = [n for n, _ in settings]
+    if len(set(names)) != len(names):
+        raise ConfigError("halo entries must have distinct names")
+    if not any(h == HaloConfig() for _, h in settings):
+        raise ConfigError("the grid needs an exact halo entry (a [[halo]] with only a name)")
+    return base, grid.grid, settings
+
+
+def run_grid(grid_path: str, out: Path) -> list[dict[str, Any]]:
+    from commgnn.cli.main import partition_to_dir
+    from commgnn.cli.run import train_local
+
+    base, axes, settings = load_grid(grid_path)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "grid.toml").write_text(Path(grid_path).read_text())
+    rows = []
+    for dataset in axes.datasets:
+        for P in axes.parts:
+            cfg0 = replace_path(replace_path(base, "data.dataset", dataset), "runtime.parts", P)
+            pdir = out / "partitions" / f"{Path(dataset).stem}-p{P}"
+            if not (pdir / "meta.json").exists():
+                partition_to_dir(cfg0, pdir)
+            cfg0 = replace_path(cfg0, "partition.dir", str(pdir))
+            for model in axes.models:
+                for name, halo in settings:
+                    for seed in axes.seeds:
+                        run_dir = out / "runs" / f"{Path(dataset).stem}-{model}-p{P}-{_slug(name)}-s{seed}"
+                        if not (run_dir / "summary.json").exists():
+                            cfg = replace_path(replace_path(cfg0, "model.name", model), "train.seed", seed)
+                            cfg = replace(cfg, comm=replace(cfg.comm, halo=halo),
+                                          output=replace(cfg.output, out=str(run_dir), quiet=True))
+                            if run_dir.exists():  # an interrupted run: start it again
+                                shutil.rmtree(run_dir)
+                            print(f"[bench] {run_dir.name}", flush=True)
+                            train_local(cfg)
+                        rows.append({"dataset": dataset, "model": model, "parts": P, "halo": name,
+                                     "seed": seed, "dir": run_dir})
+    table = aggregate(rows, exact_name=next(n for n, h in settings if h == HaloConfig()))
+    write_tables(table, out)
+    plot_pareto(table, out / "pareto.png")
+    return table
+
+
+def _slug(name: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in name)
+
+
+def _time_to_reach(metrics: list[dict[str, Any]], target: float) -> float | None:
+    """Training seconds (slowest rank, cumulative) until val accuracy >= target."""
+    t = 0.0
+    for row in metrics:
+        t += row["epoch_s"]
+        if row["val_acc"] >= target:
+            return t
+    return None
+
+
+def aggregate(runs: list[dict[str, Any]], *, exact_name: str) -> list[dict[str, Any]]:
+    """One row per (dataset, model, parts, halo): mean/std over seeds and ratios to exact."""
+    for r in runs:
+        r["summary"] = json.loads((r["dir"] / "summary.json").read_text())
+        r["metrics"] = [json.loads(line) for line in (r["dir"] / "metrics.jsonl").read_text().splitlines()]
+    groups: dict[tuple, list[dict[str, Any]]] = {}
+    for r in runs:
+        groups.setdefault((r["dataset"], r["model"], r["parts"], r["halo"]), []).append(r)
+    table = []
+    for (dataset, model, P, halo), rs in groups.items():
+        exact = {e["seed"]: e for e in groups[(dataset, model, P, exact_name)]}
+        acc = [r["summary"]["test_acc"] for r in rs]
+        halo_b = [r["summary"]["halo_bytes_per_epoch"] for r in rs]
+        ep = [r["summary"]["epoch_time_s"] for r in rs]
+        ex_b = statistics.mean(e["summary"]["halo_bytes_per_epoch"] for e in exact.values())
+        ex_t = statistics.mean(e["summary"]["epoch_time_s"] for e in exact.values())
+        reach = [_time_to_reach(r["metrics"], exact[r["seed"]]["summary"]["best_val_acc"])
+                 for r in rs if r["seed"] in exact]
+        reached = [t for t in reach if t is not None]
+        table.append({
+            "dataset": dataset, "model": model, "parts": P, "halo": halo, "seeds": len(rs),
+            "test_acc_mean": statistics.mean(acc), "test_acc_std": statistics.pstdev(acc),
+            "halo_bytes_per_epoch": statistics.mean(halo_b),
+            "reduction_vs_exact": ex_b / max(statistics.mean(halo_b), 1e-9),
+            "epoch_time_s": statistics.mean(ep), "time_ratio_vs_exact": statistics.mean(ep) / ex_t,
+            "time_to_exact_best_val_s": statistics.mean(reached) if len(reached) == len(reach) and reach else None,
+            "reached_exact_best_val": f"{len(reached)}/{len(reach)}",
+            "acc_delta_vs_exact_pts": 100 * (statistics.mean(acc) - statistics.mean(
+                e["summary"]["test_acc"] for e in exact.values())),
+        })
+    return table
+
+
+def write_tables(table: list[dict[str, Any]], out: Path) -> None:
+    cols = list(table[0])
+    with (out / "results.csv").open("w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=cols)
+        w.writeheader()
+        w.writerows(table)
+    lines = ["| dataset | model | P | halo | test acc (mean ± std) | Δ vs exact (pts) | halo MB/epoch | "
+             "reduction | epoch ms | time ratio | s to exact's best val |", "|" + "---|" * 11]
+    for r in table:
+        reach = "—" if r["time_to_exact_best_val_s"] is None else f"{r['time_to_exact_best_val_s']:.1f}"
+        lines.append(f"| {r['dataset']} | {r['model']} | {r['parts']} | {r['halo']} | "
+                     f"{100 * r['test_acc_mean']:.2f} ± {100 * r['test_acc_std']:.2f} | "
+                     f"{r['acc_delta_vs_exact_pts']:+.2f} | {r['halo_bytes_per_epoch'] / 1e6:.3f} | "
+                     f"{r['reduction_vs_exact']:.1f}x | {1000 * r['epoch_time_s']:.0f} | "
+                     f"{r['time_ratio_vs_exact']:.2f} | {reach} ({r['reached_exact_best_val']}) |")
+    (out / "results.md").write_text("\n".join(lines) + "\n")
+
+
+def pareto_front(points: list[tuple[float, float]]) -> list[int]:
+    """Indices of points no other point beats on both fewer bytes and higher accuracy."""
+    front = []
+    for i, (b, a) in enumerate(points):
+        if not any((b2 <= b and a2 >= a) and (b2 < b or a2 > a) for j, (b2, a2) in enumerate(points) if j != i):
+            front.append(i)
+    return front
+
+
+def plot_pareto(table: list[dict[str, Any]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    groups = sorted({(r["dataset"], r["model"], r["parts"]) for r in table})
+    fig, ax = plt.subplots(figsize=(8, 5.5))
+    for gi, g in enumerate(groups):
+        rs = [r for r in table if (r["dataset"], r["model"], r["parts"]) == g]
+        pts = [(max(r["halo_bytes_per_epoch"], 1.0), 100 * r["test_acc_mean"]) for r in rs]
+        color = f"C{gi % 10}"
+        ax.scatter(*zip(*pts), color=color, alpha=0.6, label=f"{g[0]} {g[1]} P={g[2]}")
+        front = sorted(pareto_front(pts), key=lambda i: pts[i][0])
+        ax.plot([pts[i][0] for i in front], [pts[i][1] for i in front], color=color, lw=1.5)
+        for i in front:
+            ax.annotate(rs[i]["halo"], pts[i], fontsize=6, xytext=(3, 3), textcoords="offset points")
+    ax.set_xscale("log")
+    ax.set_xlabel("halo bytes per epoch (all ranks, log)")
+    ax.set_ylabel("test accuracy (%)")
+    ax.set_title("halo traffic vs accuracy (lines: Pareto front)")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=130)
+    plt.close(fig)
+
