@@ -8,6 +8,8 @@ weights after three Adam steps. A random partition makes most nodes boundary nod
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -53,10 +55,12 @@ def reference(data, name: str) -> dict:
     return out
 
 
-def parity_rank(ctx: DistContext, data, parts, refs: dict, halo_cfg: HaloConfig | None = None) -> dict:
+def parity_rank(ctx: DistContext, data, parts, refs: dict, halo_cfg: HaloConfig | None = None,
+                sparse_input: str = "off") -> dict:
     results = {}
     for name in MODELS:
         mcfg, tcfg = _cfgs(name)
+        tcfg = replace(tcfg, sparse_input=sparse_input)
         part = build_local_partition(data, parts, ctx.world_size, ctx.rank)
         trainer = FullGraphTrainer(ctx, part, mcfg, tcfg, Hooks(), halo_cfg=halo_cfg)
         trainer.model.load_state_dict(refs[name]["state"])
@@ -115,6 +119,16 @@ def test_lossless_levers_keep_parity(graph_and_refs, tmp_path, levers):
     data, refs = graph_and_refs
     parts = partition_graph(data.edge_index, data.num_nodes, 3, PartitionConfig(method="random", seed=1))
     _check(data, refs, run_on_ranks(parity_rank, 3, tmp_path, data, parts, refs, HaloConfig(**levers)))
+
+
+@pytest.mark.parametrize("levers", [{}, {"transform_first": True}, {"precompute": True}])
+def test_sparse_input_keeps_parity(tmp_path, levers):
+    """Layer-1 products on the input's non-zero pattern equal the dense ones."""
+    data = small_graph(n=60, m=240, f=12, seed=5)
+    data.x[torch.rand(data.x.shape, generator=torch.Generator().manual_seed(0)) < 0.8] = 0.0
+    refs = {name: reference(data, name) for name in MODELS}
+    parts = partition_graph(data.edge_index, data.num_nodes, 2, PartitionConfig(method="random", seed=1))
+    _check(data, refs, run_on_ranks(parity_rank, 2, tmp_path, data, parts, refs, HaloConfig(**levers), "on"))
 
 
 def test_parity_detects_a_wrong_halo(graph_and_refs, tmp_path):

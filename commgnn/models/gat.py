@@ -21,6 +21,7 @@ from torch import Tensor, nn
 from torch_geometric.utils import softmax
 
 from commgnn.models.graph import LocalGraph
+from commgnn.models.sparse import Projector, dense_proj
 
 
 class GATLayer(nn.Module):
@@ -36,17 +37,19 @@ class GATLayer(nn.Module):
             nn.init.xavier_uniform_(p)
         self.transform_first = transform_first and heads * out_dim < in_dim
 
-    def message(self, h: Tensor) -> Tensor:
-        return self.lin(h) if self.transform_first else h
+    def message(self, h: Tensor, proj: Projector = dense_proj) -> Tensor:
+        return proj(h, self.lin.weight) if self.transform_first else h
 
-    def combine(self, m_src: Tensor, h_own: Tensor, graph: LocalGraph) -> Tensor:
-        return self._attend(m_src if self.transform_first else self.lin(m_src), graph)
+    def combine(self, m_src: Tensor, h_own: Tensor, graph: LocalGraph, proj_src: Projector = dense_proj,
+                proj_own: Projector = dense_proj) -> Tensor:
+        return self._attend(m_src if self.transform_first else proj_src(m_src, self.lin.weight), graph)
 
     def precompute(self, x_src: Tensor, graph: LocalGraph) -> Tensor:
         return x_src
 
-    def from_precomputed(self, pre: Tensor, x_own: Tensor, graph: LocalGraph) -> Tensor:
-        return self._attend(self.lin(pre), graph)  # the cache holds raw input rows
+    def from_precomputed(self, pre: Tensor, x_own: Tensor, graph: LocalGraph, proj_pre: Projector = dense_proj,
+                         proj_own: Projector = dense_proj) -> Tensor:
+        return self._attend(proj_pre(pre, self.lin.weight), graph)  # the cache holds raw input rows
 
     def _attend(self, xw: Tensor, graph: LocalGraph) -> Tensor:
         """Attention and aggregation of transformed rows ``xw: [n_src, heads * C]``."""

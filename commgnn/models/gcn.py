@@ -17,6 +17,7 @@ import torch
 from torch import Tensor, nn
 
 from commgnn.models.graph import LocalGraph, spmm
+from commgnn.models.sparse import Projector, dense_proj
 
 
 class GCNLayer(nn.Module):
@@ -27,18 +28,21 @@ class GCNLayer(nn.Module):
         nn.init.xavier_uniform_(self.lin.weight)  # PyG's glorot init
         self.transform_first = transform_first and out_dim < in_dim
 
-    def message(self, h: Tensor) -> Tensor:
+    def message(self, h: Tensor, proj: Projector = dense_proj) -> Tensor:
         """What owned rows send: ``[n_own, d_in]`` or ``[n_own, d_out]`` (transform first)."""
-        return self.lin(h) if self.transform_first else h
+        return proj(h, self.lin.weight) if self.transform_first else h
 
-    def combine(self, m_src: Tensor, h_own: Tensor, graph: LocalGraph) -> Tensor:
-        """``[n_src, d_msg]`` messages of owned+halo rows -> ``[n_own, d_out]``."""
-        xw = m_src if self.transform_first else self.lin(m_src)
+    def combine(self, m_src: Tensor, h_own: Tensor, graph: LocalGraph, proj_src: Projector = dense_proj,
+                proj_own: Projector = dense_proj) -> Tensor:
+        """``[n_src, d_msg]`` messages of owned+halo rows -> ``[n_own, d_out]``. The projectors
+        compute ``rows W^T`` (dense, or on a sparse input pattern)."""
+        xw = m_src if self.transform_first else proj_src(m_src, self.lin.weight)
         return spmm(graph.gcn_adj(xw.dtype), xw) + self.bias
 
     def precompute(self, x_src: Tensor, graph: LocalGraph) -> Tensor:
         """``A_hat X``: ``[n_own, d_in]``, computed once for a constant input."""
         return spmm(graph.gcn_adj(x_src.dtype), x_src)
 
-    def from_precomputed(self, pre: Tensor, x_own: Tensor, graph: LocalGraph) -> Tensor:
-        return self.lin(pre) + self.bias
+    def from_precomputed(self, pre: Tensor, x_own: Tensor, graph: LocalGraph, proj_pre: Projector = dense_proj,
+                         proj_own: Projector = dense_proj) -> Tensor:
+        return proj_pre(pre, self.lin.weight) + self.bias

@@ -25,6 +25,7 @@ from commgnn.models.gat import GATLayer
 from commgnn.models.gcn import GCNLayer
 from commgnn.models.graph import LocalGraph
 from commgnn.models.sage import SAGELayer
+from commgnn.models.sparse import SparseProj, SparseRows, dense_proj
 
 
 def layer_dims(cfg: ModelConfig, in_dim: int, num_classes: int) -> list[tuple[int, int]]:
@@ -66,6 +67,7 @@ class PartitionGNN(nn.Module):
                 self.convs.append(GATLayer(d_in, d_out, heads, concat=concat, attn_dropout=cfg.attn_dropout,
                                            transform_first=transform_first))
         self.pre: Tensor | None = None
+        self.sparse: dict[str, SparseRows] = {}  # input patterns: "own", "src" or "pre"
 
     @torch.no_grad()
     def precompute(self, x: Tensor, graph: LocalGraph, halo: HaloExchange) -> None:
@@ -73,19 +75,36 @@ class PartitionGNN(nn.Module):
         x_src = torch.cat([x, halo.exchange(x, 0, kind="halo_setup")])
         self.pre = self.convs[0].precompute(x_src, graph)
 
+    @torch.no_grad()
+    def use_sparse_input(self, x: Tensor, halo: HaloExchange) -> None:
+        """Run the first layer's linear maps on the input's non-zero pattern
+        (:mod:`commgnn.models.sparse`); learning the halo rows' pattern costs one exchange."""
+        self.sparse["own"] = SparseRows(x)
+        if self.pre is not None:
+            self.sparse["pre"] = SparseRows(self.pre)
+        elif not self.convs[0].transform_first:
+            self.sparse["src"] = SparseRows(torch.cat([x, halo.exchange(x, 0, kind="halo_setup")]))
+
     def forward(self, x: Tensor, graph: LocalGraph, halo: HaloExchange) -> Tensor:
         h = x
         p = self.cfg.dropout
+        sp = self.sparse
         for i, conv in enumerate(self.convs):
             if i == 0 and self.pre is not None:
-                h = conv.from_precomputed(F.dropout(self.pre, p, self.training),
-                                          F.dropout(x, p, self.training), graph)
+                if sp:  # dropout on the pattern's values: the same law as on dense rows
+                    h = conv.from_precomputed(self.pre, x, graph, SparseProj(sp["pre"], p, self.training),
+                                              SparseProj(sp["own"], p, self.training))
+                else:
+                    h = conv.from_precomputed(F.dropout(self.pre, p, self.training),
+                                              F.dropout(x, p, self.training), graph)
             else:
                 h = F.dropout(h, p=p, training=self.training)
-                m = conv.message(h)
+                own = SparseProj(sp["own"]) if i == 0 and sp else dense_proj
+                src = SparseProj(sp["src"]) if i == 0 and "src" in sp else dense_proj
+                m = conv.message(h, own)
                 # Always through the exchange's output, even with no halo rows here: its
                 # backward is a collective that every rank must enter.
-                h = conv.combine(torch.cat([m, halo.exchange(m, i)]), h, graph)
+                h = conv.combine(torch.cat([m, halo.exchange(m, i)]), h, graph, src, own)
             if i < len(self.convs) - 1:
                 h = activation(self.cfg, h)
         return h

@@ -10,10 +10,10 @@ All in-edges of an owned node are local, so the mean is exact. Parameters are na
 
 from __future__ import annotations
 
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from commgnn.models.graph import LocalGraph, spmm
+from commgnn.models.sparse import Projector, dense_proj
 
 
 class SAGELayer(nn.Module):
@@ -23,16 +23,23 @@ class SAGELayer(nn.Module):
         self.lin_r = nn.Linear(in_dim, out_dim, bias=False)
         self.transform_first = transform_first and out_dim < in_dim
 
-    def message(self, h: Tensor) -> Tensor:
-        return F.linear(h, self.lin_l.weight) if self.transform_first else h
+    def message(self, h: Tensor, proj: Projector = dense_proj) -> Tensor:
+        return proj(h, self.lin_l.weight) if self.transform_first else h
 
-    def combine(self, m_src: Tensor, h_own: Tensor, graph: LocalGraph) -> Tensor:
-        agg = spmm(graph.mean_adj(m_src.dtype), m_src)
-        out = agg + self.lin_l.bias if self.transform_first else self.lin_l(agg)
-        return out + self.lin_r(h_own)
+    def combine(self, m_src: Tensor, h_own: Tensor, graph: LocalGraph, proj_src: Projector = dense_proj,
+                proj_own: Projector = dense_proj) -> Tensor:
+        mean = graph.mean_adj(m_src.dtype)
+        if self.transform_first:
+            out = spmm(mean, m_src) + self.lin_l.bias
+        elif proj_src is dense_proj:
+            out = self.lin_l(spmm(mean, m_src))  # PyG's order: aggregate, then transform
+        else:  # a sparse input: transform its few non-zeros first (the mean is linear)
+            out = spmm(mean, proj_src(m_src, self.lin_l.weight)) + self.lin_l.bias
+        return out + proj_own(h_own, self.lin_r.weight)
 
     def precompute(self, x_src: Tensor, graph: LocalGraph) -> Tensor:
         return spmm(graph.mean_adj(x_src.dtype), x_src)
 
-    def from_precomputed(self, pre: Tensor, x_own: Tensor, graph: LocalGraph) -> Tensor:
-        return self.lin_l(pre) + self.lin_r(x_own)
+    def from_precomputed(self, pre: Tensor, x_own: Tensor, graph: LocalGraph, proj_pre: Projector = dense_proj,
+                         proj_own: Projector = dense_proj) -> Tensor:
+        return proj_pre(pre, self.lin_l.weight) + self.lin_l.bias + proj_own(x_own, self.lin_r.weight)

@@ -24,6 +24,10 @@ class TrainConfig:
     """Seed of weight initialisation (identical on all ranks) and of dropout (per rank)."""
     dtype: Literal["float32", "float64"] = "float32"
     """Floating-point type of features, weights and messages."""
+    sparse_input: Literal["auto", "on", "off"] = "auto"
+    """Compute the first layer's linear maps on the input's non-zero pattern
+    (:mod:`commgnn.models.sparse`); ``auto`` = when under 10% of the input is non-zero.
+    Changes only compute, not what is sent."""
 
     def __post_init__(self) -> None:
         positive("train.epochs", self.epochs)

@@ -82,6 +82,8 @@ class FullGraphTrainer:
                                   transform_first=halo_cfg.transform_first).to(ctx.device, dtype)
         if halo_cfg.precompute:
             self.model.precompute(self.x, self.graph, self.eval_halo)
+        if self._sparse_input(train_cfg.sparse_input):
+            self.model.use_sparse_input(self.x, self.eval_halo)
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=train_cfg.lr,
                                           weight_decay=train_cfg.weight_decay)
         torch.manual_seed(train_cfg.seed + 7919 * (ctx.rank + 1))  # per-rank dropout stream
@@ -89,6 +91,14 @@ class FullGraphTrainer:
         self.split_sizes = self._reduce(masks.sum(dim=1).to(torch.float64))
         self.epoch = 0
         self.best_val, self.since_best = -1.0, 0  # early stopping, identical on all ranks
+
+    def _sparse_input(self, mode: str) -> bool:
+        """Same answer on every rank (the decision changes which collectives run)."""
+        if mode != "auto":
+            return mode == "on"
+        nnz = torch.tensor([float((self.x != 0).sum()), float(self.x.numel())], dtype=torch.float64)
+        nnz = self.ctx.all_reduce(nnz)
+        return bool(nnz[0] < 0.1 * nnz[1])
 
     def _reduce(self, t: torch.Tensor) -> torch.Tensor:
         """Sum a small bookkeeping vector over ranks (counted as 'control' traffic)."""
