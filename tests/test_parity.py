@@ -14,7 +14,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from commgnn.comm.config import HaloConfig
+from commgnn.comm.config import CommConfig, HaloConfig
 from commgnn.comm.exchange import RowExchange
 from commgnn.dist.context import DistContext
 from commgnn.dist.events import Hooks
@@ -62,7 +62,7 @@ def parity_rank(ctx: DistContext, data, parts, refs: dict, halo_cfg: HaloConfig 
         mcfg, tcfg = _cfgs(name)
         tcfg = replace(tcfg, sparse_input=sparse_input)
         part = build_local_partition(data, parts, ctx.world_size, ctx.rank)
-        trainer = FullGraphTrainer(ctx, part, mcfg, tcfg, Hooks(), halo_cfg=halo_cfg)
+        trainer = FullGraphTrainer(ctx, part, mcfg, tcfg, Hooks(), comm_cfg=CommConfig(halo=halo_cfg or HaloConfig()))
         trainer.model.load_state_dict(refs[name]["state"])
         loss, logits = trainer.compute_gradients()
         grads = {n: p.grad.clone() for n, p in trainer.model.named_parameters()}

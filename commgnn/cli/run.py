@@ -214,7 +214,7 @@ def run_rank(ctx: DistContext, cfg: RunConfig, part: LocalPartition, out: Path,
     hooks = Hooks()
     meter = Meter(ctx, cfg.model.layers)
     hooks.subscribe(meter)
-    trainer = FullGraphTrainer(ctx, part, cfg.model, cfg.train, hooks, halo_cfg=cfg.comm.halo)
+    trainer = FullGraphTrainer(ctx, part, cfg.model, cfg.train, hooks, comm_cfg=cfg.comm)
     meter.end_setup()  # set-up traffic is reported apart from the epochs
     log = MetricsLog(out / "metrics.jsonl") if ctx.is_main else None
     rows: list[dict[str, Any]] = []
@@ -226,6 +226,8 @@ def run_rank(ctx: DistContext, cfg: RunConfig, part: LocalPartition, out: Path,
                 row = {"epoch": res.epoch, "loss": res.loss, "train_acc": res.train_acc,
                        "val_acc": res.val_acc, "test_acc": res.test_acc, **traffic.to_dict(),
                        **trainer.halo.epoch_log()}
+                if res.consensus is not None:
+                    row["consensus_distance"] = res.consensus
                 rows.append(row)
                 if log:
                     log.write(row)

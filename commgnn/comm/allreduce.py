@@ -9,11 +9,12 @@ send this much for large buckets.
 
 from __future__ import annotations
 
-from typing import Any, Iterable
+from typing import Iterable
 
 import torch
 from torch import nn
 
+from commgnn.comm.grad_sync import GradSyncBase
 from commgnn.dist.context import DistContext
 from commgnn.dist.events import Hooks, TrafficClass
 
@@ -32,7 +33,7 @@ def counted_all_reduce(ctx: DistContext, hooks: Hooks, t: torch.Tensor, kind: Tr
     return t
 
 
-class AllReduceSync:
+class AllReduceSync(GradSyncBase):
     """fp32 SUM all-reduce of one flattened bucket (exact)."""
 
     def __init__(self, ctx: DistContext, hooks: Hooks) -> None:
@@ -50,9 +51,3 @@ class AllReduceSync:
             n = p.numel()
             p.grad = flat[offset:offset + n].view_as(p).clone()
             offset += n
-
-    def state_dict(self) -> dict[str, Any]:
-        return {}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        pass

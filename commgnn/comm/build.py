@@ -13,6 +13,9 @@ from __future__ import annotations
 import torch.distributed as dist
 
 from commgnn.comm.adaptive import AdaptiveQuantized
+from commgnn.comm.allreduce import AllReduceSync
+from commgnn.comm.config import CommConfig
+from commgnn.comm.grad_sync import GradSync
 from commgnn.comm.alltoall import AllToAllHalo
 from commgnn.comm.config import BitsConfig, HaloConfig
 from commgnn.comm.exchange import RowExchange
@@ -51,3 +54,31 @@ def build_halo(ctx: DistContext, plan: HaloPlan, hooks: Hooks, cfg: HaloConfig, 
         ex = SkipUnchanged(ex, threshold=st.threshold, max_age=st.max_age,
                            residual_bits=st.residual_bits, seed=rank_seed + 17)
     return ex
+
+
+def build_grad_sync(ctx: DistContext, hooks: Hooks, cfg: CommConfig, *, seed: int) -> GradSync:
+    """The gradient strategy of ``[comm.grad]``, or gossip when ``[comm.gossip]`` is set."""
+    if cfg.gossip is not None:
+        from commgnn.comm.gossip import DPSGD, PushSum
+
+        cls = PushSum if cfg.gossip.method == "pushsum" else DPSGD
+        return cls(ctx, hooks, cfg.gossip.topology)
+    g = cfg.grad
+    if g.strategy == "allreduce":
+        return AllReduceSync(ctx, hooks)
+    if g.strategy in ("fp16", "bf16", "powersgd", "localsgd"):
+        from commgnn.comm.ddp_hooks import DDPHookSync
+
+        return DDPHookSync(ctx, hooks, strategy=g.strategy, rank=g.rank, start_iter=g.start_iter, period=g.period)
+    if g.strategy == "topk":
+        from commgnn.comm.topk import TopKSync
+
+        return TopKSync(ctx, hooks, ratio=g.ratio, warmup_steps=g.warmup_steps, warmup_density=g.warmup_density,
+                        momentum=g.momentum, clip_norm=g.clip_norm, seed=seed)
+    if g.strategy == "qsgd":
+        from commgnn.comm.qsgd import QSGDSync
+
+        return QSGDSync(ctx, hooks, levels=g.levels, bucket=g.bucket, error_feedback=g.error_feedback, seed=seed)
+    from commgnn.comm.signsgd import SignSGDSync
+
+    return SignSGDSync(ctx, hooks, seed=seed)

@@ -119,9 +119,74 @@ class HaloConfig:
         return (self.bits == BitsConfig() and self.sample_rate == 1.0 and self.staleness.mode == "none")
 
 
+GRAD_STRATEGIES = ("allreduce", "fp16", "bf16", "powersgd", "localsgd", "topk", "qsgd", "signsgd")
+
+
+@dataclass(frozen=True, kw_only=True)
+class GradConfig:
+    """``[comm.grad]``: how gradients are combined across ranks."""
+
+    strategy: Literal["allreduce", "fp16", "bf16", "powersgd", "localsgd", "topk", "qsgd", "signsgd"] = "allreduce"
+    """``allreduce`` (fp32, exact); torch's DDP hooks ``fp16``, ``bf16``, ``powersgd``,
+    ``localsgd``; written here: ``topk`` (DGC), ``qsgd``, ``signsgd`` (with error feedback)."""
+    ratio: float = 0.01
+    """topk: fraction of gradient entries sent per step."""
+    warmup_steps: int = 0
+    """topk: steps over which the density falls from ``warmup_density`` to ``ratio``."""
+    warmup_density: float = 0.25
+    """topk: density at the first step of the warm-up."""
+    momentum: float = 0.0
+    """topk: DGC momentum correction (0 = plain error feedback)."""
+    clip_norm: float | None = None
+    """topk: local gradient clipping at ``clip_norm / sqrt(P)`` (None = off)."""
+    levels: int = 7
+    """qsgd: quantization levels s (1..127)."""
+    bucket: int = 512
+    """qsgd: entries per norm bucket."""
+    error_feedback: bool = False
+    """qsgd: add error feedback (QSGD is unbiased without it)."""
+    rank: int = 2
+    """powersgd: matrix approximation rank."""
+    start_iter: int = 10
+    """powersgd / localsgd: plain all-reduce steps before compression / local steps (>= 2)."""
+    period: int = 4
+    """localsgd: average the models every this many steps."""
+
+    def __post_init__(self) -> None:
+        fraction("comm.grad.ratio", self.ratio, open_low=True)
+        fraction("comm.grad.warmup_density", self.warmup_density, open_low=True)
+        fraction("comm.grad.momentum", self.momentum, open_high=True)
+        positive("comm.grad.warmup_steps", self.warmup_steps, allow_zero=True)
+        if self.clip_norm is not None:
+            positive("comm.grad.clip_norm", self.clip_norm)
+        if not 1 <= self.levels <= 127:
+            raise ConfigError(f"comm.grad.levels must lie in [1, 127], got {self.levels}")
+        positive("comm.grad.bucket", self.bucket)
+        positive("comm.grad.rank", self.rank)
+        if self.start_iter < 2:
+            raise ConfigError(f"comm.grad.start_iter must be >= 2 (PowerSGD needs plain steps first), got {self.start_iter}")
+        positive("comm.grad.period", self.period)
+
+
+@dataclass(frozen=True, kw_only=True)
+class GossipConfig:
+    """``[comm.gossip]``: decentralised training; replaces the gradient sync when present."""
+
+    topology: str = "exponential"
+    """``ring``, ``torus`` (2-D), ``exponential`` (one peer, changing each round), ``full``,
+    or a graph file (edge list, GraphML or GML) with nodes 0..P-1."""
+    method: Literal["dpsgd", "pushsum"] = "dpsgd"
+    """``dpsgd``: doubly stochastic averaging; ``pushsum``: push-sum weights (directed or
+    time-varying graphs)."""
+
+
 @dataclass(frozen=True, kw_only=True)
 class CommConfig:
     """``[comm]``: communication strategies."""
 
     halo: HaloConfig = field(default_factory=HaloConfig)
     """``[comm.halo]``: halo-exchange levers."""
+    grad: GradConfig = field(default_factory=GradConfig)
+    """``[comm.grad]``: gradient synchronisation."""
+    gossip: GossipConfig | None = None
+    """``[comm.gossip]``: decentralised averaging instead of ``grad`` (None = off)."""

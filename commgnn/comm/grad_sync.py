@@ -19,6 +19,33 @@ class GradSync(Protocol):
         """Replace each ``p.grad`` by the (approximate) sum of that gradient over ranks."""
         ...
 
+    def wrap(self, model: nn.Module) -> nn.Module:
+        """The module to run forward through (DDP-based strategies wrap the model)."""
+        ...
+
+    def after_step(self, params: Iterable[nn.Parameter]) -> None:
+        """After the optimiser step (e.g. periodic model averaging)."""
+        ...
+
     def state_dict(self) -> dict[str, Any]: ...
 
     def load_state_dict(self, state: dict[str, Any]) -> None: ...
+
+
+class GradSyncBase:
+    """Defaults for the optional parts of :class:`GradSync`."""
+
+    decentralised = False
+    """True when ranks keep different models (gossip): evaluation then uses their average."""
+
+    def wrap(self, model: nn.Module) -> nn.Module:
+        return model
+
+    def after_step(self, params: Iterable[nn.Parameter]) -> None:
+        pass
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        pass

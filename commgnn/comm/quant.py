@@ -29,6 +29,31 @@ def bytes_per_row(d: int, bits: int) -> int:
     return math.ceil(d * bits / 8) + _HEADER
 
 
+def pack_codes(q: Tensor, bits: int) -> Tensor:
+    """Pack ``uint8`` codes ``[n, d]`` below ``2^bits`` into ``[n, ceil(d bits / 8)]`` bytes."""
+    n, d = q.shape
+    per = 8 // bits
+    pad = (-d) % per
+    if pad:
+        q = torch.cat([q, q.new_zeros(n, pad)], dim=1)
+    q = q.view(n, (d + pad) // per, per)
+    if per == 1:
+        return q[:, :, 0]
+    shifts = torch.arange(0, 8, bits, dtype=torch.uint8, device=q.device)
+    return (q << shifts).sum(dim=2, dtype=torch.uint8)
+
+
+def unpack_codes(packed: Tensor, bits: int, d: int) -> Tensor:
+    """Inverse of :func:`pack_codes`: ``[n, bytes] -> uint8 [n, d]``."""
+    n = packed.shape[0]
+    per = 8 // bits
+    if per == 1:
+        return packed[:, :d]
+    shifts = torch.arange(0, 8, bits, dtype=torch.uint8, device=packed.device)
+    q = (packed.unsqueeze(-1) >> shifts) & ((1 << bits) - 1)
+    return q.reshape(n, packed.shape[1] * per)[:, :d]
+
+
 def encode(x: Tensor, bits: int, generator: torch.Generator | None = None) -> Tensor:
     """Quantize rows ``x: [n, d]`` to a packed ``uint8 [n, bytes_per_row(d, bits)]`` payload."""
     if bits not in BITS:
@@ -42,13 +67,7 @@ def encode(x: Tensor, bits: int, generator: torch.Generator | None = None) -> Te
     step = torch.where(step > 0, step, torch.ones_like(step))
     u = torch.rand(xf.shape, generator=generator, device=xf.device)
     q = torch.floor((xf - lo[:, None]) / step[:, None] + u).clamp_(0, levels).to(torch.uint8)
-    per = 8 // bits
-    pad = (-d) % per
-    if pad:
-        q = torch.cat([q, q.new_zeros(n, pad)], dim=1)
-    q = q.view(n, (d + pad) // per, per)
-    shifts = torch.arange(0, 8, bits, dtype=torch.uint8, device=x.device)
-    packed = (q << shifts).sum(dim=2, dtype=torch.uint8) if per > 1 else q[:, :, 0]
+    packed = pack_codes(q, bits)
     header = torch.stack([lo, step], dim=1).contiguous().view(torch.uint8)  # [n, 8]
     return torch.cat([packed, header], dim=1)
 
@@ -58,13 +77,7 @@ def decode(payload: Tensor, bits: int, d: int, dtype: torch.dtype = torch.float3
     n = payload.shape[0]
     packed, header = payload[:, :-_HEADER], payload[:, -_HEADER:].clone()  # aligned for the float view
     lo, step = header.reshape(-1).view(torch.float32).view(n, 2).unbind(dim=1)
-    per = 8 // bits
-    if per > 1:
-        shifts = torch.arange(0, 8, bits, dtype=torch.uint8, device=payload.device)
-        q = (packed.unsqueeze(-1) >> shifts) & ((1 << bits) - 1)
-        q = q.reshape(n, packed.shape[1] * per)[:, :d]
-    else:
-        q = packed[:, :d]
+    q = unpack_codes(packed, bits, d)
     return (lo[:, None] + q.to(torch.float32) * step[:, None]).to(dtype)
 
 

@@ -19,10 +19,10 @@ from typing import Any, Iterator
 import torch
 import torch.nn.functional as F
 
-from commgnn.comm.allreduce import AllReduceSync, counted_all_reduce
+from commgnn.comm.allreduce import counted_all_reduce
 from commgnn.comm.alltoall import AllToAllHalo
-from commgnn.comm.build import build_halo
-from commgnn.comm.config import HaloConfig
+from commgnn.comm.build import build_grad_sync, build_halo
+from commgnn.comm.config import CommConfig
 from commgnn.comm.grad_sync import GradSync
 from commgnn.comm.halo import HaloExchange, HaloPlan
 from commgnn.dist.context import DistContext
@@ -47,6 +47,15 @@ class EpochResult:
     test_acc: float
     time_s: float
     """This rank's wall time of the epoch (training step and evaluation)."""
+    consensus: float | None = None
+    """Decentralised training: mean distance of the ranks' models to their average."""
+
+
+def _write_flat(params: Any, flat: torch.Tensor) -> None:
+    offset = 0
+    for p in params:
+        p.copy_(flat[offset:offset + p.numel()].view_as(p).to(p.dtype))
+        offset += p.numel()
 
 
 def halo_plan(part: LocalPartition) -> HaloPlan:
@@ -63,10 +72,11 @@ class FullGraphTrainer:
     """Trains a :class:`PartitionGNN` on one rank's partition; all ranks run it in lockstep."""
 
     def __init__(self, ctx: DistContext, part: LocalPartition, model_cfg: ModelConfig,
-                 train_cfg: TrainConfig, hooks: Hooks, *, halo_cfg: HaloConfig | None = None,
+                 train_cfg: TrainConfig, hooks: Hooks, *, comm_cfg: CommConfig | None = None,
                  halo: HaloExchange | None = None, grad_sync: GradSync | None = None) -> None:
         self.ctx, self.cfg, self.hooks = ctx, train_cfg, hooks
-        self.halo_cfg = halo_cfg = halo_cfg if halo_cfg is not None else HaloConfig()
+        comm_cfg = comm_cfg if comm_cfg is not None else CommConfig()
+        self.halo_cfg = halo_cfg = comm_cfg.halo
         dtype = _DTYPES[train_cfg.dtype]
         self.part = part.to(ctx.device)
         self.x = self.part.x.to(dtype)
@@ -76,7 +86,8 @@ class FullGraphTrainer:
                                                              seed=train_cfg.seed)
         # Evaluation stays exact whatever lossy lever trains.
         self.eval_halo = AllToAllHalo(ctx, plan, hooks)
-        self.grad_sync = grad_sync if grad_sync is not None else AllReduceSync(ctx, hooks)
+        self.grad_sync = grad_sync if grad_sync is not None else build_grad_sync(ctx, hooks, comm_cfg,
+                                                                                 seed=train_cfg.seed)
         torch.manual_seed(train_cfg.seed)  # identical initial weights on every rank
         self.model = PartitionGNN(model_cfg, part.x.shape[1], part.num_classes,
                                   transform_first=halo_cfg.transform_first).to(ctx.device, dtype)
@@ -84,6 +95,7 @@ class FullGraphTrainer:
             self.model.precompute(self.x, self.graph, self.eval_halo)
         if self._sparse_input(train_cfg.sparse_input):
             self.model.use_sparse_input(self.x, self.eval_halo)
+        self.net = self.grad_sync.wrap(self.model)  # DDP for torch's comm hooks, else the model
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=train_cfg.lr,
                                           weight_decay=train_cfg.weight_decay)
         torch.manual_seed(train_cfg.seed + 7919 * (ctx.rank + 1))  # per-rank dropout stream
@@ -91,6 +103,7 @@ class FullGraphTrainer:
         self.split_sizes = self._reduce(masks.sum(dim=1).to(torch.float64))
         self.epoch = 0
         self.best_val, self.since_best = -1.0, 0  # early stopping, identical on all ranks
+        self.consensus: float | None = None
 
     def _sparse_input(self, mode: str) -> bool:
         """Same answer on every rank (the decision changes which collectives run)."""
@@ -114,7 +127,7 @@ class FullGraphTrainer:
         self.optimizer.zero_grad(set_to_none=True)
         every = self.halo_cfg.exact_every
         self.halo.set_epoch(self.epoch, exact=bool(every) and self.epoch % every == 0)
-        logits = self.model(self.x, self.graph, self.halo)
+        logits = self.net(self.x, self.graph, self.halo)
         mask = self.part.train_mask
         loss = F.cross_entropy(logits[mask], self.part.y[mask], reduction="sum") / self.split_sizes[0]
         loss.backward()
@@ -130,13 +143,25 @@ class FullGraphTrainer:
         """One full-graph optimisation step; returns this rank's share of the loss."""
         loss, _ = self.compute_gradients()
         self.optimizer.step()
+        self.grad_sync.after_step(self.model.parameters())
         return loss
 
     @torch.no_grad()
     def evaluate(self) -> torch.Tensor:
-        """Exact eval-mode forward; returns correct counts ``[train, val, test]`` on this rank."""
+        """Exact eval-mode forward; returns correct counts ``[train, val, test]`` on this rank.
+
+        With decentralised training the ranks' models differ: the averaged model is
+        evaluated (and the local one restored), and the consensus distance is recorded."""
         self.model.eval()
+        local = None
+        if self.grad_sync.decentralised:
+            self.consensus, mean = self.grad_sync.consensus(self.model.parameters())
+            local = [p.detach().clone() for p in self.model.parameters()]
+            _write_flat(self.model.parameters(), mean)
         pred = self.model(self.x, self.graph, self.eval_halo).argmax(dim=1)
+        if local is not None:
+            for p, v in zip(self.model.parameters(), local):
+                p.copy_(v)
         correct = pred == self.part.y
         masks = (self.part.train_mask, self.part.val_mask, self.part.test_mask)
         return torch.stack([(correct & m).sum() for m in masks]).to(torch.float64)
@@ -150,7 +175,7 @@ class FullGraphTrainer:
         accs = (stats[1:] / self.split_sizes.clamp(min=1)).tolist()
         self.epoch += 1
         return EpochResult(self.epoch, float(stats[0]), accs[0], accs[1], accs[2],
-                           time.perf_counter() - t0)
+                           time.perf_counter() - t0, self.consensus)
 
     def run(self) -> Iterator[EpochResult]:
         """Epochs until ``epochs`` or early stopping (decided identically on every rank)."""

@@ -1,0 +1,123 @@
+"""torch's own DDP communication hooks, used as they are (not rewritten).
+
+Strategies: ``fp16`` / ``bf16`` (``fp16_compress_hook`` / ``bf16_compress_hook``),
+``powersgd`` (``PowerSGDState`` + ``powerSGD_hook``, error feedback and warm start on,
+``start_powerSGD_iter >= 2``) and ``localsgd`` (``PostLocalSGDState`` with one-rank
+subgroups + ``PeriodicModelAverager``). The model is wrapped in
+``DistributedDataParallel`` on a process group of its own, so DDP's bucketed all-reduces
+never interleave with the halo exchange's collectives.
+
+Not offered: ``batched_powerSGD_hook`` and the quantization hooks, which crash on gloo
+(techniques.md section 4, checked on 2 gloo ranks).
+
+Bytes: every ``all_reduce`` issued on the gradient group (by the hooks, in any thread, and
+by the model averager) is counted as the ring algorithm's payload of the tensor handed
+to it, through a counting wrapper around ``torch.distributed.all_reduce``.
+
+DDP averages gradients; :meth:`DDPHookSync.sync` multiplies them by P so the trainer
+gets the sum its loss normalisation expects.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any, Iterable
+
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
+from torch.nn.parallel import DistributedDataParallel
+
+from commgnn.comm.allreduce import ring_allreduce_bytes
+from commgnn.comm.grad_sync import GradSyncBase
+from commgnn.dist.context import DistContext
+from commgnn.dist.events import Hooks
+
+_patch_lock = threading.Lock()
+_counted: dict[int, tuple[Any, Hooks, int]] = {}  # id(group) -> (group, hooks, world size)
+_original_all_reduce = dist.all_reduce
+
+
+def _counting_all_reduce(tensor: Any, op: Any = dist.ReduceOp.SUM, group: Any = None, async_op: bool = False):
+    entry = _counted.get(id(group))
+    if entry is not None:
+        _, hooks, P = entry
+        hooks.sent("grad_sync", -1, -1, ring_allreduce_bytes(tensor.numel(), tensor.element_size(), P))
+    return _original_all_reduce(tensor, op=op, group=group, async_op=async_op)
+
+
+def _count_group(group: Any, hooks: Hooks, world_size: int) -> None:
+    with _patch_lock:
+        _counted[id(group)] = (group, hooks, world_size)
+        dist.all_reduce = _counting_all_reduce
+
+
+class DDPHookSync(GradSyncBase):
+    """Gradient sync by DDP with one of torch's comm hooks."""
+
+    def __init__(self, ctx: DistContext, hooks: Hooks, *, strategy: str, rank: int = 2,
+                 start_iter: int = 10, period: int = 4) -> None:
+        self.ctx, self.hooks, self.strategy = ctx, hooks, strategy
+        self.rank, self.start_iter, self.period = rank, start_iter, period
+        self.ddp: DistributedDataParallel | None = None
+        self.state: Any = None
+        self.averager: Any = None
+        self.group = dist.new_group(ranks=list(range(ctx.world_size))) if ctx.is_distributed else None
+
+    def wrap(self, model: nn.Module) -> nn.Module:
+        """Wrap ``model`` in DDP with the configured hook (identity for one rank)."""
+        if not self.ctx.is_distributed:
+            return model
+        _count_group(self.group, self.hooks, self.ctx.world_size)
+        ids = [self.ctx.device.index] if self.ctx.device.type == "cuda" else None
+        self.ddp = DistributedDataParallel(model, device_ids=ids, process_group=self.group,
+                                           broadcast_buffers=False)
+        if self.strategy in ("fp16", "bf16"):
+            hook = default_hooks.fp16_compress_hook if self.strategy == "fp16" else default_hooks.bf16_compress_hook
+            self.ddp.register_comm_hook(self.group, hook)
+        elif self.strategy == "powersgd":
+            self.state = powerSGD_hook.PowerSGDState(
+                process_group=self.group, matrix_approximation_rank=self.rank,
+                start_powerSGD_iter=max(2, self.start_iter), use_error_feedback=True, warm_start=True)
+            self.ddp.register_comm_hook(self.state, powerSGD_hook.powerSGD_hook)
+        elif self.strategy == "localsgd":
+            from torch.distributed.algorithms.ddp_comm_hooks.post_localSGD_hook import (PostLocalSGDState,
+                                                                                        post_localSGD_hook)
+            from torch.distributed.algorithms.model_averaging.averagers import PeriodicModelAverager
+
+            subgroup, _ = dist.new_subgroups(group_size=1)  # gloo needs an explicit subgroup
+            self.state = PostLocalSGDState(process_group=self.group, subgroup=subgroup,
+                                           start_localSGD_iter=self.start_iter)
+            self.ddp.register_comm_hook(self.state, post_localSGD_hook)
+            self.averager = PeriodicModelAverager(period=self.period, warmup_steps=self.start_iter,
+                                                  process_group=self.group)
+        return self.ddp
+
+    def sync(self, params: Iterable[nn.Parameter]) -> None:
+        """DDP already averaged during backward; turn the average into the sum."""
+        if not self.ctx.is_distributed:
+            return
+        for p in params:
+            if p.grad is not None:
+                p.grad.mul_(self.ctx.world_size)
+
+    def after_step(self, params: Iterable[nn.Parameter]) -> None:
+        if self.averager is not None:
+            self.averager.average_parameters(list(params))
+
+    def state_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        if self.strategy == "powersgd" and self.state is not None:
+            out["powersgd"] = {"error_dict": self.state.error_dict, "p_memory": self.state.p_memory_dict,
+                               "q_memory": self.state.q_memory_dict, "iter": self.state.iter}
+        if self.averager is not None:
+            out["averager_step"] = self.averager.step
+        return out
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if "powersgd" in state and self.state is not None:
+            s = state["powersgd"]
+            self.state.error_dict, self.state.p_memory_dict = s["error_dict"], s["p_memory"]
+            self.state.q_memory_dict, self.state.iter = s["q_memory"], s["iter"]
+        if "averager_step" in state and self.averager is not None:
+            self.averager.step = state["averager_step"]

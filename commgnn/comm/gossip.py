@@ -1,0 +1,133 @@
+"""Decentralised training: each rank keeps its own model and averages with neighbours
+instead of all-reducing gradients (replaces the gradient sync when ``[comm.gossip]`` is set).
+
+Per step, before the optimiser update, :meth:`sync` mixes the parameters with the round's
+neighbours over point-to-point messages (``batch_isend_irecv``) and scales the local
+gradient by P (each rank's loss is its share of the global loss, so the average of the P
+local steps is the full-gradient step).
+
+* :class:`DPSGD` (Lian et al., NeurIPS'17): ``x_i <- sum_j W_ij x_j`` with a doubly
+  stochastic ``W`` from :class:`~commgnn.comm.topology.Topology`.
+* :class:`PushSum` (Stochastic Gradient Push, Assran et al., ICML'19): each rank keeps
+  ``(x_i, w_i)``, sends equal shares ``x_i / (d_i + 1)`` and ``w_i / (d_i + 1)`` to its
+  ``d_i`` out-neighbours of the round (keeping one share) and computes with
+  ``z_i = x_i / w_i``. Sums of x and w are invariant, so directed and time-varying graphs
+  still converge to the average.
+
+Bytes: a float32 copy of the parameters to each out-neighbour (plus 4 for push-sum's w).
+:meth:`consensus` (an all-reduce, measurement only, not counted) gives the mean distance of
+the local models to their average, and the average itself for evaluation.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable
+
+import torch
+import torch.distributed as dist
+from torch import Tensor, nn
+
+from commgnn.comm.grad_sync import GradSyncBase
+from commgnn.comm.topology import Topology
+from commgnn.dist.context import DistContext
+from commgnn.dist.events import Hooks
+
+
+def exchange_with_peers(ctx: DistContext, hooks: Hooks, t: Tensor, send_to: list[int],
+                        recv_from: list[int], kind: str = "grad_sync") -> dict[int, Tensor]:
+    """Send ``t`` to each of ``send_to`` and receive a same-shaped tensor from each of ``recv_from``."""
+    out = {j: torch.empty_like(t) for j in recv_from}
+    ops = [dist.P2POp(dist.isend, t, j, group=ctx.group) for j in send_to]
+    ops += [dist.P2POp(dist.irecv, out[j], j, group=ctx.group) for j in recv_from]
+    for j in send_to:
+        hooks.sent(kind, -1, j, t.numel() * t.element_size())  # type: ignore[arg-type]
+    if ops:
+        with hooks.timed("comm"):
+            for req in dist.batch_isend_irecv(ops):
+                req.wait()
+    return out
+
+
+def _flat(params: list[nn.Parameter]) -> Tensor:
+    return torch.cat([p.detach().reshape(-1) for p in params]).to(torch.float32)
+
+
+def _write(params: list[nn.Parameter], flat: Tensor) -> None:
+    offset = 0
+    with torch.no_grad():
+        for p in params:
+            p.copy_(flat[offset:offset + p.numel()].view_as(p))
+            offset += p.numel()
+
+
+class _Gossip(GradSyncBase):
+    decentralised = True
+
+    def __init__(self, ctx: DistContext, hooks: Hooks, topology: str) -> None:
+        self.ctx, self.hooks = ctx, hooks
+        self.topology = Topology(topology, ctx.world_size)
+        self.round = 0
+
+    def _scale_grads(self, params: list[nn.Parameter]) -> None:
+        for p in params:
+            if p.grad is not None:
+                p.grad.mul_(self.ctx.world_size)
+
+    def consensus(self, params: Iterable[nn.Parameter]) -> tuple[float, Tensor]:
+        """(mean over ranks of ||x_i - mean x||, mean x) — all ranks call it."""
+        x = _flat(list(params))
+        mean = self.ctx.all_reduce(x.clone()) / self.ctx.world_size
+        dist_i = torch.tensor([float((x - mean).norm())], dtype=torch.float64)
+        return float(self.ctx.all_reduce(dist_i)) / self.ctx.world_size, mean
+
+
+class DPSGD(_Gossip):
+    def sync(self, params: Iterable[nn.Parameter]) -> None:
+        params = [p for p in params if p.requires_grad]
+        self._scale_grads(params)
+        if not self.ctx.is_distributed:
+            return
+        W = self.topology.mixing(self.round)
+        send_to, recv_from = self.topology.peers(self.round, self.ctx.rank)
+        x = _flat(params)
+        got = exchange_with_peers(self.ctx, self.hooks, x, send_to, recv_from)
+        mixed = float(W[self.ctx.rank, self.ctx.rank]) * x
+        for j, xj in got.items():
+            mixed += float(W[self.ctx.rank, j]) * xj
+        _write(params, mixed)
+        self.round += 1
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"round": self.round}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.round = state["round"]
+
+
+class PushSum(_Gossip):
+    def __init__(self, ctx: DistContext, hooks: Hooks, topology: str) -> None:
+        super().__init__(ctx, hooks, topology)
+        self.weight = 1.0
+
+    def sync(self, params: Iterable[nn.Parameter]) -> None:
+        params = [p for p in params if p.requires_grad]
+        self._scale_grads(params)
+        if not self.ctx.is_distributed:
+            return
+        send_to, recv_from = self.topology.peers(self.round, self.ctx.rank)
+        share = 1.0 / (len(send_to) + 1)
+        # what travels is (x, w) with x = z * w, both scaled by the share
+        msg = torch.cat([_flat(params) * self.weight, torch.tensor([self.weight])]) * share
+        got = exchange_with_peers(self.ctx, self.hooks, msg, send_to, recv_from)
+        total = msg.clone()
+        for m in got.values():
+            total += m
+        self.weight = float(total[-1])
+        _write(params, total[:-1] / self.weight)
+        self.round += 1
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"round": self.round, "weight": self.weight}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.round, self.weight = state["round"], state["weight"]
