@@ -89,6 +89,10 @@ FLAG_KEYS: dict[str, str] = {
     "stale_threshold": "comm.halo.staleness.threshold",
     "max_age": "comm.halo.staleness.max_age",
     "exact_every": "comm.halo.exact_every",
+    "grad": "comm.grad.strategy",
+    "ratio": "comm.grad.ratio",
+    "levels": "comm.grad.levels",
+    "powersgd_rank": "comm.grad.rank",
 }
 
 

@@ -84,6 +84,14 @@ def build_parser() -> argparse.ArgumentParser:
     h.add_argument("--stale-threshold", dest="stale_threshold", type=float, help="skip: relative change to resend")
     h.add_argument("--max-age", dest="max_age", type=int, help="skip: oldest a cached row may be (epochs)")
     h.add_argument("--exact-every", dest="exact_every", type=int, help="exact refresh every k epochs (0 = never)")
+    g = t.add_argument_group("gradient sync ([comm.grad], [comm.gossip])")
+    g.add_argument("--grad", help="allreduce | fp16 | bf16 | powersgd | localsgd | topk | qsgd | signsgd")
+    g.add_argument("--ratio", type=float, help="topk: fraction of entries sent")
+    g.add_argument("--levels", type=int, help="qsgd: quantization levels")
+    g.add_argument("--powersgd-rank", dest="powersgd_rank", type=int, help="powersgd: approximation rank")
+    g.add_argument("--gossip", help="decentralised averaging instead of all-reduce: ring | torus | "
+                   "exponential | full | a graph file")
+    g.add_argument("--gossip-method", dest="gossip_method", help="dpsgd (default) | pushsum")
 
     p = sub.add_parser("partition", help="partition a graph, print its quality report, save it")
     _add_common(p)
@@ -106,7 +114,17 @@ def cmd_train(ns: argparse.Namespace) -> int:
     from commgnn.cli.config import resolve_config
     from commgnn.cli.run import train_command
 
-    cfg = resolve_config(ns.config, _flags(ns), os.environ)
+    flags = _flags(ns)
+    gossip = {k: flags.pop(f) for k, f in (("topology", "gossip"), ("method", "gossip_method")) if f in flags}
+    cfg = resolve_config(ns.config, flags, os.environ)
+    if gossip:
+        from commgnn.comm.config import GossipConfig
+        from commgnn.config import from_dict
+
+        base = cfg.comm.gossip or GossipConfig()
+        merged = from_dict(GossipConfig, {"topology": base.topology, "method": base.method, **gossip},
+                           path="comm.gossip")
+        cfg = replace(cfg, comm=replace(cfg.comm, gossip=merged))
     train_command(cfg, os.environ)
     return 0
 

@@ -8,7 +8,9 @@ subgroups + ``PeriodicModelAverager``). The model is wrapped in
 never interleave with the halo exchange's collectives.
 
 Not offered: ``batched_powerSGD_hook`` and the quantization hooks, which crash on gloo
-(techniques.md section 4, checked on 2 gloo ranks).
+(techniques.md section 4, checked on 2 gloo ranks). ``bf16`` needs NCCL: torch 2.13 refuses
+the bf16 hook on gloo ("required CUDA 11+ and NCCL 2.10+"), so it is a configuration error
+there (checked here; techniques.md predates this).
 
 Bytes: every ``all_reduce`` issued on the gradient group (by the hooks, in any thread, and
 by the model averager) is counted as the ring algorithm's payload of the tensor handed
@@ -32,6 +34,7 @@ from commgnn.comm.allreduce import ring_allreduce_bytes
 from commgnn.comm.grad_sync import GradSyncBase
 from commgnn.dist.context import DistContext
 from commgnn.dist.events import Hooks
+from commgnn.errors import UserError
 
 _patch_lock = threading.Lock()
 _counted: dict[int, tuple[Any, Hooks, int]] = {}  # id(group) -> (group, hooks, world size)
@@ -57,6 +60,9 @@ class DDPHookSync(GradSyncBase):
 
     def __init__(self, ctx: DistContext, hooks: Hooks, *, strategy: str, rank: int = 2,
                  start_iter: int = 10, period: int = 4) -> None:
+        if strategy == "bf16" and ctx.is_distributed and ctx.backend != "nccl":
+            raise UserError("comm.grad.strategy = 'bf16' needs the NCCL backend (torch refuses its bf16 "
+                            "hook on gloo); use 'fp16' on CPU")
         self.ctx, self.hooks, self.strategy = ctx, hooks, strategy
         self.rank, self.start_iter, self.period = rank, start_iter, period
         self.ddp: DistributedDataParallel | None = None
@@ -70,8 +76,7 @@ class DDPHookSync(GradSyncBase):
             return model
         _count_group(self.group, self.hooks, self.ctx.world_size)
         ids = [self.ctx.device.index] if self.ctx.device.type == "cuda" else None
-        self.ddp = DistributedDataParallel(model, device_ids=ids, process_group=self.group,
-                                           broadcast_buffers=False)
+        self.ddp = DistributedDataParallel(model, device_ids=ids, process_group=self.group)
         if self.strategy in ("fp16", "bf16"):
             hook = default_hooks.fp16_compress_hook if self.strategy == "fp16" else default_hooks.bf16_compress_hook
             self.ddp.register_comm_hook(self.group, hook)
