@@ -39,7 +39,7 @@ def test_bench_grid_writes_tables_with_ratios_to_exact(tmp_path):
     grid.write_text(GRID)
     out = tmp_path / "bench"
     assert main(["bench", "--grid", str(grid), "--out", str(out)]) == 0
-    rows = {r["halo"]: r for r in csv.DictReader((out / "results.csv").open())}
+    rows = {r["setting"]: r for r in csv.DictReader((out / "results.csv").open())}
     assert set(rows) == {"exact", "lossless+8bit"}
     summaries = {name: [json.loads((out / "runs" / f"synthetic-gcn-p2-{slug}-s{s}" / "summary.json").read_text())
                         for s in (0, 1)] for name, slug in (("exact", "exact"), ("lossless+8bit", "lossless_8bit"))}
@@ -61,10 +61,13 @@ def test_bench_grid_writes_tables_with_ratios_to_exact(tmp_path):
 def test_grid_errors(tmp_path):
     bad = tmp_path / "bad.toml"
     bad.write_text('[grid]\nmodels = ["gcn"]\n[[halo]]\nname = "q"\nbits = 4\n')
-    with pytest.raises(ConfigError, match="needs an exact halo entry"):
+    with pytest.raises(ConfigError, match="needs an exact entry"):
         load_grid(str(bad))
     bad.write_text('[[halo]]\nname = "exact"\n[[halo]]\nname = "q"\nbits = 3\n')
     with pytest.raises(ConfigError, match="must be one of 1, 2, 4, 8 or 32"):
+        load_grid(str(bad))
+    bad.write_text('[grid]\nreference = "nope"\n[[halo]]\nname = "exact"\n')
+    with pytest.raises(ConfigError, match="grid.reference 'nope' names no entry"):
         load_grid(str(bad))
     bad.write_text('[grid]\nmodel = ["gcn"]\n')
     with pytest.raises(ConfigError, match="unknown config key 'grid.model'"):

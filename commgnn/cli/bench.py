@@ -12,12 +12,19 @@ Grid file::
     parts = [8]
     seeds = [0, 1, 2]
 
-    [[halo]]                    # one entry per halo setting; the exact one is required
+    [[halo]]                    # one entry per halo setting ([comm.halo] keys)
     name = "exact"
 
     [[halo]]
     name = "4/8-bit"
     bits = { forward = 4, backward = 8 }
+
+    [[comm]]                    # or [comm] tables (halo, grad, gossip), each replacing the
+    name = "topk-0.1%"          # base's table of that name
+    grad = { strategy = "topk", ratio = 0.001 }
+
+The reference every ratio is taken against is ``grid.reference`` (an entry's name); by
+default the entry with the exact exchange and fp32 all-reduce, which must then exist.
 
 Every (dataset, model, parts, halo, seed) is a normal run with its own run directory under
 ``OUT/runs/``; all runs of one (dataset, parts) share one partition directory, so byte
@@ -37,7 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from commgnn.cli.config import RunConfig
-from commgnn.comm.config import HaloConfig
+from commgnn.comm.config import CommConfig, HaloConfig
 from commgnn.config import from_dict, load_toml, replace_path
 from commgnn.errors import ConfigError
 
@@ -54,6 +61,8 @@ class GridAxes:
     """Rank counts."""
     seeds: tuple[int, ...] = (0,)
     """Training seeds (initialisation, dropout, sampling)."""
+    reference: str | None = None
+    """Name of the entry the ratios compare against (default: the exact one)."""
 
     def __post_init__(self) -> None:
         for name in ("datasets", "models", "parts", "seeds"):
@@ -68,33 +77,53 @@ class GridFile:
     grid: GridAxes = field(default_factory=GridAxes)
     """The axes."""
     halo: tuple[dict[str, Any], ...] = ()
-    """Halo settings, each with a ``name``; one must be the exact exchange."""
+    """Halo settings (``[comm.halo]`` keys), each with a ``name``."""
+    comm: tuple[dict[str, Any], ...] = ()
+    """Whole ``[comm]`` settings (``halo``, ``grad``, ``gossip`` tables), each with a ``name``."""
 
 
-def load_grid(path: str) -> tuple[RunConfig, GridAxes, list[tuple[str, HaloConfig]]]:
-    raw = load_toml(path)
-    grid = from_dict(GridFile, raw)
-    base = from_dict(RunConfig, grid.base, path="base")
-    settings = []
-    for i, entry in enumerate(grid.halo):
+def _named(entries: tuple[dict[str, Any], ...], section: str) -> list[tuple[str, dict[str, Any]]]:
+    out = []
+    for i, entry in enumerate(entries):
         entry = dict(entry)
         name = entry.pop("name", None)
         if not isinstance(name, str) or not name:
-            raise ConfigError(f"halo[{i}] needs a name")
-        settings.append((name, from_dict(HaloConfig, entry, path=f"halo[{i}]")))
+            raise ConfigError(f"{section}[{i}] needs a name")
+        out.append((name, entry))
+    return out
+
+
+def load_grid(path: str) -> tuple[RunConfig, GridAxes, list[tuple[str, CommConfig]], str]:
+    """Base config, axes, named comm settings and the reference entry's name."""
+    raw = load_toml(path)
+    grid = from_dict(GridFile, raw)
+    base = from_dict(RunConfig, grid.base, path="base")
+    settings = [(n, replace(base.comm, halo=from_dict(HaloConfig, e, path=f"halo[{i}]")))
+                for i, (n, e) in enumerate(_named(grid.halo, "halo"))]
+    base_comm = grid.base.get("comm", {})  # [[comm]] tables replace the base's tables they name
+    settings += [(n, from_dict(CommConfig, {**base_comm, **e}, path=f"comm[{i}]"))
+                 for i, (n, e) in enumerate(_named(grid.comm, "comm"))]
     names = [n for n, _ in settings]
+    if not settings:
+        raise ConfigError("the grid has no [[halo]] or [[comm]] entries")
     if len(set(names)) != len(names):
-        raise ConfigError("halo entries must have distinct names")
-    if not any(h == HaloConfig() for _, h in settings):
-        raise ConfigError("the grid needs an exact halo entry (a [[halo]] with only a name)")
-    return base, grid.grid, settings
+        raise ConfigError("grid entries must have distinct names")
+    reference = grid.grid.reference
+    if reference is None:
+        exact = [n for n, c in settings if c == CommConfig()]
+        if not exact:
+            raise ConfigError("the grid needs an exact entry (a [[halo]] with only a name) or grid.reference")
+        reference = exact[0]
+    elif reference not in names:
+        raise ConfigError(f"grid.reference {reference!r} names no entry (entries: {', '.join(names)})")
+    return base, grid.grid, settings, reference
 
 
 def run_grid(grid_path: str, out: Path) -> list[dict[str, Any]]:
     from commgnn.cli.main import partition_to_dir
     from commgnn.cli.run import train_local
 
-    base, axes, settings = load_grid(grid_path)
+    base, axes, settings, reference = load_grid(grid_path)
     out.mkdir(parents=True, exist_ok=True)
     (out / "grid.toml").write_text(Path(grid_path).read_text())
     rows = []
@@ -106,20 +135,19 @@ def run_grid(grid_path: str, out: Path) -> list[dict[str, Any]]:
                 partition_to_dir(cfg0, pdir)
             cfg0 = replace_path(cfg0, "partition.dir", str(pdir))
             for model in axes.models:
-                for name, halo in settings:
+                for name, comm in settings:
                     for seed in axes.seeds:
                         run_dir = out / "runs" / f"{Path(dataset).stem}-{model}-p{P}-{_slug(name)}-s{seed}"
                         if not (run_dir / "summary.json").exists():
                             cfg = replace_path(replace_path(cfg0, "model.name", model), "train.seed", seed)
-                            cfg = replace(cfg, comm=replace(cfg.comm, halo=halo),
-                                          output=replace(cfg.output, out=str(run_dir), quiet=True))
+                            cfg = replace(cfg, comm=comm, output=replace(cfg.output, out=str(run_dir), quiet=True))
                             if run_dir.exists():  # an interrupted run: start it again
                                 shutil.rmtree(run_dir)
                             print(f"[bench] {run_dir.name}", flush=True)
                             train_local(cfg)
-                        rows.append({"dataset": dataset, "model": model, "parts": P, "halo": name,
+                        rows.append({"dataset": dataset, "model": model, "parts": P, "setting": name,
                                      "seed": seed, "dir": run_dir})
-    table = aggregate(rows, exact_name=next(n for n, h in settings if h == HaloConfig()))
+    table = aggregate(rows, reference=reference)
     write_tables(table, out)
     plot_pareto(table, out / "pareto.png")
     return table
@@ -139,19 +167,21 @@ def _time_to_reach(metrics: list[dict[str, Any]], target: float) -> float | None
     return None
 
 
-def aggregate(runs: list[dict[str, Any]], *, exact_name: str) -> list[dict[str, Any]]:
-    """One row per (dataset, model, parts, halo): mean/std over seeds and ratios to exact."""
+def aggregate(runs: list[dict[str, Any]], *, reference: str) -> list[dict[str, Any]]:
+    """One row per (dataset, model, parts, setting): mean/std over seeds and ratios to the reference."""
     for r in runs:
         r["summary"] = json.loads((r["dir"] / "summary.json").read_text())
         r["metrics"] = [json.loads(line) for line in (r["dir"] / "metrics.jsonl").read_text().splitlines()]
     groups: dict[tuple, list[dict[str, Any]]] = {}
     for r in runs:
-        groups.setdefault((r["dataset"], r["model"], r["parts"], r["halo"]), []).append(r)
+        groups.setdefault((r["dataset"], r["model"], r["parts"], r["setting"]), []).append(r)
     table = []
-    for (dataset, model, P, halo), rs in groups.items():
-        exact = {e["seed"]: e for e in groups[(dataset, model, P, exact_name)]}
+    for (dataset, model, P, setting), rs in groups.items():
+        exact = {e["seed"]: e for e in groups[(dataset, model, P, reference)]}
         acc = [r["summary"]["test_acc"] for r in rs]
         halo_b = [r["summary"]["halo_bytes_per_epoch"] for r in rs]
+        grad_b = [r["summary"]["grad_bytes_per_epoch"] for r in rs]
+        ex_g = statistics.mean(e["summary"]["grad_bytes_per_epoch"] for e in exact.values())
         ep = [r["summary"]["epoch_time_s"] for r in rs]
         ex_b = statistics.mean(e["summary"]["halo_bytes_per_epoch"] for e in exact.values())
         ex_t = statistics.mean(e["summary"]["epoch_time_s"] for e in exact.values())
@@ -159,10 +189,12 @@ def aggregate(runs: list[dict[str, Any]], *, exact_name: str) -> list[dict[str, 
                  for r in rs if r["seed"] in exact]
         reached = [t for t in reach if t is not None]
         table.append({
-            "dataset": dataset, "model": model, "parts": P, "halo": halo, "seeds": len(rs),
+            "dataset": dataset, "model": model, "parts": P, "setting": setting, "seeds": len(rs),
             "test_acc_mean": statistics.mean(acc), "test_acc_std": statistics.pstdev(acc),
             "halo_bytes_per_epoch": statistics.mean(halo_b),
             "reduction_vs_exact": ex_b / max(statistics.mean(halo_b), 1e-9),
+            "grad_bytes_per_epoch": statistics.mean(grad_b),
+            "grad_reduction_vs_exact": ex_g / max(statistics.mean(grad_b), 1e-9),
             "epoch_time_s": statistics.mean(ep), "time_ratio_vs_exact": statistics.mean(ep) / ex_t,
             "time_to_exact_best_val_s": statistics.mean(reached) if len(reached) == len(reach) and reach else None,
             "reached_exact_best_val": f"{len(reached)}/{len(reach)}",
@@ -178,14 +210,16 @@ def write_tables(table: list[dict[str, Any]], out: Path) -> None:
         w = csv.DictWriter(fh, fieldnames=cols)
         w.writeheader()
         w.writerows(table)
-    lines = ["| dataset | model | P | halo | test acc (mean ± std) | Δ vs exact (pts) | halo MB/epoch | "
-             "reduction | epoch ms | time ratio | s to exact's best val |", "|" + "---|" * 11]
+    lines = ["| dataset | model | P | setting | test acc (mean ± std) | Δ vs ref (pts) | halo MB/epoch | "
+             "halo reduction | grad MB/epoch | grad reduction | epoch ms | time ratio | s to ref's best val |",
+             "|" + "---|" * 13]
     for r in table:
         reach = "—" if r["time_to_exact_best_val_s"] is None else f"{r['time_to_exact_best_val_s']:.1f}"
-        lines.append(f"| {r['dataset']} | {r['model']} | {r['parts']} | {r['halo']} | "
+        lines.append(f"| {r['dataset']} | {r['model']} | {r['parts']} | {r['setting']} | "
                      f"{100 * r['test_acc_mean']:.2f} ± {100 * r['test_acc_std']:.2f} | "
                      f"{r['acc_delta_vs_exact_pts']:+.2f} | {r['halo_bytes_per_epoch'] / 1e6:.3f} | "
-                     f"{r['reduction_vs_exact']:.1f}x | {1000 * r['epoch_time_s']:.0f} | "
+                     f"{r['reduction_vs_exact']:.1f}x | {r['grad_bytes_per_epoch'] / 1e6:.4f} | "
+                     f"{r['grad_reduction_vs_exact']:.1f}x | {1000 * r['epoch_time_s']:.0f} | "
                      f"{r['time_ratio_vs_exact']:.2f} | {reach} ({r['reached_exact_best_val']}) |")
     (out / "results.md").write_text("\n".join(lines) + "\n")
 
@@ -215,7 +249,7 @@ def plot_pareto(table: list[dict[str, Any]], path: Path) -> None:
         front = sorted(pareto_front(pts), key=lambda i: pts[i][0])
         ax.plot([pts[i][0] for i in front], [pts[i][1] for i in front], color=color, lw=1.5)
         for i in front:
-            ax.annotate(rs[i]["halo"], pts[i], fontsize=6, xytext=(3, 3), textcoords="offset points")
+            ax.annotate(rs[i]["setting"], pts[i], fontsize=6, xytext=(3, 3), textcoords="offset points")
     ax.set_xscale("log")
     ax.set_xlabel("halo bytes per epoch (all ranks, log)")
     ax.set_ylabel("test accuracy (%)")
