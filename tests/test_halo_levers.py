@@ -216,3 +216,21 @@ def test_pipelined_uses_last_epochs_rows_and_gradients(tmp_path, graph):
             assert torch.equal(r["outs"][e], r["truths"][e - 1])
             assert torch.equal(r["grads"][e], r["true_grads"][e - 1])
     assert sum(r["sent"] for r in res) == sum(r["received"] for r in res)
+
+
+def test_adaptive_bits_on_one_rank_needs_no_collective():
+    part_data = small_graph(n=20, m=40)
+    parts = torch.zeros(part_data.num_nodes, dtype=torch.long)
+    part = build_local_partition(part_data, parts, 1, 0)
+    lever = build_halo(DistContext.single(), halo_plan(part), Hooks(),
+                       HaloConfig(bits="adaptive", budget_mb=0.01, adapt_every=2), num_layers=2, seed=0)
+    for epoch in range(6):
+        lever.set_epoch(epoch, exact=False)
+        assert lever.exchange(torch.randn(part.num_owned, 4), 0).shape == (0, 4)
+    assert torch.equal(lever.recv_bits, lever.send_bits)
+
+
+def test_staleness_and_sampling_are_not_combined():
+    for mode in ("skip", "pipeline"):
+        with pytest.raises(ConfigError, match="cannot be combined"):
+            from_dict(HaloConfig, {"sample_rate": 0.5, "staleness": {"mode": mode}})

@@ -138,10 +138,10 @@ def run_grid(grid_path: str, out: Path) -> list[dict[str, Any]]:
                 for name, comm in settings:
                     for seed in axes.seeds:
                         run_dir = out / "runs" / f"{Path(dataset).stem}-{model}-p{P}-{_slug(name)}-s{seed}"
-                        if not (run_dir / "summary.json").exists():
-                            cfg = replace_path(replace_path(cfg0, "model.name", model), "train.seed", seed)
-                            cfg = replace(cfg, comm=comm, output=replace(cfg.output, out=str(run_dir), quiet=True))
-                            if run_dir.exists():  # an interrupted run: start it again
+                        cfg = replace_path(replace_path(cfg0, "model.name", model), "train.seed", seed)
+                        cfg = replace(cfg, comm=comm, output=replace(cfg.output, out=str(run_dir), quiet=True))
+                        if not _finished_with(run_dir, cfg):
+                            if run_dir.exists():  # interrupted, or made with other settings: run again
                                 shutil.rmtree(run_dir)
                             print(f"[bench] {run_dir.name}", flush=True)
                             train_local(cfg)
@@ -151,6 +151,16 @@ def run_grid(grid_path: str, out: Path) -> list[dict[str, Any]]:
     write_tables(table, out)
     plot_pareto(table, out / "pareto.png")
     return table
+
+
+def _finished_with(run_dir: Path, cfg: RunConfig) -> bool:
+    """A finished run of exactly this configuration (its resolved config.toml agrees)."""
+    if not (run_dir / "summary.json").exists():
+        return False
+    try:
+        return from_dict(RunConfig, load_toml(run_dir / "config.toml")) == cfg
+    except ConfigError:
+        return False
 
 
 def _slug(name: str) -> str:
@@ -243,7 +253,7 @@ def plot_pareto(table: list[dict[str, Any]], path: Path) -> None:
     fig, ax = plt.subplots(figsize=(8, 5.5))
     for gi, g in enumerate(groups):
         rs = [r for r in table if (r["dataset"], r["model"], r["parts"]) == g]
-        pts = [(max(r["halo_bytes_per_epoch"], 1.0), 100 * r["test_acc_mean"]) for r in rs]
+        pts = [(max(r["halo_bytes_per_epoch"] + r["grad_bytes_per_epoch"], 1.0), 100 * r["test_acc_mean"]) for r in rs]
         color = f"C{gi % 10}"
         ax.scatter(*zip(*pts), color=color, alpha=0.6, label=f"{g[0]} {g[1]} P={g[2]}")
         front = sorted(pareto_front(pts), key=lambda i: pts[i][0])
@@ -251,9 +261,9 @@ def plot_pareto(table: list[dict[str, Any]], path: Path) -> None:
         for i in front:
             ax.annotate(rs[i]["setting"], pts[i], fontsize=6, xytext=(3, 3), textcoords="offset points")
     ax.set_xscale("log")
-    ax.set_xlabel("halo bytes per epoch (all ranks, log)")
+    ax.set_xlabel("halo + gradient bytes per epoch (all ranks, log)")
     ax.set_ylabel("test accuracy (%)")
-    ax.set_title("halo traffic vs accuracy (lines: Pareto front)")
+    ax.set_title("traffic vs accuracy (lines: Pareto front)")
     ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=130)

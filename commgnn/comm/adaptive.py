@@ -98,21 +98,23 @@ class AdaptiveQuantized(Wrapper):
         for (layer, d, q), b in solve_bits(stats, self.budget).items():
             self.send_bits[layer * 2 + d, q] = b
         # receivers must decode with the sender's widths: column q of my table goes to q
-        send = self.send_bits.t().contiguous().reshape(-1)
-        recv = torch.empty_like(send)
-        K = self.send_bits.shape[0]
-        self.hooks.sent("control", -1, -1, send.numel() * send.element_size() * (self.ctx.world_size - 1)
-                        // self.ctx.world_size)
-        with self.hooks.timed("comm"):
-            dist.all_to_all_single(recv, send, group=self.ctx.group)
-        self.recv_bits = recv.view(self.ctx.world_size, K).t().contiguous()
+        K, P = self.send_bits.shape
+        if self.ctx.is_distributed:
+            send = self.send_bits.t().contiguous().reshape(-1).to(torch.uint8)
+            recv = torch.empty_like(send)
+            self.hooks.sent("control", -1, -1, K * (P - 1))  # one byte per entry, K to each peer
+            with self.hooks.timed("comm"):
+                dist.all_to_all_single(recv, send, group=self.ctx.group)
+            self.recv_bits = recv.view(P, K).t().contiguous().long()
+        else:
+            self.recv_bits = self.send_bits.clone()
         self.r2.zero_()
         self.rows.zero_()
         self.epochs_seen = 0
 
     def move(self, rows: Tensor, out_counts: list[int], in_counts: list[int], layer: int,
              kind: str) -> Tensor:
-        if self.exact_now or kind not in _DIRS or not rows.is_floating_point():
+        if self.exact_now or kind not in _DIRS or not rows.is_floating_point():  # eval, setup: exact
             return self.inner.move(rows, out_counts, in_counts, layer, kind)
         k = layer * 2 + _DIRS.index(kind)
         d = rows.shape[1]

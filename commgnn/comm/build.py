@@ -14,10 +14,9 @@ import torch.distributed as dist
 
 from commgnn.comm.adaptive import AdaptiveQuantized
 from commgnn.comm.allreduce import AllReduceSync
-from commgnn.comm.config import CommConfig
 from commgnn.comm.grad_sync import GradSync
 from commgnn.comm.alltoall import AllToAllHalo
-from commgnn.comm.config import BitsConfig, HaloConfig
+from commgnn.comm.config import BitsConfig, CommConfig, HaloConfig
 from commgnn.comm.exchange import RowExchange
 from commgnn.comm.halo import HaloPlan
 from commgnn.comm.pipelined import Pipelined

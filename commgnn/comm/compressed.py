@@ -40,6 +40,10 @@ class CompressedSync(GradSyncBase):
         self.last_sent = 0  # payload bytes of the last step (for tests and logs)
 
     # -- to implement -------------------------------------------------------------
+    def preprocess(self, g: Tensor) -> Tensor:
+        """The raw local gradient before the residual is added (e.g. clipping)."""
+        return g
+
     def encode(self, v: Tensor) -> Tensor:
         """``[n]`` float -> ``uint8`` payload of a size that depends on n only."""
         raise NotImplementedError
@@ -52,7 +56,7 @@ class CompressedSync(GradSyncBase):
     def sync(self, params: Iterable[nn.Parameter]) -> None:
         params = [p for p in params if p.requires_grad]
         grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
-        g = torch.cat([t.reshape(-1) for t in grads]).to(torch.float32).cpu()
+        g = self.preprocess(torch.cat([t.reshape(-1) for t in grads]).to(torch.float32).cpu())
         if self.error_feedback:
             if self.residual is None:
                 self.residual = torch.zeros_like(g)

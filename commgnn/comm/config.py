@@ -109,9 +109,9 @@ class HaloConfig:
         positive("comm.halo.adapt_every", self.adapt_every)
         fraction("comm.halo.sample_rate", self.sample_rate, open_low=True)
         positive("comm.halo.exact_every", self.exact_every, allow_zero=True)
-        if self.staleness.mode == "pipeline" and self.sample_rate < 1:
-            raise ConfigError("comm.halo: staleness.mode = 'pipeline' and sample_rate < 1 cannot be "
-                              "combined (a stale row would belong to last epoch's sample)")
+        if self.staleness.mode != "none" and self.sample_rate < 1:
+            raise ConfigError(f"comm.halo: staleness.mode = '{self.staleness.mode}' and sample_rate < 1 cannot "
+                              f"be combined (a reused row would belong to another epoch's sample)")
 
     @property
     def is_exact(self) -> bool:

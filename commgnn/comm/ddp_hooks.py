@@ -22,6 +22,7 @@ gets the sum its loss normalisation expects.
 
 from __future__ import annotations
 
+import copy
 import threading
 from typing import Any, Iterable
 
@@ -113,8 +114,10 @@ class DDPHookSync(GradSyncBase):
     def state_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {}
         if self.strategy == "powersgd" and self.state is not None:
-            out["powersgd"] = {"error_dict": self.state.error_dict, "p_memory": self.state.p_memory_dict,
-                               "q_memory": self.state.q_memory_dict, "iter": self.state.iter}
+            out["powersgd"] = copy.deepcopy({"error_dict": self.state.error_dict, "p_memory": self.state.p_memory_dict,
+                                             "q_memory": self.state.q_memory_dict, "iter": self.state.iter})
+        if self.strategy == "localsgd" and self.state is not None:
+            out["localsgd_iter"] = self.state.iter
         if self.averager is not None:
             out["averager_step"] = self.averager.step
         return out
@@ -124,5 +127,7 @@ class DDPHookSync(GradSyncBase):
             s = state["powersgd"]
             self.state.error_dict, self.state.p_memory_dict = s["error_dict"], s["p_memory"]
             self.state.q_memory_dict, self.state.iter = s["q_memory"], s["iter"]
+        if "localsgd_iter" in state and self.state is not None:
+            self.state.iter = state["localsgd_iter"]
         if "averager_step" in state and self.averager is not None:
             self.averager.step = state["averager_step"]

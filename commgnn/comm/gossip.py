@@ -14,7 +14,7 @@ local steps is the full-gradient step).
   ``z_i = x_i / w_i``. Sums of x and w are invariant, so directed and time-varying graphs
   still converge to the average.
 
-Bytes: a float32 copy of the parameters to each out-neighbour (plus 4 for push-sum's w).
+Bytes: a copy of the parameters (in their dtype) to each out-neighbour, plus push-sum's w.
 :meth:`consensus` (an all-reduce, measurement only, not counted) gives the mean distance of
 the local models to their average, and the average itself for evaluation.
 """
@@ -49,7 +49,7 @@ def exchange_with_peers(ctx: DistContext, hooks: Hooks, t: Tensor, send_to: list
 
 
 def _flat(params: list[nn.Parameter]) -> Tensor:
-    return torch.cat([p.detach().reshape(-1) for p in params]).to(torch.float32)
+    return torch.cat([p.detach().reshape(-1) for p in params])  # in the parameters' dtype
 
 
 def _write(params: list[nn.Parameter], flat: Tensor) -> None:
@@ -117,7 +117,8 @@ class PushSum(_Gossip):
         send_to, recv_from = self.topology.peers(self.round, self.ctx.rank)
         share = 1.0 / (len(send_to) + 1)
         # what travels is (x, w) with x = z * w, both scaled by the share
-        msg = torch.cat([_flat(params) * self.weight, torch.tensor([self.weight])]) * share
+        x = _flat(params)
+        msg = torch.cat([x * self.weight, torch.tensor([self.weight], dtype=x.dtype, device=x.device)]) * share
         got = exchange_with_peers(self.ctx, self.hooks, msg, send_to, recv_from)
         total = msg.clone()
         for m in got.values():

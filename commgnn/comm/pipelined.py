@@ -39,30 +39,34 @@ class Pipelined(Wrapper):
     def move(self, rows: Tensor, out_counts: list[int], in_counts: list[int], layer: int,
              kind: str) -> Tensor:
         key = (layer, kind)
-        if kind == "halo_eval" or self.exact_now or key not in self.cache:
-            fresh = self.inner.move(rows, out_counts, in_counts, layer, kind)
-            if kind != "halo_eval":
-                self.cache[key] = fresh.detach()
+        if kind not in ("halo_fwd", "halo_bwd") or self.exact_now or key not in self.cache:
+            # synchronous, but still on the pool's thread: one thread owns the pipeline's group
+            fresh = self.pool.submit(self.inner.move, rows, list(out_counts), list(in_counts), layer, kind).result()
+            if kind in ("halo_fwd", "halo_bwd"):
+                self.cache[key] = fresh.detach().clone()
             return fresh
         if key in self.pending:
             raise RuntimeError(f"pipelined exchange {key} started twice in one epoch without flush()")
         self.pending[key] = self.pool.submit(self.inner.move, rows.detach().clone(), list(out_counts),
                                              list(in_counts), layer, kind)
         self.max_staleness = max(self.max_staleness, 1)
-        return self.cache[key]
+        return self.cache[key].clone()  # a fresh tensor: autograd must not attach to the cache
 
     def flush(self) -> None:
         with self.hooks.timed("comm"):  # only the part that did not overlap
             for key, fut in self.pending.items():
-                fresh = fut.result()
+                fresh = fut.result().detach()
                 g = self.smoothing
                 self.cache[key] = fresh if g == 0 else g * self.cache[key] + (1 - g) * fresh
         self.pending.clear()
         super().flush()
 
     def own_state(self) -> dict[str, Any]:
-        self.flush()
-        return {"cache": {f"{layer}:{kind}": t.clone() for (layer, kind), t in self.cache.items()}}
+        if self.pending:
+            raise RuntimeError("state_dict() of a pipelined exchange while exchanges are in flight; call flush()")
+        return {"cache": {f"{layer}:{kind}": t.detach().clone() for (layer, kind), t in self.cache.items()},
+                "max_staleness": self.max_staleness}
 
     def load_own_state(self, state: dict[str, Any]) -> None:
         self.cache = {(int(k.split(":")[0]), k.split(":")[1]): t.clone() for k, t in state["cache"].items()}
+        self.max_staleness = state["max_staleness"]

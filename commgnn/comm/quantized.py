@@ -31,7 +31,7 @@ class Quantized(Wrapper):
     def move(self, rows: Tensor, out_counts: list[int], in_counts: list[int], layer: int,
              kind: str) -> Tensor:
         bits = self.backward_bits if kind == "halo_bwd" else self.forward_bits
-        if bits == 32 or self.exact_now or kind == "halo_eval" or not rows.is_floating_point():
+        if bits == 32 or self.exact_now or kind not in ("halo_fwd", "halo_bwd") or not rows.is_floating_point():
             return self.inner.move(rows, out_counts, in_counts, layer, kind)
         payload = quant.encode(rows.cpu(), bits, self.gen).to(rows.device)
         got = self.inner.move(payload, out_counts, in_counts, layer, kind)

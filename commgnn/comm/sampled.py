@@ -37,7 +37,7 @@ class Sampled(Wrapper):
 
     def move(self, rows: Tensor, out_counts: list[int], in_counts: list[int], layer: int,
              kind: str) -> Tensor:
-        if self.rate >= 1.0 or self.exact_now or kind == "halo_eval":
+        if self.rate >= 1.0 or self.exact_now or kind not in ("halo_fwd", "halo_bwd"):
             return self.inner.move(rows, out_counts, in_counts, layer, kind)
         me, P = self.rank, len(out_counts)
         # forward: I send (me -> q) and receive (q -> me); backward swaps the roles
@@ -46,13 +46,13 @@ class Sampled(Wrapper):
                               for q in range(P)]).to(rows.device)
         keep_in = torch.cat([self.pair_mask(q, me, in_counts[q]) if fwd else self.pair_mask(me, q, in_counts[q])
                              for q in range(P)]).to(rows.device)
-        out_kept = [int(c) for c in _block_sums(keep_out, out_counts)]
-        in_kept = [int(c) for c in _block_sums(keep_in, in_counts)]
+        out_kept, in_kept = block_sums(keep_out, out_counts), block_sums(keep_in, in_counts)
         got = self.inner.move(rows[keep_out] / self.rate, out_kept, in_kept, layer, kind)
         full = rows.new_zeros((sum(in_counts), *rows.shape[1:]))
         full[keep_in] = got.to(full.dtype)
         return full
 
 
-def _block_sums(mask: Tensor, counts: list[int]) -> list[int]:
+def block_sums(mask: Tensor, counts: list[int]) -> list[int]:
+    """Set entries of ``mask`` in each consecutive block of ``counts``."""
     return [int(b.sum()) for b in torch.split(mask, counts)]

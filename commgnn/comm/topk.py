@@ -44,12 +44,16 @@ class TopKSync(CompressedSync):
         frac = self.step / self.warmup_steps
         return math.exp(math.log(self.warmup_density) * (1 - frac) + math.log(self.ratio) * frac)
 
-    def encode(self, g: Tensor) -> Tensor:
+    def preprocess(self, g: Tensor) -> Tensor:
+        """Local clipping of the raw gradient (before it meets the residual)."""
         if self.clip_norm is not None:
             limit = self.clip_norm / math.sqrt(self.ctx.world_size)
             norm = float(g.norm())
             if norm > limit:
                 g = g * (limit / norm)
+        return g
+
+    def encode(self, g: Tensor) -> Tensor:
         cand = g
         if self.momentum:
             if self.u is None:
@@ -74,7 +78,8 @@ class TopKSync(CompressedSync):
         return out
 
     def state_dict(self) -> dict[str, Any]:
-        return {**super().state_dict(), "u": self.u, "v": self.v}
+        return {**super().state_dict(), "u": None if self.u is None else self.u.clone(),
+                "v": None if self.v is None else self.v.clone()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         super().load_state_dict(state)

@@ -43,7 +43,7 @@ def graph_for(name: str, n: int) -> nx.Graph | None:
         rows = int(math.isqrt(n))
         while n % rows:
             rows -= 1
-        g = nx.grid_2d_graph(rows, n // rows, periodic=rows > 2 and n // rows > 2)
+        g = nx.grid_2d_graph(rows, n // rows, periodic=(rows > 2, n // rows > 2))
         return nx.convert_node_labels_to_integers(g, ordering="sorted")
     if name == "exponential":
         return None

@@ -191,13 +191,17 @@ class FullGraphTrainer:
 
     def state_dict(self) -> dict[str, Any]:
         return {"epoch": self.epoch, "best_val": self.best_val, "since_best": self.since_best,
-                "rng": torch.get_rng_state(), "model": self.model.state_dict(),
+                "rng": torch.get_rng_state(),
+                "cuda_rng": torch.cuda.get_rng_state() if self.ctx.device.type == "cuda" else None,
+                "model": self.model.state_dict(),
                 "optimizer": self.optimizer.state_dict(), "halo": self.halo.state_dict(),
                 "grad_sync": self.grad_sync.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.epoch, self.best_val, self.since_best = state["epoch"], state["best_val"], state["since_best"]
         torch.set_rng_state(state["rng"])
+        if state.get("cuda_rng") is not None:
+            torch.cuda.set_rng_state(state["cuda_rng"])
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.halo.load_state_dict(state["halo"])
