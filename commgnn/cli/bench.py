@@ -119,19 +119,21 @@ def load_grid(path: str) -> tuple[RunConfig, GridAxes, list[tuple[str, CommConfi
     return base, grid.grid, settings, reference
 
 
-def run_grid(grid_path: str, out: Path) -> list[dict[str, Any]]:
+def run_grid(grid_path: str, out: Path, *, report_only: bool = False) -> list[dict[str, Any]]:
+    """Run (or with ``report_only``, only tabulate) every run of the grid; return the table."""
     from commgnn.cli.main import partition_to_dir
     from commgnn.cli.run import train_local
 
     base, axes, settings, reference = load_grid(grid_path)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "grid.toml").write_text(Path(grid_path).read_text())
+    if not report_only:
+        (out / "grid.toml").write_text(Path(grid_path).read_text())
     rows = []
     for dataset in axes.datasets:
         for P in axes.parts:
             cfg0 = replace_path(replace_path(base, "data.dataset", dataset), "runtime.parts", P)
             pdir = out / "partitions" / f"{Path(dataset).stem}-p{P}"
-            if not (pdir / "meta.json").exists():
+            if not (pdir / "meta.json").exists() and not report_only:
                 partition_to_dir(cfg0, pdir)
             cfg0 = replace_path(cfg0, "partition.dir", str(pdir))
             for model in axes.models:
@@ -140,7 +142,10 @@ def run_grid(grid_path: str, out: Path) -> list[dict[str, Any]]:
                         run_dir = out / "runs" / f"{Path(dataset).stem}-{model}-p{P}-{_slug(name)}-s{seed}"
                         cfg = replace_path(replace_path(cfg0, "model.name", model), "train.seed", seed)
                         cfg = replace(cfg, comm=comm, output=replace(cfg.output, out=str(run_dir), quiet=True))
-                        if not _finished_with(run_dir, cfg):
+                        if report_only:
+                            if not (run_dir / "summary.json").exists():
+                                continue
+                        elif not _finished_with(run_dir, cfg):
                             if run_dir.exists():  # interrupted, or made with other settings: run again
                                 shutil.rmtree(run_dir)
                             print(f"[bench] {run_dir.name}", flush=True)
@@ -187,6 +192,8 @@ def aggregate(runs: list[dict[str, Any]], *, reference: str) -> list[dict[str, A
         groups.setdefault((r["dataset"], r["model"], r["parts"], r["setting"]), []).append(r)
     table = []
     for (dataset, model, P, setting), rs in groups.items():
+        if (dataset, model, P, reference) not in groups:  # no reference runs (yet): no ratios
+            continue
         exact = {e["seed"]: e for e in groups[(dataset, model, P, reference)]}
         acc = [r["summary"]["test_acc"] for r in rs]
         halo_b = [r["summary"]["halo_bytes_per_epoch"] for r in rs]

@@ -101,6 +101,8 @@ def build_parser() -> argparse.ArgumentParser:
     b = sub.add_parser("bench", help="run a grid of configurations and compare them")
     b.add_argument("--grid", required=True, help="grid TOML ([base], [grid], [[halo]] entries)")
     b.add_argument("--out", help="output folder (default: runs/bench-<grid name>); reruns resume")
+    b.add_argument("--report-only", dest="report_only", action="store_true",
+                   help="tabulate the finished runs in --out without running anything")
 
     sub.add_parser("datasets", help="list the dataset names commgnn knows")
     return parser
@@ -161,7 +163,7 @@ def cmd_bench(ns: argparse.Namespace) -> int:
     from commgnn.cli.bench import run_grid
 
     out = Path(ns.out) if ns.out else Path("runs") / f"bench-{Path(ns.grid).stem}"
-    table = run_grid(ns.grid, out)
+    table = run_grid(ns.grid, out, report_only=ns.report_only)
     print(f"{len(table)} configurations; tables and pareto.png in {out}")
     return 0
 
