@@ -77,10 +77,8 @@ class AdaptiveQuantized(Wrapper):
         self.rows = torch.zeros(K, P, dtype=torch.float64)
         self.width = torch.zeros(K, dtype=torch.long)
         self.epochs_seen = 0
-        self.exact_now = False
 
     def set_epoch(self, epoch: int, exact: bool) -> None:
-        self.exact_now = exact
         if epoch > 0 and epoch % self.every == 0 and self.epochs_seen:
             self._resolve()
         if not exact:

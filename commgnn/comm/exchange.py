@@ -89,6 +89,7 @@ class Wrapper(RowExchange):
         self.inner = inner
         self.plan = inner.plan
         self.is_distributed = inner.is_distributed
+        self.epoch, self.exact_now = 0, False
 
     def move(self, rows: Tensor, out_counts: list[int], in_counts: list[int], layer: int,
              kind: str) -> Tensor:
@@ -101,6 +102,8 @@ class Wrapper(RowExchange):
         return inner.transport if isinstance(inner, Wrapper) else inner
 
     def set_epoch(self, epoch: int, exact: bool) -> None:
+        """Remember the epoch and whether it is a guard epoch (``exact_now``: step aside)."""
+        self.epoch, self.exact_now = epoch, exact
         self.inner.set_epoch(epoch, exact)
 
     def flush(self) -> None:

@@ -25,16 +25,11 @@ class Pipelined(Wrapper):
     def __init__(self, inner: RowExchange, *, smoothing: float, hooks: Hooks) -> None:
         super().__init__(inner)
         self.smoothing, self.hooks = smoothing, hooks
-        self.exact_now = False
         self.cache: dict[tuple[int, str], Tensor] = {}
         self.pending: dict[tuple[int, str], Future] = {}
         self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="commgnn-pipe")
         self.max_staleness = 0
         """Largest age (epochs) of rows or gradients used so far (1 by design)."""
-
-    def set_epoch(self, epoch: int, exact: bool) -> None:
-        self.exact_now = exact
-        super().set_epoch(epoch, exact)
 
     def move(self, rows: Tensor, out_counts: list[int], in_counts: list[int], layer: int,
              kind: str) -> Tensor:

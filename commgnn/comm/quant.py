@@ -80,12 +80,3 @@ def decode(payload: Tensor, bits: int, d: int, dtype: torch.dtype = torch.float3
     q = unpack_codes(packed, bits, d)
     return (lo[:, None] + q.to(torch.float32) * step[:, None]).to(dtype)
 
-
-def error_variance(x: Tensor, bits: int) -> float:
-    """Upper bound of the summed variance stochastic rounding adds to rows ``x``:
-    each element's variance is at most ``step^2 / 4``."""
-    if x.numel() == 0:
-        return 0.0
-    rng = (x.max(dim=1).values - x.min(dim=1).values).to(torch.float64)
-    step = rng / ((1 << bits) - 1)
-    return float((step ** 2).sum() * x.shape[1] / 4)

@@ -22,11 +22,6 @@ class Quantized(Wrapper):
         super().__init__(inner)
         self.forward_bits, self.backward_bits = forward_bits, backward_bits
         self.gen = torch.Generator().manual_seed(seed)
-        self.exact_now = False
-
-    def set_epoch(self, epoch: int, exact: bool) -> None:
-        self.exact_now = exact
-        super().set_epoch(epoch, exact)
 
     def move(self, rows: Tensor, out_counts: list[int], in_counts: list[int], layer: int,
              kind: str) -> Tensor:

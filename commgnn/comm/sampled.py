@@ -19,12 +19,10 @@ class Sampled(Wrapper):
     def __init__(self, inner: RowExchange, *, rate: float, seed: int, rank: int) -> None:
         super().__init__(inner)
         self.rate, self.seed, self.rank = rate, seed, rank
-        self.epoch, self.exact_now = 0, False
         self._masks: dict[tuple[int, int, int], Tensor] = {}
 
     def set_epoch(self, epoch: int, exact: bool) -> None:
-        self.epoch, self.exact_now = epoch, exact
-        self._masks.clear()
+        self._masks.clear()  # a new epoch, a new sample
         super().set_epoch(epoch, exact)
 
     def pair_mask(self, src: int, dst: int, count: int) -> Tensor:

@@ -43,7 +43,6 @@ class SkipUnchanged(Wrapper):
                  seed: int) -> None:
         super().__init__(inner)
         self.threshold, self.max_age, self.residual_bits = threshold, max_age, residual_bits
-        self.exact_now = False
         self.gen = torch.Generator().manual_seed(seed)
         self.mirror: dict[int, Tensor] = {}    # layer -> [S, d] what receivers hold of my rows
         self.send_age: dict[int, Tensor] = {}  # layer -> [S]
@@ -52,10 +51,6 @@ class SkipUnchanged(Wrapper):
         self.max_age_used = 0
         """Oldest cached row any forward pass has used so far (<= max_age)."""
         self.rows_sent = self.rows_total = 0
-
-    def set_epoch(self, epoch: int, exact: bool) -> None:
-        self.exact_now = exact
-        super().set_epoch(epoch, exact)
 
     def move(self, rows: Tensor, out_counts: list[int], in_counts: list[int], layer: int,
              kind: str) -> Tensor:
