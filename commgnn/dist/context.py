@@ -189,7 +189,13 @@ def init_distributed(info: LaunchInfo, cfg: RuntimeConfig) -> DistContext:
 
 
 def shutdown(ctx: DistContext) -> None:
+    """Leave the job together: a barrier first, so rank 0 (which hosts the rendezvous store)
+    does not exit while a peer still tears its group down (gloo then aborts that peer)."""
     if ctx.is_distributed and dist.is_initialized():
+        try:
+            dist.barrier(group=ctx.group)
+        except dist.DistError:
+            pass  # a peer is already gone; tear down regardless
         dist.destroy_process_group()
 
 

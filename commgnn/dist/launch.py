@@ -16,6 +16,7 @@ user error from a crash, so this small launcher (written here; the standard libr
 from __future__ import annotations
 
 import multiprocessing as mp
+import os
 import multiprocessing.connection
 import queue
 import sys
@@ -47,6 +48,12 @@ def _child(fn: Callable[..., Any], info: LaunchInfo, args: tuple, errq: Any) -> 
         errq.put((info.rank, "error", f"{type(exc).__name__}: {exc}".splitlines()[0]))
         traceback.print_exc()
         sys.exit(1)
+    # Done, group destroyed, results written: leave without running C++ static destructors,
+    # where gloo's background threads occasionally abort ("terminate called without an
+    # active exception", seen here under load) and would turn a finished rank into a failure.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def spawn_ranks(fn: Callable[..., Any], args: tuple, *, nprocs: int, master_addr: str, port: int,
