@@ -86,9 +86,6 @@ def compressed_bytes_rank(ctx: DistContext) -> dict:
         sync = make(ctx, hooks)
         p = nn.Parameter(torch.zeros(500))
         p.grad = torch.randn(500, generator=torch.Generator().manual_seed(ctx.rank))
-        own = sync.decode(sync.encode(p.grad.clone() + 0), 500) if name == "signsgd" else None
-        del own
-        sync.residual = None
         sync.sync([p])
         out[name] = {"counted": sum(counted), "payload": sync.last_sent, "grad": p.grad.clone()}
     return out

@@ -26,6 +26,7 @@ from typing import Any, Iterable
 import torch
 import torch.distributed as dist
 from torch import Tensor, nn
+from torch.nn.utils import parameters_to_vector, vector_to_parameters
 
 from commgnn.comm.grad_sync import GradSyncBase
 from commgnn.comm.topology import Topology
@@ -49,15 +50,12 @@ def exchange_with_peers(ctx: DistContext, hooks: Hooks, t: Tensor, send_to: list
 
 
 def _flat(params: list[nn.Parameter]) -> Tensor:
-    return torch.cat([p.detach().reshape(-1) for p in params])  # in the parameters' dtype
+    return parameters_to_vector(params).detach()  # in the parameters' dtype
 
 
 def _write(params: list[nn.Parameter], flat: Tensor) -> None:
-    offset = 0
     with torch.no_grad():
-        for p in params:
-            p.copy_(flat[offset:offset + p.numel()].view_as(p))
-            offset += p.numel()
+        vector_to_parameters(flat, params)
 
 
 class _Gossip(GradSyncBase):

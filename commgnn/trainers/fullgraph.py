@@ -18,6 +18,7 @@ from typing import Any, Iterator
 
 import torch
 import torch.nn.functional as F
+from torch.nn.utils import vector_to_parameters
 
 from commgnn.comm.allreduce import counted_all_reduce
 from commgnn.comm.alltoall import AllToAllHalo
@@ -49,13 +50,6 @@ class EpochResult:
     """This rank's wall time of the epoch (training step and evaluation)."""
     consensus: float | None = None
     """Decentralised training: mean distance of the ranks' models to their average."""
-
-
-def _write_flat(params: Any, flat: torch.Tensor) -> None:
-    offset = 0
-    for p in params:
-        p.copy_(flat[offset:offset + p.numel()].view_as(p).to(p.dtype))
-        offset += p.numel()
 
 
 def halo_plan(part: LocalPartition) -> HaloPlan:
@@ -157,7 +151,7 @@ class FullGraphTrainer:
         if self.grad_sync.decentralised:
             self.consensus, mean = self.grad_sync.consensus(self.model.parameters())
             local = [p.detach().clone() for p in self.model.parameters()]
-            _write_flat(self.model.parameters(), mean)
+            vector_to_parameters(mean, self.model.parameters())
         pred = self.model(self.x, self.graph, self.eval_halo).argmax(dim=1)
         if local is not None:
             for p, v in zip(self.model.parameters(), local):
