@@ -137,6 +137,19 @@ def replace_path(cfg: T, dotted: str, value: Any) -> T:
     return dataclasses.replace(cfg, **{head: value})
 
 
+def set_path(data: dict[str, Any], dotted: str, value: Any) -> None:
+    """Set ``a.b.c`` in a nested plain dict, creating tables on the way. Overrides are
+    gathered this way and validated once by :func:`from_dict`, so that settings that only
+    make sense together (``bits = "adaptive"`` with ``budget_mb``) can come from flags."""
+    *heads, leaf = dotted.split(".")
+    for head in heads:
+        sub = data.get(head)
+        if not isinstance(sub, dict):
+            sub = data[head] = {}
+        data = sub
+    data[leaf] = value
+
+
 def load_toml(path: str | Path) -> dict[str, Any]:
     """Read a TOML file, turning I/O and syntax problems into one-line config errors."""
     p = Path(path)

@@ -192,3 +192,20 @@ def test_cora_gcn_on_4_ranks_reaches_published_accuracy(shared_datasets, tmp_pat
     summary = json.loads((out / "summary.json").read_text())
     assert summary["parts"] == 4 and summary["halo_bytes_per_epoch"] > 0
     assert summary["test_acc"] >= 0.79, summary["test_acc"]
+
+
+def test_flags_are_validated_together_and_override_the_file(tmp_path):
+    """``--bits adaptive`` needs ``--budget-mb``: both flags are applied before validation,
+    and flags win over the file's table (here ``comm.gossip``)."""
+    from commgnn.cli.config import resolve_config
+    from commgnn.comm.config import BitsConfig
+    from commgnn.errors import ConfigError
+
+    f = tmp_path / "run.toml"
+    f.write_text('[comm.halo]\nbits = { forward = 4, backward = 8 }\n[comm.gossip]\ntopology = "ring"\n')
+    cfg = resolve_config(str(f), {"bits": "adaptive", "budget_mb": 0.5, "gossip_method": "pushsum"}, {})
+    assert cfg.comm.halo.bits == "adaptive" and cfg.comm.halo.budget_mb == 0.5
+    assert (cfg.comm.gossip.topology, cfg.comm.gossip.method) == ("ring", "pushsum")
+    assert resolve_config(str(f), {}, {}).comm.halo.bits == BitsConfig(forward=4, backward=8)
+    with pytest.raises(ConfigError, match="budget_mb"):
+        resolve_config(None, {"bits": "adaptive"}, {})

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from commgnn.comm.config import CommConfig
-from commgnn.config import from_dict, load_toml, replace_path
+from commgnn.config import from_dict, load_toml, replace_path, set_path
 from commgnn.data import DataConfig
 from commgnn.dist.context import RuntimeConfig
 from commgnn.models import ModelConfig
@@ -93,17 +93,20 @@ FLAG_KEYS: dict[str, str] = {
     "ratio": "comm.grad.ratio",
     "levels": "comm.grad.levels",
     "powersgd_rank": "comm.grad.rank",
+    "gossip": "comm.gossip.topology",
+    "gossip_method": "comm.gossip.method",
 }
 
 
 def resolve_config(toml_path: str | None, flags: Mapping[str, Any],
                    env: Mapping[str, str]) -> RunConfig:
     """File (if any), then flags that were given, then ``COMMGNN_DATA_ROOT`` if no root is set."""
-    cfg = from_dict(RunConfig, load_toml(toml_path)) if toml_path else RunConfig()
+    data = load_toml(toml_path) if toml_path else {}
     for dest, key in FLAG_KEYS.items():
         value = flags.get(dest)
         if value is not None:
-            cfg = replace_path(cfg, key, value)
+            set_path(data, key, value)
+    cfg = from_dict(RunConfig, data)
     if cfg.data.root is None and env.get("COMMGNN_DATA_ROOT"):
         cfg = replace_path(cfg, "data.root", env["COMMGNN_DATA_ROOT"])
     return cfg

@@ -116,17 +116,7 @@ def cmd_train(ns: argparse.Namespace) -> int:
     from commgnn.cli.config import resolve_config
     from commgnn.cli.run import train_command
 
-    flags = _flags(ns)
-    gossip = {k: flags.pop(f) for k, f in (("topology", "gossip"), ("method", "gossip_method")) if f in flags}
-    cfg = resolve_config(ns.config, flags, os.environ)
-    if gossip:
-        from commgnn.comm.config import GossipConfig
-        from commgnn.config import from_dict
-
-        base = cfg.comm.gossip or GossipConfig()
-        merged = from_dict(GossipConfig, {"topology": base.topology, "method": base.method, **gossip},
-                           path="comm.gossip")
-        cfg = replace(cfg, comm=replace(cfg.comm, gossip=merged))
+    cfg = resolve_config(ns.config, _flags(ns), os.environ)
     train_command(cfg, os.environ)
     return 0
 
