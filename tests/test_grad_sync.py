@@ -15,6 +15,7 @@ from commgnn.comm.qsgd import QSGDSync
 from commgnn.comm.signsgd import SignSGDSync
 from commgnn.comm.topk import TopKSync
 from commgnn.comm.topology import Topology
+from commgnn.comm.tracking import GradientTracking
 from commgnn.dist.context import DistContext
 from commgnn.dist.events import CommEvent, Hooks
 from commgnn.errors import ConfigError, UserError
@@ -73,6 +74,8 @@ def test_qsgd_is_unbiased():
 def test_config_errors():
     with pytest.raises(ConfigError, match="start_iter must be >= 2"):
         GradConfig(strategy="powersgd", start_iter=1)
+    with pytest.raises(ConfigError, match="powersgd' only"):
+        GradConfig(strategy="topk", half=True)
     with pytest.raises(ConfigError, match="neither one of"):
         Topology("no-such-topology", 4)
 
@@ -143,16 +146,45 @@ def test_push_sum_keeps_the_average(tmp_path, topology):
         torch.testing.assert_close(r["final"], avg, atol=1e-3, rtol=0)
 
 
+def tracking_rank(ctx: DistContext, rounds: int) -> dict:
+    gt = GradientTracking(ctx, Hooks(), "exponential")
+    p = nn.Parameter(torch.zeros(4))
+    gen = torch.Generator().manual_seed(ctx.rank)
+    gaps = []
+    for t in range(rounds):
+        # local gradients disagree; noisy at first, then constant
+        p.grad = 3.0 * ctx.rank + (torch.randn(4, generator=gen) if t < rounds - 4 else torch.ones(4))
+        g = p.grad.clone() * ctx.world_size  # the sync scales a rank's share by P
+        gt.sync([p])
+        mean_y = ctx.all_reduce(p.grad.detach().clone()) / ctx.world_size
+        mean_g = ctx.all_reduce(g) / ctx.world_size
+        gaps.append(float((mean_y - mean_g).abs().max()))
+        spread = float((p.grad - mean_y).abs().max())
+    return {"gaps": gaps, "spread": spread, "state": gt.state_dict()}
+
+
+def test_gradient_tracking_keeps_the_average_gradient(tmp_path):
+    res = run_on_ranks(tracking_rank, 4, tmp_path, 10)
+    for r in res:
+        assert max(r["gaps"]) < 1e-4  # mean of the trackers = mean of the local gradients
+        assert r["state"]["round"] == 10 and r["state"]["y"] is not None
+    # once the local gradients stop changing, one-peer exponential mixing (exact after
+    # log2 4 = 2 rounds) leaves every tracker at the average, though they differ by 12 per rank
+    assert max(r["spread"] for r in res) < 1e-4
+
+
 STRATEGIES = {
     "allreduce": CommConfig(),
     "fp16": CommConfig(grad=GradConfig(strategy="fp16")),
     "powersgd": CommConfig(grad=GradConfig(strategy="powersgd", rank=2, start_iter=2)),
+    "powersgd-half": CommConfig(grad=GradConfig(strategy="powersgd", rank=2, start_iter=2, half=True)),
     "localsgd": CommConfig(grad=GradConfig(strategy="localsgd", start_iter=2, period=2)),
     "topk": CommConfig(grad=GradConfig(strategy="topk", ratio=0.05, warmup_steps=5)),
     "qsgd": CommConfig(grad=GradConfig(strategy="qsgd", levels=7)),
     "signsgd": CommConfig(grad=GradConfig(strategy="signsgd")),
     "dpsgd-exponential": CommConfig(gossip=GossipConfig(topology="exponential")),
     "pushsum-ring": CommConfig(gossip=GossipConfig(topology="ring", method="pushsum")),
+    "tracking-exponential": CommConfig(gossip=GossipConfig(topology="exponential", method="tracking")),
 }
 
 
@@ -190,10 +222,13 @@ def test_every_strategy_converges_and_counts_its_bytes(tmp_path):
     for name in STRATEGIES:
         losses = res[0][name]["losses"]
         assert losses[-1] < 0.6 * losses[0], (name, losses[0], losses[-1])
-        if name in ("fp16", "powersgd", "localsgd"):  # near-exact ones track all-reduce
+        if name in ("fp16", "powersgd", "powersgd-half", "localsgd", "tracking-exponential"):  # near-exact ones track all-reduce
             assert losses[-1] < exact_final + 0.15, (name, losses[-1], exact_final)
     assert res[0]["allreduce"]["grad_bytes"] == full
     assert res[0]["fp16"]["grad_bytes"] == full // 2
+    assert abs(res[0]["powersgd-half"]["grad_bytes"] - res[0]["powersgd"]["grad_bytes"] / 2) <= EPOCHS
+    n_params_bytes = n_params * 4  # one peer per round; x and y travel together after round 0
+    assert res[0]["tracking-exponential"]["grad_bytes"] == n_params_bytes * (2 * EPOCHS - 1)
     assert res[0]["topk"]["grad_bytes"] < full / 3
     assert res[0]["dpsgd-exponential"]["consensus"] is not None
     assert res[0]["bf16-on-gloo"] == "needs the NCCL backend"

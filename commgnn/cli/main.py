@@ -91,7 +91,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--powersgd-rank", dest="powersgd_rank", type=int, help="powersgd: approximation rank")
     g.add_argument("--gossip", help="decentralised averaging instead of all-reduce: ring | torus | "
                    "exponential | full | a graph file")
-    g.add_argument("--gossip-method", dest="gossip_method", help="dpsgd (default) | pushsum")
+    g.add_argument("--gossip-method", dest="gossip_method", help="dpsgd (default) | pushsum | tracking")
 
     p = sub.add_parser("partition", help="partition a graph, print its quality report, save it")
     _add_common(p)

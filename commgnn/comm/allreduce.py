@@ -14,7 +14,7 @@ from typing import Iterable
 import torch
 from torch import nn
 
-from commgnn.comm.grad_sync import GradSyncBase
+from commgnn.comm.grad_sync import GradSyncBase, flat_grads, set_grads
 from commgnn.dist.context import DistContext
 from commgnn.dist.events import Hooks, TrafficClass
 
@@ -43,11 +43,4 @@ class AllReduceSync(GradSyncBase):
         if not self.ctx.is_distributed:
             return
         params = [p for p in params if p.requires_grad]
-        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
-        flat = counted_all_reduce(self.ctx, self.hooks, torch.cat([g.reshape(-1) for g in grads]),
-                                  "grad_sync")
-        offset = 0
-        for p in params:
-            n = p.numel()
-            p.grad = flat[offset:offset + n].view_as(p).clone()
-            offset += n
+        set_grads(params, counted_all_reduce(self.ctx, self.hooks, flat_grads(params), "grad_sync"))

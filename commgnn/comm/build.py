@@ -59,8 +59,9 @@ def build_grad_sync(ctx: DistContext, hooks: Hooks, cfg: CommConfig, *, seed: in
     """The gradient strategy of ``[comm.grad]``, or gossip when ``[comm.gossip]`` is set."""
     if cfg.gossip is not None:
         from commgnn.comm.gossip import DPSGD, PushSum
+        from commgnn.comm.tracking import GradientTracking
 
-        cls = PushSum if cfg.gossip.method == "pushsum" else DPSGD
+        cls = {"dpsgd": DPSGD, "pushsum": PushSum, "tracking": GradientTracking}[cfg.gossip.method]
         return cls(ctx, hooks, cfg.gossip.topology)
     g = cfg.grad
     if g.strategy == "allreduce":
@@ -68,7 +69,8 @@ def build_grad_sync(ctx: DistContext, hooks: Hooks, cfg: CommConfig, *, seed: in
     if g.strategy in ("fp16", "bf16", "powersgd", "localsgd"):
         from commgnn.comm.ddp_hooks import DDPHookSync
 
-        return DDPHookSync(ctx, hooks, strategy=g.strategy, rank=g.rank, start_iter=g.start_iter, period=g.period)
+        return DDPHookSync(ctx, hooks, strategy=g.strategy, rank=g.rank, start_iter=g.start_iter, period=g.period,
+                           half=g.half)
     if g.strategy == "topk":
         from commgnn.comm.topk import TopKSync
 

@@ -22,7 +22,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
-from commgnn.comm.grad_sync import GradSyncBase
+from commgnn.comm.grad_sync import GradSyncBase, flat_grads, set_grads
 from commgnn.dist.context import DistContext
 from commgnn.dist.events import Hooks
 
@@ -55,8 +55,7 @@ class CompressedSync(GradSyncBase):
     # -- the Protocol ---------------------------------------------------------------
     def sync(self, params: Iterable[nn.Parameter]) -> None:
         params = [p for p in params if p.requires_grad]
-        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
-        g = self.preprocess(torch.cat([t.reshape(-1) for t in grads]).to(torch.float32).cpu())
+        g = self.preprocess(flat_grads(params).to(torch.float32).cpu())
         if self.error_feedback:
             if self.residual is None:
                 self.residual = torch.zeros_like(g)
@@ -65,11 +64,7 @@ class CompressedSync(GradSyncBase):
         mine = self.decode(payload, g.numel())
         if self.error_feedback:
             self.residual = g - mine
-        total = self._gather_sum(payload, mine, g.numel())
-        offset = 0
-        for p in params:
-            p.grad = total[offset:offset + p.numel()].view_as(p).to(p.dtype).to(p.device).clone()
-            offset += p.numel()
+        set_grads(params, self._gather_sum(payload, mine, g.numel()))
         self.step += 1
 
     def _gather_sum(self, payload: Tensor, mine: Tensor, n: int) -> Tensor:

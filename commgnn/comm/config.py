@@ -151,6 +151,9 @@ class GradConfig:
     """powersgd / localsgd: plain all-reduce steps before compression / local steps (>= 2)."""
     period: int = 4
     """localsgd: average the models every this many steps."""
+    half: bool = False
+    """powersgd: run the hook on fp16 copies of the gradients (torch's
+    ``fp16_compress_wrapper``), so the factors P and Q travel in half precision."""
 
     def __post_init__(self) -> None:
         fraction("comm.grad.ratio", self.ratio, open_low=True)
@@ -166,6 +169,9 @@ class GradConfig:
         if self.start_iter < 2:
             raise ConfigError(f"comm.grad.start_iter must be >= 2 (PowerSGD needs plain steps first), got {self.start_iter}")
         positive("comm.grad.period", self.period)
+        if self.half and self.strategy != "powersgd":
+            raise ConfigError(f"comm.grad.half applies to strategy = 'powersgd' only (got '{self.strategy}'); "
+                              f"use strategy = 'fp16' for a plain half-precision all-reduce")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -175,9 +181,10 @@ class GossipConfig:
     topology: str = "exponential"
     """``ring``, ``torus`` (2-D), ``exponential`` (one peer, changing each round), ``full``,
     or a graph file (edge list, GraphML or GML) with nodes 0..P-1."""
-    method: Literal["dpsgd", "pushsum"] = "dpsgd"
+    method: Literal["dpsgd", "pushsum", "tracking"] = "dpsgd"
     """``dpsgd``: doubly stochastic averaging; ``pushsum``: push-sum weights (directed or
-    time-varying graphs)."""
+    time-varying graphs); ``tracking``: D-PSGD plus a tracker of the average gradient
+    (twice the bytes; for partitions whose losses differ)."""
 
 
 @dataclass(frozen=True, kw_only=True)

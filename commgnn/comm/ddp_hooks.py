@@ -2,7 +2,8 @@
 
 Strategies: ``fp16`` / ``bf16`` (``fp16_compress_hook`` / ``bf16_compress_hook``),
 ``powersgd`` (``PowerSGDState`` + ``powerSGD_hook``, error feedback and warm start on,
-``start_powerSGD_iter >= 2``) and ``localsgd`` (``PostLocalSGDState`` with one-rank
+``start_powerSGD_iter >= 2``; optionally inside ``fp16_compress_wrapper``, so that P
+and Q travel in fp16) and ``localsgd`` (``PostLocalSGDState`` with one-rank
 subgroups + ``PeriodicModelAverager``). The model is wrapped in
 ``DistributedDataParallel`` on a process group of its own, so DDP's bucketed all-reduces
 never interleave with the halo exchange's collectives.
@@ -60,12 +61,12 @@ class DDPHookSync(GradSyncBase):
     """Gradient sync by DDP with one of torch's comm hooks."""
 
     def __init__(self, ctx: DistContext, hooks: Hooks, *, strategy: str, rank: int = 2,
-                 start_iter: int = 10, period: int = 4) -> None:
+                 start_iter: int = 10, period: int = 4, half: bool = False) -> None:
         if strategy == "bf16" and ctx.is_distributed and ctx.backend != "nccl":
             raise UserError("comm.grad.strategy = 'bf16' needs the NCCL backend (torch refuses its bf16 "
                             "hook on gloo); use 'fp16' on CPU")
         self.ctx, self.hooks, self.strategy = ctx, hooks, strategy
-        self.rank, self.start_iter, self.period = rank, start_iter, period
+        self.rank, self.start_iter, self.period, self.half = rank, start_iter, period, half
         self.ddp: DistributedDataParallel | None = None
         self.state: Any = None
         self.averager: Any = None
@@ -85,7 +86,8 @@ class DDPHookSync(GradSyncBase):
             self.state = powerSGD_hook.PowerSGDState(
                 process_group=self.group, matrix_approximation_rank=self.rank,
                 start_powerSGD_iter=max(2, self.start_iter), use_error_feedback=True, warm_start=True)
-            self.ddp.register_comm_hook(self.state, powerSGD_hook.powerSGD_hook)
+            hook = powerSGD_hook.powerSGD_hook
+            self.ddp.register_comm_hook(self.state, default_hooks.fp16_compress_wrapper(hook) if self.half else hook)
         elif self.strategy == "localsgd":
             from torch.distributed.algorithms.ddp_comm_hooks.post_localSGD_hook import (PostLocalSGDState,
                                                                                         post_localSGD_hook)

@@ -49,22 +49,35 @@ def exchange_with_peers(ctx: DistContext, hooks: Hooks, t: Tensor, send_to: list
     return out
 
 
-def _flat(params: list[nn.Parameter]) -> Tensor:
+def flat_params(params: list[nn.Parameter]) -> Tensor:
     return parameters_to_vector(params).detach()  # in the parameters' dtype
 
 
-def _write(params: list[nn.Parameter], flat: Tensor) -> None:
+def write_params(params: list[nn.Parameter], flat: Tensor) -> None:
     with torch.no_grad():
         vector_to_parameters(flat, params)
 
 
-class _Gossip(GradSyncBase):
+class GossipBase(GradSyncBase):
+    """Shared parts of the decentralised strategies: topology, round counter, consensus."""
+
     decentralised = True
 
     def __init__(self, ctx: DistContext, hooks: Hooks, topology: str) -> None:
         self.ctx, self.hooks = ctx, hooks
         self.topology = Topology(topology, ctx.world_size)
         self.round = 0
+
+    def mix(self, t: Tensor) -> Tensor:
+        """One round of doubly stochastic averaging of ``t`` (``[n]``) with this round's peers:
+        ``sum_j W_ij t_j``."""
+        W = self.topology.mixing(self.round)
+        send_to, recv_from = self.topology.peers(self.round, self.ctx.rank)
+        got = exchange_with_peers(self.ctx, self.hooks, t, send_to, recv_from)
+        mixed = float(W[self.ctx.rank, self.ctx.rank]) * t
+        for j, tj in got.items():
+            mixed += float(W[self.ctx.rank, j]) * tj
+        return mixed
 
     def _scale_grads(self, params: list[nn.Parameter]) -> None:
         for p in params:
@@ -73,26 +86,19 @@ class _Gossip(GradSyncBase):
 
     def consensus(self, params: Iterable[nn.Parameter]) -> tuple[float, Tensor]:
         """(mean over ranks of ||x_i - mean x||, mean x) — all ranks call it."""
-        x = _flat(list(params))
+        x = flat_params(list(params))
         mean = self.ctx.all_reduce(x.clone()) / self.ctx.world_size
         dist_i = torch.tensor([float((x - mean).norm())], dtype=torch.float64)
         return float(self.ctx.all_reduce(dist_i)) / self.ctx.world_size, mean
 
 
-class DPSGD(_Gossip):
+class DPSGD(GossipBase):
     def sync(self, params: Iterable[nn.Parameter]) -> None:
         params = [p for p in params if p.requires_grad]
         self._scale_grads(params)
         if not self.ctx.is_distributed:
             return
-        W = self.topology.mixing(self.round)
-        send_to, recv_from = self.topology.peers(self.round, self.ctx.rank)
-        x = _flat(params)
-        got = exchange_with_peers(self.ctx, self.hooks, x, send_to, recv_from)
-        mixed = float(W[self.ctx.rank, self.ctx.rank]) * x
-        for j, xj in got.items():
-            mixed += float(W[self.ctx.rank, j]) * xj
-        _write(params, mixed)
+        write_params(params, self.mix(flat_params(params)))
         self.round += 1
 
     def state_dict(self) -> dict[str, Any]:
@@ -102,7 +108,7 @@ class DPSGD(_Gossip):
         self.round = state["round"]
 
 
-class PushSum(_Gossip):
+class PushSum(GossipBase):
     def __init__(self, ctx: DistContext, hooks: Hooks, topology: str) -> None:
         super().__init__(ctx, hooks, topology)
         self.weight = 1.0
@@ -115,14 +121,14 @@ class PushSum(_Gossip):
         send_to, recv_from = self.topology.peers(self.round, self.ctx.rank)
         share = 1.0 / (len(send_to) + 1)
         # what travels is (x, w) with x = z * w, both scaled by the share
-        x = _flat(params)
+        x = flat_params(params)
         msg = torch.cat([x * self.weight, torch.tensor([self.weight], dtype=x.dtype, device=x.device)]) * share
         got = exchange_with_peers(self.ctx, self.hooks, msg, send_to, recv_from)
         total = msg.clone()
         for m in got.values():
             total += m
         self.weight = float(total[-1])
-        _write(params, total[:-1] / self.weight)
+        write_params(params, total[:-1] / self.weight)
         self.round += 1
 
     def state_dict(self) -> dict[str, Any]:

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from typing import Any, Iterable, Protocol, runtime_checkable
 
-from torch import nn
+import torch
+from torch import Tensor, nn
 
 
 @runtime_checkable
@@ -49,3 +50,17 @@ class GradSyncBase:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         pass
+
+
+def flat_grads(params: list[nn.Parameter]) -> Tensor:
+    """All gradients as one vector ``[sum numel]`` (zeros where a parameter has none)."""
+    return torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in params])
+
+
+def set_grads(params: list[nn.Parameter], flat: Tensor) -> None:
+    """Inverse of :func:`flat_grads`: each ``p.grad`` becomes its slice of ``flat`` (copied,
+    in the parameter's dtype and on its device)."""
+    offset = 0
+    for p in params:
+        p.grad = flat[offset:offset + p.numel()].view_as(p).to(p.dtype).to(p.device).clone()
+        offset += p.numel()

@@ -1,0 +1,69 @@
+"""Decentralised training with gradient tracking (DIGing / GT-DSGD; Nedić et al. 2017,
+Pu & Nedić 2020), for partitions whose local losses differ a lot.
+
+D-PSGD (:class:`~commgnn.comm.gossip.DPSGD`) steps each model along its *own* gradient.
+With METIS partitions the local losses are far apart (label mixes differ per part), so the
+local models drift towards their own optima and only the mixing pulls them back. Gradient
+tracking gives every rank an estimate ``y_i`` of the *average* gradient instead::
+
+    y_i^t     = sum_j W_ij y_j^{t-1} + g_i^t - g_i^{t-1}      (y_i^0 = g_i^0)
+    x_i^{t+1} = sum_j W_ij x_j^t - step(y_i^t)                (the optimiser, fed y_i^t)
+
+Because ``W`` is doubly stochastic, ``mean_i y_i^t = mean_i g_i^t`` at every step (tested),
+so the ranks follow the global gradient even when their own ones disagree.
+
+Bytes: ``x`` and ``y`` travel together, one message of ``2 |theta|`` values to each
+out-neighbour of the round (twice D-PSGD's). Gradients are scaled by P as in D-PSGD (a
+rank's loss is its share of the global loss).
+
+Written here: torch ships no decentralised optimiser (techniques.md section 5).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable
+
+import torch
+from torch import Tensor, nn
+
+from commgnn.comm.gossip import GossipBase, flat_params, write_params
+from commgnn.comm.grad_sync import flat_grads, set_grads
+
+
+class GradientTracking(GossipBase):
+    """Gossip of models plus a tracker of the average gradient."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.y: Tensor | None = None       # [|theta|] tracker of the average gradient
+        self.g_prev: Tensor | None = None  # [|theta|] last local gradient
+
+    def sync(self, params: Iterable[nn.Parameter]) -> None:
+        params = [p for p in params if p.requires_grad]
+        self._scale_grads(params)
+        g = flat_grads(params).detach()
+        if not self.ctx.is_distributed:
+            return
+        x = flat_params(params)
+        n = x.numel()
+        if self.y is None:
+            y = g.clone()
+            # round 0: only the models are mixed, the tracker starts at the local gradient
+            mixed_x = self.mix(x)
+        else:
+            assert self.g_prev is not None
+            mixed = self.mix(torch.cat([x, self.y.to(x.dtype)]))
+            mixed_x, y = mixed[:n], mixed[n:].to(g.dtype) + g - self.g_prev
+        self.y, self.g_prev = y, g
+        write_params(params, mixed_x)
+        set_grads(params, y)
+        self.round += 1
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"round": self.round, "y": None if self.y is None else self.y.clone(),
+                "g_prev": None if self.g_prev is None else self.g_prev.clone()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.round = state["round"]
+        self.y = None if state["y"] is None else state["y"].clone()
+        self.g_prev = None if state["g_prev"] is None else state["g_prev"].clone()
