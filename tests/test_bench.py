@@ -56,6 +56,11 @@ def test_bench_grid_writes_tables_with_ratios_to_exact(tmp_path):
     before = {p: p.stat().st_mtime for p in (out / "runs").glob("*/summary.json")}
     assert main(["bench", "--grid", str(grid), "--out", str(out)]) == 0
     assert before == {p: p.stat().st_mtime for p in (out / "runs").glob("*/summary.json")}
+    # ... also when the grid was moved: where runs were written does not make them different
+    moved = tmp_path / "moved"
+    out.rename(moved)
+    assert main(["bench", "--grid", str(grid), "--out", str(moved)]) == 0
+    assert sorted(p.stat().st_mtime for p in (moved / "runs").glob("*/summary.json")) == sorted(before.values())
 
 
 def test_grid_errors(tmp_path):

@@ -159,13 +159,16 @@ def run_grid(grid_path: str, out: Path, *, report_only: bool = False) -> list[di
 
 
 def _finished_with(run_dir: Path, cfg: RunConfig) -> bool:
-    """A finished run of exactly this configuration (its resolved config.toml agrees)."""
+    """A finished run of this configuration: its resolved config.toml agrees, except for
+    where it was written (``output``) and where its partition was read (``partition.dir``),
+    so that a grid moved or copied elsewhere is not run again."""
     if not (run_dir / "summary.json").exists():
         return False
     try:
-        return from_dict(RunConfig, load_toml(run_dir / "config.toml")) == cfg
+        done = from_dict(RunConfig, load_toml(run_dir / "config.toml"))
     except ConfigError:
         return False
+    return replace(done, output=cfg.output, partition=replace(done.partition, dir=cfg.partition.dir)) == cfg
 
 
 def _slug(name: str) -> str:
