@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from commgnn.comm import quant
-from commgnn.comm.adaptive import solve_bits
+from commgnn.comm.adaptive import relative_stats, solve_bits
 from commgnn.comm.alltoall import AllToAllHalo
 from commgnn.comm.build import build_halo
 from commgnn.comm.config import HaloConfig
@@ -58,6 +58,25 @@ def test_adaptive_solver_respects_budget_and_favours_variance():
     assert spent <= budget
     assert bits[(0, 0, 1)] > bits[(0, 0, 2)]
     assert set(solve_bits(stats, 0).values()) == {1}  # nothing fits: the floor
+
+
+def test_adaptive_solver_compares_relative_errors():
+    """Gradients are ~1e-4 the size of embeddings; relative to their own energy their
+    quantization error matters as much, so both directions get the same bits."""
+    gen = torch.Generator().manual_seed(0)
+    fwd, bwd = torch.randn(40, 16, generator=gen), 1e-4 * torch.randn(40, 16, generator=gen)
+    r2 = torch.zeros(2, 2, dtype=torch.float64)
+    n2, rows = torch.zeros_like(r2), torch.zeros_like(r2)
+    for k, m in enumerate((fwd, bwd)):
+        for q, block in enumerate(m.split(20)):
+            r2[k, q] = float(((block.max(1).values - block.min(1).values).double() ** 2).sum())
+            n2[k, q], rows[k, q] = float((block.double() ** 2).sum()), 20
+    width = torch.tensor([16, 16])
+    budget = 40 * quant.bytes_per_row(16, 4) * 2  # 4 bits for everyone
+    bits = solve_bits(relative_stats(r2, n2, rows, width, 1), budget)
+    assert set(bits.values()) == {4}
+    absolute = {(0, k, q): (float(r2[k, q]), 20, 16) for k in range(2) for q in range(2)}
+    assert solve_bits(absolute, budget)[(0, 1, 0)] < 4  # what the absolute objective did
 
 
 def test_config_rejects_nonsense():

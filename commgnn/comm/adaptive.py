@@ -4,8 +4,12 @@ variance of the messages and a byte budget, re-solved every k epochs.
 Stochastic rounding of a row with range ``R`` at ``b`` bits adds variance at most
 ``d R^2 / (4 (2^b - 1)^2)``. From the rows it sent to each peer since the last solve, a
 sender estimates that error ``V(block, b)`` and the bytes ``B(block, b)`` of every block
-(layer, direction, peer) at b in {1, 2, 4, 8}, then minimises ``sum V`` subject to
-``sum B <= budget``: all blocks start at 1 bit and the upgrade with the largest variance
+(layer, direction, peer) at b in {1, 2, 4, 8}. Errors are made *relative*: each block's
+``V`` is divided by the energy ``sum ||row||^2`` of all rows of its (layer, direction),
+because forward embeddings and backward gradients live on scales orders of magnitude
+apart (with absolute variance the solver starved the gradients down to 2 bits, and one
+GraphSAGE run on Computers never left the majority class). It then minimises
+``sum V_rel`` subject to ``sum B <= budget``: all blocks start at 1 bit and the upgrade with the largest variance
 cut per extra byte is taken while it fits (greedy on a convex-ish front). Receivers learn
 the chosen widths through one small all-to-all of the bit table (counted as control).
 Until the first solve every block uses 8 bits.
@@ -25,6 +29,7 @@ from commgnn.dist.context import DistContext
 from commgnn.dist.events import Hooks
 
 _DIRS = ("halo_fwd", "halo_bwd")
+_STATE = ("send_bits", "recv_bits", "r2", "n2", "rows", "width")
 
 
 def solve_bits(stats: dict[tuple[int, int, int], tuple[float, int, int]], budget: float) -> dict:
@@ -62,6 +67,21 @@ def solve_bits(stats: dict[tuple[int, int, int], tuple[float, int, int]], budget
         spent += extra
 
 
+def relative_stats(r2: Tensor, n2: Tensor, rows: Tensor, width: Tensor,
+                   epochs: int) -> dict[tuple[int, int, int], tuple[float, int, int]]:
+    """:func:`solve_bits` input from sums since the last solve (``[2 L, P]`` each: row
+    range^2 ``r2``, row norm^2 ``n2``, row count; ``width`` ``[2 L]``), per epoch, with each
+    block's ``R^2`` divided by the energy of its (layer, direction) over all peers."""
+    stats = {}
+    energy = n2.sum(dim=1)  # [2 L]
+    for k in range(r2.shape[0]):
+        for q in range(r2.shape[1]):
+            if rows[k, q] > 0:
+                rel = float(r2[k, q] / energy[k]) if energy[k] > 0 else 0.0
+                stats[(k // 2, k % 2, q)] = (rel, int(rows[k, q] / epochs), int(width[k]))
+    return stats
+
+
 class AdaptiveQuantized(Wrapper):
     def __init__(self, inner: RowExchange, *, ctx: DistContext, hooks: Hooks, num_layers: int,
                  budget_bytes: float, every: int, seed: int) -> None:
@@ -75,6 +95,7 @@ class AdaptiveQuantized(Wrapper):
         self.recv_bits = torch.full((K, P), 8, dtype=torch.long)  # what peers use towards me
         self.r2 = torch.zeros(K, P, dtype=torch.float64)          # sum of row range^2 since solve
         self.rows = torch.zeros(K, P, dtype=torch.float64)
+        self.n2 = torch.zeros(K, P, dtype=torch.float64)          # sum of row norm^2 since solve
         self.width = torch.zeros(K, dtype=torch.long)
         self.epochs_seen = 0
 
@@ -86,13 +107,7 @@ class AdaptiveQuantized(Wrapper):
         super().set_epoch(epoch, exact)
 
     def _resolve(self) -> None:
-        stats = {}
-        for k in range(self.send_bits.shape[0]):
-            for q in range(self.ctx.world_size):
-                if self.rows[k, q] > 0:
-                    n = self.epochs_seen
-                    stats[(k // 2, k % 2, q)] = (float(self.r2[k, q]) / n, int(self.rows[k, q] / n),
-                                                 int(self.width[k]))
+        stats = relative_stats(self.r2, self.n2, self.rows, self.width, self.epochs_seen)
         for (layer, d, q), b in solve_bits(stats, self.budget).items():
             self.send_bits[layer * 2 + d, q] = b
         # receivers must decode with the sender's widths: column q of my table goes to q
@@ -107,6 +122,7 @@ class AdaptiveQuantized(Wrapper):
         else:
             self.recv_bits = self.send_bits.clone()
         self.r2.zero_()
+        self.n2.zero_()
         self.rows.zero_()
         self.epochs_seen = 0
 
@@ -122,6 +138,7 @@ class AdaptiveQuantized(Wrapper):
             if block.shape[0]:
                 rng = block.max(dim=1).values - block.min(dim=1).values
                 self.r2[k, q] += float((rng.double() ** 2).sum())
+                self.n2[k, q] += float((block.double() ** 2).sum())
                 self.rows[k, q] += block.shape[0]
             b = int(self.send_bits[k, q])
             payloads.append(quant.encode(block, b, self.gen).reshape(-1))
@@ -140,11 +157,11 @@ class AdaptiveQuantized(Wrapper):
         return {**super().epoch_log(), "bits": table}
 
     def own_state(self) -> dict[str, Any]:
-        return {name: getattr(self, name).clone() for name in ("send_bits", "recv_bits", "r2", "rows", "width")} | {
+        return {name: getattr(self, name).clone() for name in _STATE} | {
             "epochs_seen": self.epochs_seen, "gen": self.gen.get_state()}
 
     def load_own_state(self, state: dict[str, Any]) -> None:
-        for name in ("send_bits", "recv_bits", "r2", "rows", "width"):
+        for name in _STATE:
             setattr(self, name, state[name].clone())
         self.epochs_seen = state["epochs_seen"]
         self.gen.set_state(state["gen"])
