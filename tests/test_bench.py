@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from commgnn.cli.bench import load_grid, pareto_front
+from commgnn.cli.bench import load_grid, pareto_front, traffic_axis
 from commgnn.cli.main import main
 from commgnn.errors import ConfigError
 
@@ -77,6 +77,15 @@ def test_grid_errors(tmp_path):
     bad.write_text('[grid]\nmodel = ["gcn"]\n')
     with pytest.raises(ConfigError, match="unknown config key 'grid.model'"):
         load_grid(str(bad))
+
+
+def test_pareto_plots_the_traffic_the_grid_varies(tmp_path):
+    from commgnn.comm.config import CommConfig, GossipConfig, GradConfig, HaloConfig
+
+    halo = [CommConfig(), CommConfig(halo=HaloConfig(bits=4))]
+    grad = [CommConfig(), CommConfig(grad=GradConfig(strategy="topk")), CommConfig(gossip=GossipConfig())]
+    assert traffic_axis(halo) == "halo" and traffic_axis(grad) == "grad"
+    assert traffic_axis(halo + grad) == "total"
 
 
 def test_pareto_front():

@@ -154,8 +154,21 @@ def run_grid(grid_path: str, out: Path, *, report_only: bool = False) -> list[di
                                      "seed": seed, "dir": run_dir})
     table = aggregate(rows, reference=reference)
     write_tables(table, out)
-    plot_pareto(table, out / "pareto.png")
+    plot_pareto(table, out / "pareto.png", traffic=traffic_axis([c for _, c in settings]))
     return table
+
+
+def traffic_axis(settings: list[CommConfig]) -> str:
+    """What the settings vary, hence what ``pareto.png`` plots: ``"halo"`` bytes when only
+    the halo levers differ, ``"grad"`` bytes when only gradient sync / gossip differ, else
+    ``"total"``."""
+    halo_varies = len({repr(c.halo) for c in settings}) > 1
+    grad_varies = len({repr((c.grad, c.gossip)) for c in settings}) > 1
+    if halo_varies and not grad_varies:
+        return "halo"
+    if grad_varies and not halo_varies:
+        return "grad"
+    return "total"
 
 
 def _finished_with(run_dir: Path, cfg: RunConfig) -> bool:
@@ -253,17 +266,25 @@ def pareto_front(points: list[tuple[float, float]]) -> list[int]:
     return front
 
 
-def plot_pareto(table: list[dict[str, Any]], path: Path) -> None:
+_AXIS = {"halo": ("halo bytes per epoch (all ranks, log)", ("halo_bytes_per_epoch",)),
+         "grad": ("gradient bytes per epoch (all ranks, log)", ("grad_bytes_per_epoch",)),
+         "total": ("halo + gradient bytes per epoch (all ranks, log)", ("halo_bytes_per_epoch", "grad_bytes_per_epoch"))}
+
+
+def plot_pareto(table: list[dict[str, Any]], path: Path, *, traffic: str = "total") -> None:
+    """Test accuracy against ``traffic`` bytes per epoch (log), one point per setting, with
+    the Pareto front of each (dataset, model, P) drawn."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    xlabel, keys = _AXIS[traffic]
     groups = sorted({(r["dataset"], r["model"], r["parts"]) for r in table})
     fig, ax = plt.subplots(figsize=(8, 5.5))
     for gi, g in enumerate(groups):
         rs = [r for r in table if (r["dataset"], r["model"], r["parts"]) == g]
-        pts = [(max(r["halo_bytes_per_epoch"] + r["grad_bytes_per_epoch"], 1.0), 100 * r["test_acc_mean"]) for r in rs]
+        pts = [(max(sum(r[k] for k in keys), 1.0), 100 * r["test_acc_mean"]) for r in rs]
         color = f"C{gi % 10}"
         ax.scatter(*zip(*pts), color=color, alpha=0.6, label=f"{g[0]} {g[1]} P={g[2]}")
         front = sorted(pareto_front(pts), key=lambda i: pts[i][0])
@@ -271,7 +292,7 @@ def plot_pareto(table: list[dict[str, Any]], path: Path) -> None:
         for i in front:
             ax.annotate(rs[i]["setting"], pts[i], fontsize=6, xytext=(3, 3), textcoords="offset points")
     ax.set_xscale("log")
-    ax.set_xlabel("halo + gradient bytes per epoch (all ranks, log)")
+    ax.set_xlabel(xlabel)
     ax.set_ylabel("test accuracy (%)")
     ax.set_title("traffic vs accuracy (lines: Pareto front)")
     ax.legend(fontsize=7)
