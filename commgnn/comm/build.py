@@ -70,7 +70,7 @@ def build_grad_sync(ctx: DistContext, hooks: Hooks, cfg: CommConfig, *, seed: in
         from commgnn.comm.ddp_hooks import DDPHookSync
 
         return DDPHookSync(ctx, hooks, strategy=g.strategy, rank=g.rank, start_iter=g.start_iter, period=g.period,
-                           half=g.half)
+                           half=g.half, prescale=g.prescale_on)
     if g.strategy == "topk":
         from commgnn.comm.topk import TopKSync
 

@@ -154,6 +154,10 @@ class GradConfig:
     half: bool = False
     """powersgd: run the hook on fp16 copies of the gradients (torch's
     ``fp16_compress_wrapper``), so the factors P and Q travel in half precision."""
+    prescale: bool | None = None
+    """fp16 and powersgd with ``half``: divide each bucket by the ranks' largest magnitude
+    before the cast (one scalar all-reduce per bucket), so that small gradients do not sink
+    into fp16's subnormals (:mod:`commgnn.comm.prescale`). None = on where fp16 is used."""
 
     def __post_init__(self) -> None:
         fraction("comm.grad.ratio", self.ratio, open_low=True)
@@ -169,9 +173,23 @@ class GradConfig:
         if self.start_iter < 2:
             raise ConfigError(f"comm.grad.start_iter must be >= 2 (PowerSGD needs plain steps first), got {self.start_iter}")
         positive("comm.grad.period", self.period)
+        if self.prescale and not self.uses_fp16:
+            raise ConfigError(f"comm.grad.prescale applies where gradients travel in fp16 (strategy = 'fp16', "
+                              f"or 'powersgd' with half = true), not to '{self.strategy}'")
         if self.half and self.strategy != "powersgd":
             raise ConfigError(f"comm.grad.half applies to strategy = 'powersgd' only (got '{self.strategy}'); "
                               f"use strategy = 'fp16' for a plain half-precision all-reduce")
+
+
+    @property
+    def uses_fp16(self) -> bool:
+        """Whether gradients travel in fp16."""
+        return self.strategy == "fp16" or (self.strategy == "powersgd" and self.half)
+
+    @property
+    def prescale_on(self) -> bool:
+        """The resolved ``prescale`` setting."""
+        return self.uses_fp16 if self.prescale is None else self.prescale
 
 
 @dataclass(frozen=True, kw_only=True)

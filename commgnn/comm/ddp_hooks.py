@@ -61,12 +61,13 @@ class DDPHookSync(GradSyncBase):
     """Gradient sync by DDP with one of torch's comm hooks."""
 
     def __init__(self, ctx: DistContext, hooks: Hooks, *, strategy: str, rank: int = 2,
-                 start_iter: int = 10, period: int = 4, half: bool = False) -> None:
+                 start_iter: int = 10, period: int = 4, half: bool = False, prescale: bool = False) -> None:
         if strategy == "bf16" and ctx.is_distributed and ctx.backend != "nccl":
             raise UserError("comm.grad.strategy = 'bf16' needs the NCCL backend (torch refuses its bf16 "
                             "hook on gloo); use 'fp16' on CPU")
         self.ctx, self.hooks, self.strategy = ctx, hooks, strategy
         self.rank, self.start_iter, self.period, self.half = rank, start_iter, period, half
+        self.prescale = prescale
         self.ddp: DistributedDataParallel | None = None
         self.state: Any = None
         self.averager: Any = None
@@ -81,13 +82,15 @@ class DDPHookSync(GradSyncBase):
         self.ddp = DistributedDataParallel(model, device_ids=ids, process_group=self.group)
         if self.strategy in ("fp16", "bf16"):
             hook = default_hooks.fp16_compress_hook if self.strategy == "fp16" else default_hooks.bf16_compress_hook
-            self.ddp.register_comm_hook(self.group, hook)
+            self.ddp.register_comm_hook(self.group, self._maybe_prescaled(hook))
         elif self.strategy == "powersgd":
             self.state = powerSGD_hook.PowerSGDState(
                 process_group=self.group, matrix_approximation_rank=self.rank,
                 start_powerSGD_iter=max(2, self.start_iter), use_error_feedback=True, warm_start=True)
             hook = powerSGD_hook.powerSGD_hook
-            self.ddp.register_comm_hook(self.state, default_hooks.fp16_compress_wrapper(hook) if self.half else hook)
+            if self.half:
+                hook = self._maybe_prescaled(default_hooks.fp16_compress_wrapper(hook))
+            self.ddp.register_comm_hook(self.state, hook)
         elif self.strategy == "localsgd":
             from torch.distributed.algorithms.ddp_comm_hooks.post_localSGD_hook import (PostLocalSGDState,
                                                                                         post_localSGD_hook)
@@ -100,6 +103,11 @@ class DDPHookSync(GradSyncBase):
             self.averager = PeriodicModelAverager(period=self.period, warmup_steps=self.start_iter,
                                                   process_group=self.group)
         return self.ddp
+
+    def _maybe_prescaled(self, hook: Any) -> Any:
+        from commgnn.comm.prescale import prescaled
+
+        return prescaled(hook, self.group) if self.prescale else hook
 
     def sync(self, params: Iterable[nn.Parameter]) -> None:
         """DDP already averaged during backward; turn the average into the sum."""
