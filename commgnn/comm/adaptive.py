@@ -7,9 +7,9 @@ sender estimates that error ``V(block, b)`` and the bytes ``B(block, b)`` of eve
 (layer, direction, peer) at b in {1, 2, 4, 8}. Errors are made *relative*: each block's
 ``V`` is divided by the energy ``sum ||row||^2`` of all rows of its (layer, direction),
 because forward embeddings and backward gradients live on scales orders of magnitude
-apart (with absolute variance the solver starved the gradients down to 2 bits, and one
-GraphSAGE run on Computers never left the majority class). It then minimises
-``sum V_rel`` subject to ``sum B <= budget``: all blocks start at 1 bit and the upgrade with the largest variance
+apart (with absolute variance the solver gave the backward gradients 2 bits and the
+forward rows 8 on Computers). It then minimises ``sum V_rel`` subject to
+``sum B <= budget``: all blocks start at 1 bit and the upgrade with the largest variance
 cut per extra byte is taken while it fits (greedy on a convex-ish front). Receivers learn
 the chosen widths through one small all-to-all of the bit table (counted as control).
 Until the first solve every block uses 8 bits.
