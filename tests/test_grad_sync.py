@@ -9,6 +9,7 @@ import torch
 from torch import nn
 
 from commgnn.comm.build import build_grad_sync
+from commgnn.comm.cltk import CyclicTopKSync
 from commgnn.comm.config import CommConfig, GossipConfig, GradConfig
 from commgnn.comm.gossip import DPSGD, PushSum
 from commgnn.comm.qsgd import QSGDSync
@@ -33,9 +34,10 @@ COMPRESSORS = {
 }
 
 
-@pytest.mark.parametrize("name", ["topk", "qsgd", "signsgd"])
+@pytest.mark.parametrize("name", ["topk", "qsgd", "signsgd", "cltk"])
 def test_error_feedback_keeps_exactly_what_was_not_sent(name):
-    sync = COMPRESSORS[name](DistContext.single(), Hooks())
+    make = COMPRESSORS.get(name, lambda ctx, h: CyclicTopKSync(ctx, h, ratio=0.05, half=True))
+    sync = make(DistContext.single(), Hooks())
     sync.error_feedback = True
     p = nn.Parameter(torch.zeros(300))
     residual = torch.zeros(300)
@@ -77,7 +79,7 @@ def test_config_errors():
     with pytest.raises(ConfigError, match="prescale applies where gradients travel in fp16"):
         GradConfig(strategy="powersgd", prescale=True)
     assert GradConfig(strategy="fp16").prescale_on and not GradConfig(strategy="fp16", prescale=False).prescale_on
-    with pytest.raises(ConfigError, match="powersgd' only"):
+    with pytest.raises(ConfigError, match="'powersgd' or 'cltk' only"):
         GradConfig(strategy="topk", half=True)
     with pytest.raises(ConfigError, match="neither one of"):
         Topology("no-such-topology", 4)
@@ -107,6 +109,54 @@ def test_compressed_bytes_equal_payload_and_sum_is_shared(tmp_path):
     assert res[0]["topk"]["payload"] == 8 * k
     assert res[0]["signsgd"]["payload"] == 4 + math.ceil(500 / 8)
     assert res[0]["qsgd"]["payload"] == 4 * math.ceil(500 / 64) + math.ceil(500 / 64) * 64 * 4 // 8
+
+
+def cltk_rank(ctx: DistContext, half: bool) -> dict:
+    counted: list[int] = []
+    hooks = Hooks()
+    hooks.subscribe(lambda e: counted.append(e.nbytes) if isinstance(e, CommEvent) else None)
+    sync = CyclicTopKSync(ctx, hooks, ratio=0.02, half=half)
+    p = nn.Parameter(torch.zeros(1000))
+    steps = []
+    for step in range(ctx.world_size):
+        # rank r's gradient is large on its own block, so each leader picks a different set
+        g = 0.01 * torch.randn(1000, generator=torch.Generator().manual_seed(10 * step + ctx.rank))
+        g[100 * ctx.rank: 100 * ctx.rank + 20] += 1 + 0.1 * torch.arange(20.0)
+        p.grad = g.clone()
+        before = sync.residual.clone() if sync.residual is not None else torch.zeros(1000)
+        counted.clear()
+        sync.sync([p])
+        steps.append({"a": g + before, "grad": p.grad.clone(), "counted": sum(counted)})
+    return {"steps": steps}
+
+
+@pytest.mark.parametrize("half", [True, False])
+def test_cyclic_topk_allreduces_the_leaders_index_set(tmp_path, half):
+    P, n, k = 3, 1000, 20
+    res = run_on_ranks(cltk_rank, P, tmp_path, half)
+    for step in range(P):
+        leader = step % P
+        a = [r["steps"][step]["a"] for r in res]
+        chosen = torch.topk(a[leader].abs(), k).indices
+        exact = torch.zeros(n)
+        exact[chosen] = sum(x[chosen] for x in a)
+        for r in res:
+            got = r["steps"][step]["grad"]
+            torch.testing.assert_close(got, res[0]["steps"][step]["grad"])  # one shared sum
+            assert int((got != 0).sum()) == k
+            tol = 2e-3 * float(a[leader][chosen].abs().max()) * P if half else 1e-6
+            assert float((got - exact).abs().max()) <= tol
+        # the leader broadcasts k int32 indices + an fp32 scale to P-1 ranks; the ring
+        # all-reduce of k values sends 2 (P-1)/P k b bytes per rank
+        b = 2 if half else 4
+        allreduce = 2 * (P - 1) * k * b // P
+        for rank, r in enumerate(res):
+            bcast = (P - 1) * (4 * k + 4) if rank == leader else 0
+            assert r["steps"][step]["counted"] == bcast + allreduce
+    # the leader rotates: step s picks rank s's block
+    for step in range(P):
+        nz = res[0]["steps"][step]["grad"].nonzero().flatten()
+        assert ((nz >= 100 * step) & (nz < 100 * step + 20)).all()
 
 
 def gossip_rank(ctx: DistContext, method: str, topology: str, rounds: int) -> dict:
@@ -210,6 +260,7 @@ STRATEGIES = {
     "powersgd-half": CommConfig(grad=GradConfig(strategy="powersgd", rank=2, start_iter=2, half=True)),
     "localsgd": CommConfig(grad=GradConfig(strategy="localsgd", start_iter=2, period=2)),
     "topk": CommConfig(grad=GradConfig(strategy="topk", ratio=0.05, warmup_steps=5)),
+    "cltk": CommConfig(grad=GradConfig(strategy="cltk", ratio=0.2, half=True)),
     "qsgd": CommConfig(grad=GradConfig(strategy="qsgd", levels=7)),
     "signsgd": CommConfig(grad=GradConfig(strategy="signsgd")),
     "dpsgd-exponential": CommConfig(gossip=GossipConfig(topology="exponential")),
@@ -261,5 +312,7 @@ def test_every_strategy_converges_and_counts_its_bytes(tmp_path):
     n_params_bytes = n_params * 4  # one peer per round; x and y travel together after round 0
     assert res[0]["tracking-exponential"]["grad_bytes"] == n_params_bytes * (2 * EPOCHS - 1)
     assert res[0]["topk"]["grad_bytes"] < full / 3
+    k = math.ceil(0.2 * n_params)  # 2 ranks: the leader sends 4k + 4 bytes, each rank k fp16 values
+    assert res[0]["cltk"]["grad_bytes"] + res[1]["cltk"]["grad_bytes"] == EPOCHS * ((4 * k + 4) + 2 * 2 * k)
     assert res[0]["dpsgd-exponential"]["consensus"] is not None
     assert res[0]["bf16-on-gloo"] == "needs the NCCL backend"

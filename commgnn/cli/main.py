@@ -25,6 +25,8 @@ def _add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--parts", type=int, help="number of partitions / ranks P")
     p.add_argument("--partitioner", help="metis | random | contiguous")
     p.add_argument("--objective", help="METIS objective: cut | vol")
+    p.add_argument("--normalize-features", dest="normalize_features", action="store_const", const=True,
+                   help="scale each feature row to sum 1 (PyG's NormalizeFeatures)")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -63,6 +65,8 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--heads", type=int, help="GAT heads")
     t.add_argument("--epochs", type=int, help="maximum epochs")
     t.add_argument("--lr", type=float, help="learning rate")
+    t.add_argument("--optimizer", help="adam | sgd (with momentum 0.9)")
+    t.add_argument("--schedule", help="learning-rate schedule: constant | cosine")
     t.add_argument("--patience", type=int, help="early-stopping patience in epochs (0 = off)")
     t.add_argument("--seed", type=int, help="training seed")
     t.add_argument("--partition-dir", dest="partition_dir", help="use a saved partition directory")
@@ -85,8 +89,10 @@ def build_parser() -> argparse.ArgumentParser:
     h.add_argument("--max-age", dest="max_age", type=int, help="skip: oldest a cached row may be (epochs)")
     h.add_argument("--exact-every", dest="exact_every", type=int, help="exact refresh every k epochs (0 = never)")
     g = t.add_argument_group("gradient sync ([comm.grad], [comm.gossip])")
-    g.add_argument("--grad", help="allreduce | fp16 | bf16 | powersgd | localsgd | topk | qsgd | signsgd")
-    g.add_argument("--ratio", type=float, help="topk: fraction of entries sent")
+    g.add_argument("--grad", help="allreduce | fp16 | bf16 | powersgd | localsgd | topk | cltk | qsgd | signsgd")
+    g.add_argument("--ratio", type=float, help="topk, cltk: fraction of entries sent")
+    g.add_argument("--half", action="store_const", const=True,
+                   help="powersgd, cltk: values travel in fp16")
     g.add_argument("--levels", type=int, help="qsgd: quantization levels")
     g.add_argument("--powersgd-rank", dest="powersgd_rank", type=int, help="powersgd: approximation rank")
     g.add_argument("--gossip", help="decentralised averaging instead of all-reduce: ring | torus | "

@@ -76,6 +76,10 @@ def build_grad_sync(ctx: DistContext, hooks: Hooks, cfg: CommConfig, *, seed: in
 
         return TopKSync(ctx, hooks, ratio=g.ratio, warmup_steps=g.warmup_steps, warmup_density=g.warmup_density,
                         momentum=g.momentum, clip_norm=g.clip_norm, seed=seed)
+    if g.strategy == "cltk":
+        from commgnn.comm.cltk import CyclicTopKSync
+
+        return CyclicTopKSync(ctx, hooks, ratio=g.ratio, half=g.half, seed=seed)
     if g.strategy == "qsgd":
         from commgnn.comm.qsgd import QSGDSync
 

@@ -126,11 +126,13 @@ GRAD_STRATEGIES = ("allreduce", "fp16", "bf16", "powersgd", "localsgd", "topk", 
 class GradConfig:
     """``[comm.grad]``: how gradients are combined across ranks."""
 
-    strategy: Literal["allreduce", "fp16", "bf16", "powersgd", "localsgd", "topk", "qsgd", "signsgd"] = "allreduce"
+    strategy: Literal["allreduce", "fp16", "bf16", "powersgd", "localsgd", "topk", "cltk", "qsgd",
+                      "signsgd"] = "allreduce"
     """``allreduce`` (fp32, exact); torch's DDP hooks ``fp16``, ``bf16``, ``powersgd``,
-    ``localsgd``; written here: ``topk`` (DGC), ``qsgd``, ``signsgd`` (with error feedback)."""
+    ``localsgd``; written here: ``topk`` (DGC), ``cltk`` (top-k on a shared index set, so
+    values are all-reduced), ``qsgd``, ``signsgd`` (with error feedback)."""
     ratio: float = 0.01
-    """topk: fraction of gradient entries sent per step."""
+    """topk, cltk: fraction of gradient entries sent per step."""
     warmup_steps: int = 0
     """topk: steps over which the density falls from ``warmup_density`` to ``ratio``."""
     warmup_density: float = 0.25
@@ -153,7 +155,8 @@ class GradConfig:
     """localsgd: average the models every this many steps."""
     half: bool = False
     """powersgd: run the hook on fp16 copies of the gradients (torch's
-    ``fp16_compress_wrapper``), so the factors P and Q travel in half precision."""
+    ``fp16_compress_wrapper``), so the factors P and Q travel in half precision.
+    cltk: all-reduce the chosen values in fp16 (scaled by the leader's largest)."""
     prescale: bool | None = None
     """fp16 and powersgd with ``half``: divide each bucket by the ranks' largest magnitude
     before the cast (one scalar all-reduce per bucket), so that small gradients do not sink
@@ -176,8 +179,8 @@ class GradConfig:
         if self.prescale and not self.uses_fp16:
             raise ConfigError(f"comm.grad.prescale applies where gradients travel in fp16 (strategy = 'fp16', "
                               f"or 'powersgd' with half = true), not to '{self.strategy}'")
-        if self.half and self.strategy != "powersgd":
-            raise ConfigError(f"comm.grad.half applies to strategy = 'powersgd' only (got '{self.strategy}'); "
+        if self.half and self.strategy not in ("powersgd", "cltk"):
+            raise ConfigError(f"comm.grad.half applies to strategy = 'powersgd' or 'cltk' only (got '{self.strategy}'); "
                               f"use strategy = 'fp16' for a plain half-precision all-reduce")
 
 

@@ -82,6 +82,9 @@ class DataConfig:
     is the rest, so ``train_ratio + val_ratio`` must be < 1."""
     split_seed: int = 0
     """Seed of the stratified split (independent of the synthetic graph's seed)."""
+    normalize_features: bool = False
+    """Scale each node's feature row to sum 1 (PyG's ``NormalizeFeatures``), as PyG's
+    examples do for bag-of-words features such as Amazon's and Coauthor's."""
     synthetic: SyntheticConfig = field(default_factory=SyntheticConfig)
     """Parameters of the synthetic graph, used when ``dataset = "synthetic"``."""
 

@@ -42,6 +42,7 @@ import torch
 import torch_geometric.datasets as pyg_datasets
 from torch import Tensor
 from torch_geometric.data import Data
+from torch_geometric.transforms import NormalizeFeatures
 from torch_geometric.utils import remove_self_loops
 
 from commgnn.data.cache import ensure_copy, locked, root_key
@@ -189,6 +190,8 @@ def load_dataset(cfg: DataConfig) -> Data:
     # Self loops are dropped: GCN and GAT add exactly one per node themselves (as PyG's
     # layers do), and a loop stored in the data would otherwise count in the degrees.
     data.edge_index, _ = remove_self_loops(data.edge_index)
+    if cfg.normalize_features:
+        data = NormalizeFeatures()(data)
     return data
 
 

@@ -18,6 +18,7 @@ from typing import Any, Iterator
 
 import torch
 import torch.nn.functional as F
+from torch import nn
 from torch.nn.utils import vector_to_parameters
 
 from commgnn.comm.allreduce import counted_all_reduce
@@ -50,6 +51,13 @@ class EpochResult:
     """This rank's wall time of the epoch (training step and evaluation)."""
     consensus: float | None = None
     """Decentralised training: mean distance of the ranks' models to their average."""
+
+
+def make_optimizer(params: Iterator[nn.Parameter], cfg: TrainConfig) -> torch.optim.Optimizer:
+    """torch's Adam, or SGD with heavy-ball momentum, as ``cfg`` asks."""
+    if cfg.optimizer == "sgd":
+        return torch.optim.SGD(params, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
+    return torch.optim.Adam(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
 
 
 def halo_plan(part: LocalPartition) -> HaloPlan:
@@ -90,8 +98,9 @@ class FullGraphTrainer:
         if self._sparse_input(train_cfg.sparse_input):
             self.model.use_sparse_input(self.x, self.eval_halo)
         self.net = self.grad_sync.wrap(self.model)  # DDP for torch's comm hooks, else the model
-        self.optimizer = torch.optim.Adam(self.model.parameters(), lr=train_cfg.lr,
-                                          weight_decay=train_cfg.weight_decay)
+        self.optimizer = make_optimizer(self.model.parameters(), train_cfg)
+        self.scheduler = (torch.optim.lr_scheduler.CosineAnnealingLR(self.optimizer, T_max=train_cfg.epochs)
+                          if train_cfg.schedule == "cosine" else None)
         torch.manual_seed(train_cfg.seed + 7919 * (ctx.rank + 1))  # per-rank dropout stream
         masks = torch.stack([self.part.train_mask, self.part.val_mask, self.part.test_mask])
         self.split_sizes = self._reduce(masks.sum(dim=1).to(torch.float64))
@@ -138,6 +147,8 @@ class FullGraphTrainer:
         loss, _ = self.compute_gradients()
         self.optimizer.step()
         self.grad_sync.after_step(self.model.parameters())
+        if self.scheduler is not None:
+            self.scheduler.step()
         return loss
 
     @torch.no_grad()
@@ -189,6 +200,7 @@ class FullGraphTrainer:
                 "cuda_rng": torch.cuda.get_rng_state() if self.ctx.device.type == "cuda" else None,
                 "model": self.model.state_dict(),
                 "optimizer": self.optimizer.state_dict(), "halo": self.halo.state_dict(),
+                "scheduler": None if self.scheduler is None else self.scheduler.state_dict(),
                 "grad_sync": self.grad_sync.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -198,5 +210,7 @@ class FullGraphTrainer:
             torch.cuda.set_rng_state(state["cuda_rng"])
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
+        if self.scheduler is not None and state.get("scheduler") is not None:
+            self.scheduler.load_state_dict(state["scheduler"])
         self.halo.load_state_dict(state["halo"])
         self.grad_sync.load_state_dict(state["grad_sync"])

@@ -1,0 +1,96 @@
+"""Cyclic local top-k (CLT-k, after ScaleCom; Chen et al., NeurIPS'20): top-k sparsification
+whose index set is shared, so the values can be *all-reduced* instead of all-gathered.
+
+Plain top-k (:mod:`commgnn.comm.topk`) lets every rank pick its own indices, so the sparse
+payloads must be all-gathered: each rank sends ``(P-1) x 8k`` bytes, and the saving over a
+ring all-reduce of ``n`` fp32 values is only ``n / (P k)`` (12.5x at 1% density on 8 ranks).
+CLT-k lets one rank choose for everyone. At step ``t`` the leader ``l = t mod P``:
+
+1. forms ``a_i = g_i + e_i`` on every rank (``g_i`` ``[n]``: this rank's gradient share,
+   ``e_i`` ``[n]``: its error-feedback residual);
+2. the leader picks ``I`` = the ``k = ceil(ratio * n)`` largest ``|a_l|`` and broadcasts
+   ``I`` (``k`` int32) and the scalar ``s = max |a_l[I]|``;
+3. every rank all-reduces (SUM) ``a_i[I] / s`` as fp16 (``half = true``) or fp32 values, and
+   sets ``grad[I] = s * sum_i a_i[I] / s``, zero elsewhere;
+4. ``e_i <- a_i - decode_i`` keeps exactly what rank i did not get across, rounding included.
+
+Dividing by the leader's largest value keeps fp16 values in [-1, 1] for the leader and in
+fp16's normal range for the others (a rank whose entries are 65504 times the leader's would
+overflow; the residual cannot absorb an inf, so such values are clamped to +-65504 and the
+excess stays in the residual).
+
+Bytes, summed over ranks: the broadcast delivers ``4k + 4`` bytes to each of the P-1 other
+ranks, and the ring all-reduce of ``k`` values of ``b`` bytes sends ``2 (P-1) k b``:
+``(P-1)(4k + 4 + 2kb)``, against ``8 (P-1) n`` for fp32 all-reduce, i.e. ``n / k`` with fp16
+values (100x at 1% density) and ``2n / 3k`` with fp32 values. The leader rotates so each
+rank's large residual entries are chosen within P steps.
+
+Written here: no maintained library offers CLT-k on torch.distributed.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Iterable
+
+import torch
+import torch.distributed as dist
+from torch import Tensor, nn
+
+from commgnn.comm.allreduce import counted_all_reduce
+from commgnn.comm.compressed import CompressedSync
+from commgnn.comm.grad_sync import flat_grads, set_grads
+from commgnn.dist.context import DistContext
+from commgnn.dist.events import Hooks
+
+_FP16_MAX = 65504.0
+
+
+class CyclicTopKSync(CompressedSync):
+    """CLT-k with error feedback; ``half`` sends the values in fp16."""
+
+    def __init__(self, ctx: DistContext, hooks: Hooks, *, ratio: float, half: bool = True, seed: int = 0) -> None:
+        super().__init__(ctx, hooks, seed=seed)
+        self.ratio, self.half = ratio, half
+
+    def leader(self) -> int:
+        return self.step % self.ctx.world_size
+
+    def _choose(self, a: Tensor, k: int) -> tuple[Tensor, float]:
+        """The leader's indices ``[k]`` (int64) and its scale, broadcast to every rank as
+        one int32 message of ``k + 1`` words (the scale's fp32 bits last)."""
+        msg = torch.zeros(k + 1, dtype=torch.int32)
+        if self.ctx.rank == self.leader():
+            idx = torch.topk(a.abs(), k, sorted=False).indices
+            msg[:k] = idx.to(torch.int32)
+            msg[k:] = a[idx].abs().max().reshape(1).view(torch.int32)
+        if self.ctx.is_distributed:
+            if self.ctx.rank == self.leader():
+                self.hooks.sent("grad_sync", -1, -1, (self.ctx.world_size - 1) * msg.numel() * msg.element_size())
+            dev = msg.to(self.ctx.device)
+            with self.hooks.timed("comm"):
+                dist.broadcast(dev, src=self.leader(), group=self.ctx.group)
+            msg = dev.cpu()
+        return msg[:k].long(), float(msg[k:].view(torch.float32))
+
+    def sync(self, params: Iterable[nn.Parameter]) -> None:
+        params = [p for p in params if p.requires_grad]
+        a = flat_grads(params).to(torch.float32).cpu()
+        if self.residual is None:
+            self.residual = torch.zeros_like(a)
+        a = a + self.residual
+        k = max(1, math.ceil(self.ratio * a.numel()))
+        idx, scale = self._choose(a, k)
+        scale = scale or 1.0
+        vals = a[idx] / scale
+        if self.half:
+            vals = vals.clamp(-_FP16_MAX, _FP16_MAX).to(torch.float16)
+        mine = torch.zeros_like(a)
+        mine[idx] = vals.to(torch.float32) * scale
+        self.residual = a - mine
+        self.last_sent = k * vals.element_size()
+        total = counted_all_reduce(self.ctx, self.hooks, vals.to(self.ctx.device), "grad_sync")
+        out = torch.zeros_like(a)
+        out[idx] = total.cpu().to(torch.float32) * scale
+        set_grads(params, out)
+        self.step += 1
