@@ -276,3 +276,15 @@ def test_fingerprint_tracks_content() -> None:
     assert fp not in changed and len(set(changed)) == len(changed)
     assert fingerprint(_graph(11)) != fp
     assert fingerprint(make_csbm(SMALL)) == fingerprint(make_csbm(SMALL))
+
+
+def test_normalize_features_makes_rows_sum_to_one_and_changes_the_fingerprint() -> None:
+    small = SyntheticConfig(num_nodes=200, num_classes=2, avg_degree=4)
+    raw = load_dataset(DataConfig(synthetic=small))
+    norm = load_dataset(DataConfig(synthetic=small, normalize_features=True))
+    assert (norm.x >= 0).all()
+    torch.testing.assert_close(norm.x.sum(dim=1), torch.ones(200))
+    assert not torch.allclose(raw.x.sum(dim=1), torch.ones(200))
+    assert torch.equal(raw.edge_index, norm.edge_index) and torch.equal(raw.y, norm.y)
+    # partitions store features, so a saved partition of the raw graph must not be reused
+    assert fingerprint(raw) != fingerprint(norm)
