@@ -159,6 +159,45 @@ def test_cyclic_topk_allreduces_the_leaders_index_set(tmp_path, half):
         assert ((nz >= 100 * step) & (nz < 100 * step + 20)).all()
 
 
+def pga_rank(ctx: DistContext) -> dict:
+    counted: list[int] = []
+    hooks = Hooks()
+    hooks.subscribe(lambda e: counted.append(e.nbytes) if isinstance(e, CommEvent) else None)
+    sync = build_grad_sync(ctx, hooks, CommConfig(gossip=GossipConfig(topology="ring", average_every=3)), seed=0)
+    p = nn.Parameter(torch.full((5,), float(ctx.rank ** 2)))
+    rounds = []
+    for _ in range(6):
+        counted.clear()
+        p.grad = torch.ones(5)
+        sync.sync([p])
+        rounds.append({"x": p.detach().clone(), "bytes": sum(counted), "grad": p.grad.clone()})
+    return {"rounds": rounds, "state": sync.state_dict()}
+
+
+def test_periodic_global_average_replaces_every_kth_gossip_round(tmp_path):
+    P = 4
+    res = run_on_ranks(pga_rank, P, tmp_path)
+    for t in range(6):
+        xs = [r["rounds"][t]["x"] for r in res]
+        if t % 3 == 2:  # rounds 3 and 6: the exact average, by one counted ring all-reduce
+            assert all(torch.equal(x, xs[0]) for x in xs)
+            assert res[0]["rounds"][t]["bytes"] == 2 * (P - 1) * 5 * 4 // P
+        else:  # ring gossip: a copy to each of the 2 neighbours
+            assert res[0]["rounds"][t]["bytes"] == 2 * 5 * 4
+            if t < 2:  # (no optimiser steps here: once averaged, the models stay equal)
+                assert not all(torch.allclose(x, xs[0]) for x in xs)
+        torch.testing.assert_close(sum(xs) / P, torch.full((5,), sum(r ** 2 for r in range(P)) / P))
+        assert torch.equal(res[0]["rounds"][t]["grad"], torch.full((5,), float(P)))  # local step scaled by P
+    assert res[0]["state"]["step"] == 6 and res[0]["state"]["inner"]["round"] == 4
+
+
+def test_periodic_global_average_is_dpsgd_only():
+    with pytest.raises(ConfigError, match="average_every applies to method = 'dpsgd' only"):
+        GossipConfig(method="pushsum", average_every=2)
+    with pytest.raises(ConfigError, match="comm.gossip.average_every"):
+        GossipConfig(average_every=-1)
+
+
 def gossip_rank(ctx: DistContext, method: str, topology: str, rounds: int) -> dict:
     cls = PushSum if method == "pushsum" else DPSGD
     g = cls(ctx, Hooks(), topology)
@@ -266,6 +305,7 @@ STRATEGIES = {
     "dpsgd-exponential": CommConfig(gossip=GossipConfig(topology="exponential")),
     "pushsum-ring": CommConfig(gossip=GossipConfig(topology="ring", method="pushsum")),
     "tracking-exponential": CommConfig(gossip=GossipConfig(topology="exponential", method="tracking")),
+    "dpsgd-pga": CommConfig(gossip=GossipConfig(topology="ring", average_every=3)),
 }
 
 

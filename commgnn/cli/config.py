@@ -99,6 +99,7 @@ FLAG_KEYS: dict[str, str] = {
     "powersgd_rank": "comm.grad.rank",
     "gossip": "comm.gossip.topology",
     "gossip_method": "comm.gossip.method",
+    "gossip_average_every": "comm.gossip.average_every",
 }
 
 

@@ -98,6 +98,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--gossip", help="decentralised averaging instead of all-reduce: ring | torus | "
                    "exponential | full | a graph file")
     g.add_argument("--gossip-method", dest="gossip_method", help="dpsgd (default) | pushsum | tracking")
+    g.add_argument("--gossip-average-every", dest="gossip_average_every", type=int,
+                   help="dpsgd: exact model average every k rounds instead of gossip (Gossip-PGA)")
 
     p = sub.add_parser("partition", help="partition a graph, print its quality report, save it")
     _add_common(p)

@@ -62,7 +62,12 @@ def build_grad_sync(ctx: DistContext, hooks: Hooks, cfg: CommConfig, *, seed: in
         from commgnn.comm.tracking import GradientTracking
 
         cls = {"dpsgd": DPSGD, "pushsum": PushSum, "tracking": GradientTracking}[cfg.gossip.method]
-        return cls(ctx, hooks, cfg.gossip.topology)
+        gossip = cls(ctx, hooks, cfg.gossip.topology)
+        if cfg.gossip.average_every:
+            from commgnn.comm.global_average import PeriodicGlobalAverage
+
+            return PeriodicGlobalAverage(gossip, ctx, hooks, every=cfg.gossip.average_every)
+        return gossip
     g = cfg.grad
     if g.strategy == "allreduce":
         return AllReduceSync(ctx, hooks)

@@ -206,6 +206,15 @@ class GossipConfig:
     """``dpsgd``: doubly stochastic averaging; ``pushsum``: push-sum weights (directed or
     time-varying graphs); ``tracking``: D-PSGD plus a tracker of the average gradient
     (twice the bytes; for partitions whose losses differ)."""
+    average_every: int = 0
+    """Gossip-PGA: every this many rounds an exact all-reduce average of the models replaces
+    the gossip round (:mod:`commgnn.comm.global_average`); 0 = never. ``dpsgd`` only."""
+
+    def __post_init__(self) -> None:
+        positive("comm.gossip.average_every", self.average_every, allow_zero=True)
+        if self.average_every and self.method != "dpsgd":
+            raise ConfigError(f"comm.gossip.average_every applies to method = 'dpsgd' only, not "
+                              f"'{self.method}' (an exact average would break its invariant)")
 
 
 @dataclass(frozen=True, kw_only=True)
