@@ -24,7 +24,7 @@ from commgnn.models import ModelConfig
 from commgnn.partition import PartitionConfig, build_local_partition, partition_graph
 from commgnn.trainers import FullGraphTrainer, TrainConfig
 from commgnn.data import SyntheticConfig, make_csbm
-from helpers import run_on_ranks
+from helpers import run_on_ranks, small_graph
 
 COMPRESSORS = {
     "topk": lambda ctx, h: TopKSync(ctx, h, ratio=0.05),
@@ -128,6 +128,33 @@ def cltk_rank(ctx: DistContext, half: bool) -> dict:
         sync.sync([p])
         steps.append({"a": g + before, "grad": p.grad.clone(), "counted": sum(counted)})
     return {"steps": steps}
+
+
+def test_momentum_correction_moves_the_momentum_out_of_the_optimiser():
+    sync = CyclicTopKSync(DistContext.single(), Hooks(), ratio=0.1, half=False, momentum=0.5)
+    p = nn.Parameter(torch.zeros(50))
+    u = torch.zeros(50)
+    v = torch.zeros(50)
+    for step in range(3):
+        g = torch.randn(50, generator=torch.Generator().manual_seed(step))
+        u = 0.5 * u + g
+        v = v + u
+        p.grad = g.clone()
+        sync.sync([p])
+        sent = p.grad != 0
+        torch.testing.assert_close(p.grad[sent], v[sent])  # the top-k of the accumulated velocity
+        assert int(sent.sum()) == 5 and (sync.u[sent] == 0).all()  # momentum factor masking
+        v[sent], u[sent] = 0, 0
+        torch.testing.assert_close(sync.residual, v)
+    state = sync.state_dict()
+    assert torch.equal(state["u"], sync.u) and torch.equal(state["residual"], sync.residual)
+    data = small_graph()
+    part = build_local_partition(data, torch.zeros(data.num_nodes, dtype=torch.long), 1, 0)
+    for mom, expected in ((0.9, 0.0), (0.0, 0.9)):
+        comm = CommConfig(grad=GradConfig(strategy="cltk", ratio=0.1, momentum=mom))
+        t = FullGraphTrainer(DistContext.single(), part, ModelConfig(hidden=8), TrainConfig(optimizer="sgd", momentum=0.9),
+                             Hooks(), comm_cfg=comm)
+        assert t.optimizer.param_groups[0]["momentum"] == expected
 
 
 @pytest.mark.parametrize("half", [True, False])
@@ -300,6 +327,7 @@ STRATEGIES = {
     "localsgd": CommConfig(grad=GradConfig(strategy="localsgd", start_iter=2, period=2)),
     "topk": CommConfig(grad=GradConfig(strategy="topk", ratio=0.05, warmup_steps=5)),
     "cltk": CommConfig(grad=GradConfig(strategy="cltk", ratio=0.2, half=True)),
+    "cltk-mc": CommConfig(grad=GradConfig(strategy="cltk", ratio=0.1, half=True, momentum=0.9)),
     "qsgd": CommConfig(grad=GradConfig(strategy="qsgd", levels=7)),
     "signsgd": CommConfig(grad=GradConfig(strategy="signsgd")),
     "dpsgd-exponential": CommConfig(gossip=GossipConfig(topology="exponential")),

@@ -84,7 +84,7 @@ def build_grad_sync(ctx: DistContext, hooks: Hooks, cfg: CommConfig, *, seed: in
     if g.strategy == "cltk":
         from commgnn.comm.cltk import CyclicTopKSync
 
-        return CyclicTopKSync(ctx, hooks, ratio=g.ratio, half=g.half, seed=seed)
+        return CyclicTopKSync(ctx, hooks, ratio=g.ratio, half=g.half, momentum=g.momentum, seed=seed)
     if g.strategy == "qsgd":
         from commgnn.comm.qsgd import QSGDSync
 

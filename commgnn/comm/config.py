@@ -138,7 +138,9 @@ class GradConfig:
     warmup_density: float = 0.25
     """topk: density at the first step of the warm-up."""
     momentum: float = 0.0
-    """topk: DGC momentum correction (0 = plain error feedback)."""
+    """topk, cltk: DGC momentum correction (0 = plain error feedback): the compressor
+    accumulates velocity ``u <- m u + g`` and sends from it, and the trainer's SGD then runs
+    without momentum of its own."""
     clip_norm: float | None = None
     """topk: local gradient clipping at ``clip_norm / sqrt(P)`` (None = off)."""
     levels: int = 7

@@ -38,6 +38,9 @@ class GradSyncBase:
 
     decentralised = False
     """True when ranks keep different models (gossip): evaluation then uses their average."""
+    owns_momentum = False
+    """True when the strategy applies the momentum itself (DGC's momentum correction): the
+    trainer's SGD then runs without its own, so that momentum is not applied twice."""
 
     def wrap(self, model: nn.Module) -> nn.Module:
         return model

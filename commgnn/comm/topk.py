@@ -37,6 +37,11 @@ class TopKSync(CompressedSync):
         self.u: Tensor | None = None
         self.v: Tensor | None = None
 
+    @property
+    def owns_momentum(self) -> bool:
+        """With momentum correction the momentum is applied here, not by the optimiser."""
+        return self.momentum > 0
+
     def density(self) -> float:
         """This step's fraction of entries sent (the warm-up schedule, then ``ratio``)."""
         if self.step >= self.warmup_steps or self.warmup_density <= self.ratio:

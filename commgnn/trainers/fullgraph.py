@@ -53,10 +53,13 @@ class EpochResult:
     """Decentralised training: mean distance of the ranks' models to their average."""
 
 
-def make_optimizer(params: Iterator[nn.Parameter], cfg: TrainConfig) -> torch.optim.Optimizer:
-    """torch's Adam, or SGD with heavy-ball momentum, as ``cfg`` asks."""
+def make_optimizer(params: Iterator[nn.Parameter], cfg: TrainConfig,
+                   momentum: float | None = None) -> torch.optim.Optimizer:
+    """torch's Adam, or SGD with heavy-ball momentum (``cfg.momentum`` unless ``momentum``
+    overrides it), as ``cfg`` asks."""
     if cfg.optimizer == "sgd":
-        return torch.optim.SGD(params, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
+        m = cfg.momentum if momentum is None else momentum
+        return torch.optim.SGD(params, lr=cfg.lr, momentum=m, weight_decay=cfg.weight_decay)
     return torch.optim.Adam(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
 
 
@@ -98,7 +101,9 @@ class FullGraphTrainer:
         if self._sparse_input(train_cfg.sparse_input):
             self.model.use_sparse_input(self.x, self.eval_halo)
         self.net = self.grad_sync.wrap(self.model)  # DDP for torch's comm hooks, else the model
-        self.optimizer = make_optimizer(self.model.parameters(), train_cfg)
+        # DGC's momentum correction moves the momentum into the compressor
+        self.optimizer = make_optimizer(self.model.parameters(), train_cfg,
+                                        momentum=0.0 if getattr(self.grad_sync, "owns_momentum", False) else None)
         self.scheduler = (torch.optim.lr_scheduler.CosineAnnealingLR(self.optimizer, T_max=train_cfg.epochs)
                           if train_cfg.schedule == "cosine" else None)
         torch.manual_seed(train_cfg.seed + 7919 * (ctx.rank + 1))  # per-rank dropout stream
