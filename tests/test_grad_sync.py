@@ -218,6 +218,33 @@ def test_periodic_global_average_replaces_every_kth_gossip_round(tmp_path):
     assert res[0]["state"]["step"] == 6 and res[0]["state"]["inner"]["round"] == 4
 
 
+def test_quasi_global_momentum_follows_its_recurrence():
+    """d = g + beta m;  x <- mix(x) - lr d;  m <- beta m + (1 - beta) (x_old - x_new) / lr."""
+    from commgnn.comm.quasi_global import QuasiGlobalMomentum
+
+    sync = build_grad_sync(DistContext.single(), Hooks(), CommConfig(gossip=GossipConfig(momentum=0.5)), seed=0)
+    assert isinstance(sync, QuasiGlobalMomentum) and sync.owns_momentum and sync.decentralised
+    p = nn.Parameter(torch.zeros(4))
+    opt = torch.optim.SGD([p], lr=0.1)
+    m = None
+    for step in range(4):
+        g = torch.randn(4, generator=torch.Generator().manual_seed(step))
+        p.grad = g.clone()
+        sync.set_lr(0.1)
+        sync.sync([p])
+        d = g if m is None else g + 0.5 * m
+        torch.testing.assert_close(p.grad, d)  # world size 1: the local gradient is not scaled
+        opt.step()
+        sync.after_step([p])
+        m = d if m is None else 0.5 * m + 0.5 * d  # no mixing: the displacement is lr d
+        torch.testing.assert_close(sync.m, m)
+    restored = build_grad_sync(DistContext.single(), Hooks(), CommConfig(gossip=GossipConfig(momentum=0.5)), seed=0)
+    restored.load_state_dict(sync.state_dict())
+    assert torch.equal(restored.m, sync.m)
+    with pytest.raises(ConfigError, match="comm.gossip.momentum"):
+        GossipConfig(momentum=1.0)
+
+
 def test_periodic_global_average_is_dpsgd_only():
     with pytest.raises(ConfigError, match="average_every applies to method = 'dpsgd' only"):
         GossipConfig(method="pushsum", average_every=2)
@@ -334,6 +361,7 @@ STRATEGIES = {
     "pushsum-ring": CommConfig(gossip=GossipConfig(topology="ring", method="pushsum")),
     "tracking-exponential": CommConfig(gossip=GossipConfig(topology="exponential", method="tracking")),
     "dpsgd-pga": CommConfig(gossip=GossipConfig(topology="ring", average_every=3)),
+    "dpsgd-qgm": CommConfig(gossip=GossipConfig(topology="exponential", momentum=0.9)),
 }
 
 

@@ -66,7 +66,11 @@ def build_grad_sync(ctx: DistContext, hooks: Hooks, cfg: CommConfig, *, seed: in
         if cfg.gossip.average_every:
             from commgnn.comm.global_average import PeriodicGlobalAverage
 
-            return PeriodicGlobalAverage(gossip, ctx, hooks, every=cfg.gossip.average_every)
+            gossip = PeriodicGlobalAverage(gossip, ctx, hooks, every=cfg.gossip.average_every)
+        if cfg.gossip.momentum:
+            from commgnn.comm.quasi_global import QuasiGlobalMomentum
+
+            gossip = QuasiGlobalMomentum(gossip, beta=cfg.gossip.momentum)
         return gossip
     g = cfg.grad
     if g.strategy == "allreduce":

@@ -208,12 +208,17 @@ class GossipConfig:
     """``dpsgd``: doubly stochastic averaging; ``pushsum``: push-sum weights (directed or
     time-varying graphs); ``tracking``: D-PSGD plus a tracker of the average gradient
     (twice the bytes; for partitions whose losses differ)."""
+    momentum: float = 0.0
+    """QG-DSGDm: quasi-global heavy-ball momentum of this factor, built from each model's
+    displacement (:mod:`commgnn.comm.quasi_global`); the trainer's SGD then runs without
+    momentum of its own. 0 = off (each rank's optimiser keeps its local momentum)."""
     average_every: int = 0
     """Gossip-PGA: every this many rounds an exact all-reduce average of the models replaces
     the gossip round (:mod:`commgnn.comm.global_average`); 0 = never. ``dpsgd`` only."""
 
     def __post_init__(self) -> None:
         positive("comm.gossip.average_every", self.average_every, allow_zero=True)
+        fraction("comm.gossip.momentum", self.momentum, open_high=True)
         if self.average_every and self.method != "dpsgd":
             raise ConfigError(f"comm.gossip.average_every applies to method = 'dpsgd' only, not "
                               f"'{self.method}' (an exact average would break its invariant)")

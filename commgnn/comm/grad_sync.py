@@ -28,6 +28,10 @@ class GradSync(Protocol):
         """After the optimiser step (e.g. periodic model averaging)."""
         ...
 
+    def set_lr(self, lr: float) -> None:
+        """The learning rate of the coming step (for strategies that need it)."""
+        ...
+
     def state_dict(self) -> dict[str, Any]: ...
 
     def load_state_dict(self, state: dict[str, Any]) -> None: ...
@@ -46,6 +50,9 @@ class GradSyncBase:
         return model
 
     def after_step(self, params: Iterable[nn.Parameter]) -> None:
+        pass
+
+    def set_lr(self, lr: float) -> None:
         pass
 
     def state_dict(self) -> dict[str, Any]:

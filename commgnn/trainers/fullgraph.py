@@ -144,6 +144,7 @@ class FullGraphTrainer:
             # Time spent waiting for the slowest rank (load imbalance), kept apart from transfer.
             with self.hooks.timed("wait"):
                 self.ctx.barrier()
+        self.grad_sync.set_lr(self.optimizer.param_groups[0]["lr"])
         self.grad_sync.sync(self.model.parameters())
         return loss.detach(), logits.detach()
 
