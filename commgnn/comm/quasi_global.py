@@ -17,6 +17,11 @@ it sends nothing itself, so the bytes are the wrapped strategy's. The trainer gi
 current learning rate through :meth:`set_lr` and runs SGD without momentum of its own
 (:attr:`owns_momentum`).
 
+Measured (Computers, GCN, 8 ranks, SGD lr 0.1, beta 0.9, seed 0): the models agree more
+(consensus distance 0.12 at epoch 130, against D-PSGD's 0.30), but the averaged model
+reaches 79.5, against 85.1 for D-PSGD and 88.0 for all-reduce. Closer local models did
+not give a better average there.
+
 Written here: torch ships no decentralised optimiser (techniques.md section 5).
 """
 
