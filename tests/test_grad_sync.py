@@ -340,6 +340,33 @@ def tiny_grads_rank(ctx: DistContext) -> dict:
     return out
 
 
+def big_model_rank(ctx: DistContext) -> dict:
+    from commgnn.comm.ddp_hooks import DDPHookSync
+
+    torch.manual_seed(0)
+    # two 1.4 MB weights: DDP's default rebuild would close a 1 MiB first bucket after the first
+    model = nn.Sequential(nn.Linear(600, 600), nn.ReLU(), nn.Linear(600, 600))
+    sync = DDPHookSync(ctx, Hooks(), strategy="powersgd", rank=1, start_iter=2, half=True, prescale=True)
+    net = sync.wrap(model)
+    grads = []
+    for step in range(4):
+        x = torch.randn(8, 600, generator=torch.Generator().manual_seed(10 * step + ctx.rank))
+        model.zero_grad()
+        net(x).square().mean().backward()
+        sync.sync(model.parameters())
+        grads.append(torch.cat([p.grad.reshape(-1) for p in model.parameters()]))
+    return {"buckets": sync.ddp._get_ddp_logging_data().get("rebuilt_bucket_sizes"), "grads": grads}
+
+
+def test_ddp_hooks_use_one_bucket(tmp_path):
+    """PowerSGD chains all-reduces in callbacks: with one bucket their order is the same on
+    every rank (several buckets raced on gloo)."""
+    res = run_on_ranks(big_model_rank, 2, tmp_path)
+    assert res[0]["buckets"] is not None and len(str(res[0]["buckets"]).split(",")) == 1, res[0]["buckets"]
+    for a, b in zip(res[0]["grads"], res[1]["grads"]):
+        torch.testing.assert_close(a, b)
+
+
 def test_prescaling_keeps_tiny_gradients_through_fp16(tmp_path):
     res = run_on_ranks(tiny_grads_rank, 2, tmp_path)
     assert res[0][True] < 2e-3  # fp16 rounding of values scaled to [-1, 1]

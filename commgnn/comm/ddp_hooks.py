@@ -57,6 +57,12 @@ def _count_group(group: Any, hooks: Hooks, world_size: int) -> None:
         dist.all_reduce = _counting_all_reduce
 
 
+def one_bucket_mb(model: nn.Module) -> float:
+    """A DDP bucket cap (MiB) that holds every gradient of ``model`` in one bucket."""
+    nbytes = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
+    return max(25.0, 2 * nbytes / 2**20)
+
+
 class DDPHookSync(GradSyncBase):
     """Gradient sync by DDP with one of torch's comm hooks."""
 
@@ -79,7 +85,14 @@ class DDPHookSync(GradSyncBase):
             return model
         _count_group(self.group, self.hooks, self.ctx.world_size)
         ids = [self.ctx.device.index] if self.ctx.device.type == "cuda" else None
-        self.ddp = DistributedDataParallel(model, device_ids=ids, process_group=self.group)
+        # One bucket for all gradients. torch's PowerSGD hook issues its later all-reduces
+        # from future callbacks; with several buckets on gloo, one bucket's callbacks and the
+        # next bucket's first all-reduce can reach the process group in a different order
+        # on different ranks. Observed: gloo "Received data size doesn't match" on CS with
+        # GraphSAGE (3.5 MB of first-layer weights, past DDP's 1 MiB first bucket).
+        # An explicit bucket_cap_mb also sets DDP's first-bucket cap to it.
+        self.ddp = DistributedDataParallel(model, device_ids=ids, process_group=self.group,
+                                           bucket_cap_mb=one_bucket_mb(model))
         if self.strategy in ("fp16", "bf16"):
             hook = default_hooks.fp16_compress_hook if self.strategy == "fp16" else default_hooks.bf16_compress_hook
             self.ddp.register_comm_hook(self.group, self._maybe_prescaled(hook))
