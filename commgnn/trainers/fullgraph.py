@@ -101,7 +101,7 @@ class FullGraphTrainer:
         if self._sparse_input(train_cfg.sparse_input):
             self.model.use_sparse_input(self.x, self.eval_halo)
         self.net = self.grad_sync.wrap(self.model)  # DDP for torch's comm hooks, else the model
-        # DGC's momentum correction moves the momentum into the compressor
+        # strategies that apply the momentum themselves (DGC momentum correction, QG-DSGDm)
         self.optimizer = make_optimizer(self.model.parameters(), train_cfg,
                                         momentum=0.0 if getattr(self.grad_sync, "owns_momentum", False) else None)
         self.scheduler = (torch.optim.lr_scheduler.CosineAnnealingLR(self.optimizer, T_max=train_cfg.epochs)
