@@ -55,7 +55,7 @@ class QuasiGlobalMomentum(GradSyncBase):
 
     def sync(self, params: Iterable[nn.Parameter]) -> None:
         params = [p for p in params if p.requires_grad]
-        self._x_before = flat_params(params).clone()
+        self._x_before = flat_params(params)  # a new vector, not a view
         self.inner.sync(params)  # mixes the models, leaves the local gradient in .grad
         g = flat_grads(params)
         if self.m is not None:
