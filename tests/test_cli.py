@@ -209,3 +209,23 @@ def test_flags_are_validated_together_and_override_the_file(tmp_path):
     assert resolve_config(str(f), {}, {}).comm.halo.bits == BitsConfig(forward=4, backward=8)
     with pytest.raises(ConfigError, match="budget_mb"):
         resolve_config(None, {"bits": "adaptive"}, {})
+
+
+def test_strategy_momentum_needs_sgd(tmp_path):
+    """DGC's momentum correction and QG-DSGDm replace SGD's heavy ball; with Adam the config is refused."""
+    from commgnn.cli.config import resolve_config
+    from commgnn.errors import ConfigError
+
+    cltk = {"grad": "cltk", "ratio": 0.01}
+    f = tmp_path / "mc.toml"
+    f.write_text("[comm.grad]\nmomentum = 0.9\n")
+    with pytest.raises(ConfigError, match=r"comm.grad.momentum .* train.optimizer = 'sgd', not 'adam'"):
+        resolve_config(str(f), cltk, {})
+    assert resolve_config(str(f), {**cltk, "optimizer": "sgd"}, {}).comm.grad.momentum == 0.9
+    with pytest.raises(ConfigError, match="applies to strategy 'topk' or 'cltk', not 'allreduce'"):
+        resolve_config(str(f), {"optimizer": "sgd"}, {})
+    g = tmp_path / "qgm.toml"
+    g.write_text('[comm.gossip]\ntopology = "ring"\nmomentum = 0.9\n')
+    with pytest.raises(ConfigError, match="comm.gossip.momentum"):
+        resolve_config(str(g), {}, {})
+    assert resolve_config(str(g), {"optimizer": "sgd"}, {}).comm.gossip.momentum == 0.9

@@ -127,7 +127,13 @@ def cltk_rank(ctx: DistContext, half: bool) -> dict:
         counted.clear()
         sync.sync([p])
         steps.append({"a": g + before, "grad": p.grad.clone(), "counted": sum(counted)})
-    return {"steps": steps}
+    # at ratio 1 in fp32 every entry is sent: the same sum as a plain all-reduce
+    full = CyclicTopKSync(ctx, Hooks(), ratio=1.0, half=False)
+    g = torch.randn(1000, generator=torch.Generator().manual_seed(99 + ctx.rank))
+    p.grad = g.clone()
+    full.sync([p])
+    return {"steps": steps, "full": p.grad.clone(), "allreduce": ctx.all_reduce(g.clone()),
+            "full_residual": float(full.residual.abs().max())}
 
 
 def test_momentum_correction_moves_the_momentum_out_of_the_optimiser():
@@ -180,6 +186,9 @@ def test_cyclic_topk_allreduces_the_leaders_index_set(tmp_path, half):
         for rank, r in enumerate(res):
             bcast = (P - 1) * (4 * k + 4) if rank == leader else 0
             assert r["steps"][step]["counted"] == bcast + allreduce
+    for r in res:
+        torch.testing.assert_close(r["full"], r["allreduce"])
+        assert r["full_residual"] < 1e-6
     # the leader rotates: step s picks rank s's block
     for step in range(P):
         nz = res[0]["steps"][step]["grad"].nonzero().flatten()

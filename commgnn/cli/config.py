@@ -21,6 +21,7 @@ from typing import Any, Mapping
 from commgnn.comm.config import CommConfig
 from commgnn.config import from_dict, load_toml, replace_path, set_path
 from commgnn.data import DataConfig
+from commgnn.errors import ConfigError
 from commgnn.dist.context import RuntimeConfig
 from commgnn.models import ModelConfig
 from commgnn.partition import PartitionConfig
@@ -55,6 +56,19 @@ class RunConfig:
     """``[runtime]``: ranks, backend, devices, time-outs, threads."""
     output: OutputConfig = field(default_factory=OutputConfig)
     """``[output]``: run directory and console output."""
+
+    def __post_init__(self) -> None:
+        # A strategy that owns the momentum (DGC's momentum correction, QG-DSGDm) replaces
+        # SGD's heavy ball; under Adam it would stack a second, unrelated momentum on top.
+        gossip = self.comm.gossip
+        if gossip is not None:
+            owner = "comm.gossip.momentum" if gossip.momentum else None
+        else:
+            grad = self.comm.grad
+            owner = "comm.grad.momentum" if grad.momentum and grad.strategy in ("topk", "cltk") else None
+        if owner and self.train.optimizer != "sgd":
+            raise ConfigError(f"{owner} moves SGD's momentum into the communication strategy; it needs "
+                              f"train.optimizer = 'sgd', not '{self.train.optimizer}'")
 
 
 # flag name (argparse dest) -> dotted config key

@@ -168,6 +168,9 @@ class GradConfig:
         fraction("comm.grad.ratio", self.ratio, open_low=True)
         fraction("comm.grad.warmup_density", self.warmup_density, open_low=True)
         fraction("comm.grad.momentum", self.momentum, open_high=True)
+        if self.momentum and self.strategy not in ("topk", "cltk"):
+            raise ConfigError(f"comm.grad.momentum (DGC's momentum correction) applies to strategy 'topk' or "
+                              f"'cltk', not '{self.strategy}'; set train.momentum for the optimiser instead")
         positive("comm.grad.warmup_steps", self.warmup_steps, allow_zero=True)
         if self.clip_norm is not None:
             positive("comm.grad.clip_norm", self.clip_norm)
