@@ -16,7 +16,7 @@ from commgnn.comm.qsgd import QSGDSync
 from commgnn.comm.signsgd import SignSGDSync
 from commgnn.comm.topk import TopKSync
 from commgnn.comm.topology import Topology
-from commgnn.comm.tracking import GradientTracking
+from commgnn.comm.tracking import AdaptThenCombineTracking, GradientTracking
 from commgnn.dist.context import DistContext
 from commgnn.dist.events import CommEvent, Hooks
 from commgnn.errors import ConfigError, UserError
@@ -301,28 +301,36 @@ def test_push_sum_keeps_the_average(tmp_path, topology):
         torch.testing.assert_close(r["final"], avg, atol=1e-3, rtol=0)
 
 
-def tracking_rank(ctx: DistContext, rounds: int) -> dict:
-    gt = GradientTracking(ctx, Hooks(), "exponential")
-    p = nn.Parameter(torch.zeros(4))
+def tracking_rank(ctx: DistContext, rounds: int, atc: bool) -> dict:
+    gt = (AdaptThenCombineTracking if atc else GradientTracking)(ctx, Hooks(), "exponential")
+    p = nn.Parameter(torch.full((4,), float(ctx.rank)))
     gen = torch.Generator().manual_seed(ctx.rank)
-    gaps = []
+    gaps, x_gaps = [], []
     for t in range(rounds):
         # local gradients disagree; noisy at first, then constant
         p.grad = 3.0 * ctx.rank + (torch.randn(4, generator=gen) if t < rounds - 4 else torch.ones(4))
         g = p.grad.clone() * ctx.world_size  # the sync scales a rank's share by P
+        x_mean = ctx.all_reduce(p.detach().clone()) / ctx.world_size
         gt.sync([p])
+        gt.after_step([p])  # ATC mixes the models here (CTA did in sync)
         mean_y = ctx.all_reduce(p.grad.detach().clone()) / ctx.world_size
         mean_g = ctx.all_reduce(g) / ctx.world_size
         gaps.append(float((mean_y - mean_g).abs().max()))
+        x_gaps.append(float((ctx.all_reduce(p.detach().clone()) / ctx.world_size - x_mean).abs().max()))
         spread = float((p.grad - mean_y).abs().max())
-    return {"gaps": gaps, "spread": spread, "state": gt.state_dict()}
+    return {"gaps": gaps, "x_gaps": x_gaps, "spread": spread, "x": p.detach().clone(), "state": gt.state_dict()}
 
 
-def test_gradient_tracking_keeps_the_average_gradient(tmp_path):
-    res = run_on_ranks(tracking_rank, 4, tmp_path, 10)
+@pytest.mark.parametrize("atc", [False, True], ids=["cta", "atc"])
+def test_gradient_tracking_keeps_the_average_gradient(tmp_path, atc):
+    res = run_on_ranks(tracking_rank, 4, tmp_path, 10, atc)
     for r in res:
         assert max(r["gaps"]) < 1e-4  # mean of the trackers = mean of the local gradients
+        assert max(r["x_gaps"]) < 1e-5  # mixing keeps the mean model
         assert r["state"]["round"] == 10 and r["state"]["y"] is not None
+    # the models (0, 1, 2, 3 at first) reach their average once mixed over log2 4 rounds
+    torch.testing.assert_close(res[0]["x"], torch.full((4,), 1.5))
+    assert all(torch.equal(r["x"], res[0]["x"]) for r in res)
     # once the local gradients stop changing, one-peer exponential mixing (exact after
     # log2 4 = 2 rounds) leaves every tracker at the average, though they differ by 12 per rank
     assert max(r["spread"] for r in res) < 1e-4
@@ -396,6 +404,7 @@ STRATEGIES = {
     "dpsgd-exponential": CommConfig(gossip=GossipConfig(topology="exponential")),
     "pushsum-ring": CommConfig(gossip=GossipConfig(topology="ring", method="pushsum")),
     "tracking-exponential": CommConfig(gossip=GossipConfig(topology="exponential", method="tracking")),
+    "tracking-atc": CommConfig(gossip=GossipConfig(topology="exponential", method="tracking-atc")),
     "dpsgd-pga": CommConfig(gossip=GossipConfig(topology="ring", average_every=3)),
     "dpsgd-qgm": CommConfig(gossip=GossipConfig(topology="exponential", momentum=0.9)),
 }
@@ -435,7 +444,8 @@ def test_every_strategy_converges_and_counts_its_bytes(tmp_path):
     for name in STRATEGIES:
         losses = res[0][name]["losses"]
         assert losses[-1] < 0.6 * losses[0], (name, losses[0], losses[-1])
-        if name in ("fp16", "powersgd", "powersgd-half", "localsgd", "tracking-exponential"):  # near-exact ones track all-reduce
+        if name in ("fp16", "powersgd", "powersgd-half", "localsgd", "tracking-exponential",
+                    "tracking-atc"):  # near-exact ones track all-reduce
             assert losses[-1] < exact_final + 0.15, (name, losses[-1], exact_final)
     assert res[0]["allreduce"]["grad_bytes"] == full
     prescale = EPOCHS * 4  # one fp32 all-reduce MAX per bucket (one bucket) and step
@@ -443,6 +453,7 @@ def test_every_strategy_converges_and_counts_its_bytes(tmp_path):
     assert abs(res[0]["powersgd-half"]["grad_bytes"] - prescale - res[0]["powersgd"]["grad_bytes"] / 2) <= EPOCHS
     n_params_bytes = n_params * 4  # one peer per round; x and y travel together after round 0
     assert res[0]["tracking-exponential"]["grad_bytes"] == n_params_bytes * (2 * EPOCHS - 1)
+    assert res[0]["tracking-atc"]["grad_bytes"] == n_params_bytes * 2 * EPOCHS  # y in sync, x after the step
     assert res[0]["topk"]["grad_bytes"] < full / 3
     k = math.ceil(0.2 * n_params)  # 2 ranks: the leader sends 4k + 4 bytes, each rank k fp16 values
     assert res[0]["cltk"]["grad_bytes"] + res[1]["cltk"]["grad_bytes"] == EPOCHS * ((4 * k + 4) + 2 * 2 * k)

@@ -59,9 +59,10 @@ def build_grad_sync(ctx: DistContext, hooks: Hooks, cfg: CommConfig, *, seed: in
     """The gradient strategy of ``[comm.grad]``, or gossip when ``[comm.gossip]`` is set."""
     if cfg.gossip is not None:
         from commgnn.comm.gossip import DPSGD, PushSum
-        from commgnn.comm.tracking import GradientTracking
+        from commgnn.comm.tracking import AdaptThenCombineTracking, GradientTracking
 
-        cls = {"dpsgd": DPSGD, "pushsum": PushSum, "tracking": GradientTracking}[cfg.gossip.method]
+        cls = {"dpsgd": DPSGD, "pushsum": PushSum, "tracking": GradientTracking,
+               "tracking-atc": AdaptThenCombineTracking}[cfg.gossip.method]
         gossip = cls(ctx, hooks, cfg.gossip.topology)
         if cfg.gossip.average_every:
             from commgnn.comm.global_average import PeriodicGlobalAverage

@@ -207,10 +207,11 @@ class GossipConfig:
     topology: str = "exponential"
     """``ring``, ``torus`` (2-D), ``exponential`` (one peer, changing each round), ``full``,
     or a graph file (edge list, GraphML or GML) with nodes 0..P-1."""
-    method: Literal["dpsgd", "pushsum", "tracking"] = "dpsgd"
+    method: Literal["dpsgd", "pushsum", "tracking", "tracking-atc"] = "dpsgd"
     """``dpsgd``: doubly stochastic averaging; ``pushsum``: push-sum weights (directed or
     time-varying graphs); ``tracking``: D-PSGD plus a tracker of the average gradient
-    (twice the bytes; for partitions whose losses differ)."""
+    (twice the bytes; for partitions whose losses differ); ``tracking-atc``: the same in
+    adapt-then-combine form (mix after the local change)."""
     momentum: float = 0.0
     """QG-DSGDm: quasi-global heavy-ball momentum of this factor, built from each model's
     displacement (:mod:`commgnn.comm.quasi_global`); the trainer's SGD then runs without

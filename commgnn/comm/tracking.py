@@ -26,8 +26,19 @@ the cause: single-seed probes (session 4) reach 43% with dropout 0 and 51% at lr
 where D-PSGD reaches 83% and fp32 all-reduce 88% (dropout 0). A plausible mechanism, not
 isolated: each ``g_i^t - g_i^{t-1}`` also carries the jump that mixing gave ``x_i``, and
 the halo exchange couples every rank's gradient to its neighbours' models, so a large
-consensus distance can feed itself. The adapt-then-combine form of tracking, reported to
-tolerate larger steps, is not implemented.
+consensus distance can feed itself.
+
+:class:`AdaptThenCombineTracking` mixes after the local change instead. On a label-skewed
+synthetic graph (CSBM, 4000 nodes, 8 classes, homophily 0.9, 8 METIS ranks: about one class
+per rank; GCN, SGD momentum 0.9, 100 epochs, seed 0) it closes most of D-PSGD's gap:
+
+| lr | fp32 all-reduce | D-PSGD | tracking | tracking-atc |
+|---|---|---|---|---|
+| 0.1 | 99.2 | 75.2 | 69.0 | 95.6 |
+| 0.05 | 98.8 | 78.2 | — | 99.2 |
+
+On Computers it does not train either (150 epochs, seed 0: 51.5% at lr 0.1, 48.5% with
+dropout 0, 72.3% at lr 0.03).
 
 Written here: torch ships no decentralised optimiser (techniques.md section 5).
 """
@@ -80,3 +91,36 @@ class GradientTracking(GossipBase):
         self.round = state["round"]
         self.y = None if state["y"] is None else state["y"].clone()
         self.g_prev = None if state["g_prev"] is None else state["g_prev"].clone()
+
+
+class AdaptThenCombineTracking(GradientTracking):
+    """Gradient tracking in adapt-then-combine form (ATC-DIGing; Nedić, Olshevsky, Shi 2017)::
+
+        y_i^t     = sum_j W_ij (y_j^{t-1} + g_j^t - g_j^{t-1})       (y_i^0 = g_i^0)
+        x_i^{t+1} = sum_j W_ij (x_j^t - step(y_j^t))
+
+    Each rank mixes *after* its local change, so its gradient is taken at the mixed model.
+    Same bytes as :class:`GradientTracking` (``x`` and ``y`` each once per round), in two
+    messages: ``y`` in :meth:`sync`, ``x`` in :meth:`after_step`.
+    """
+
+    def sync(self, params: Iterable[nn.Parameter]) -> None:
+        params = [p for p in params if p.requires_grad]
+        self._scale_grads(params)
+        g = flat_grads(params).detach()
+        if not self.ctx.is_distributed:
+            return
+        if self.y is None:
+            y = self.mix(g.clone())
+        else:
+            assert self.g_prev is not None
+            y = self.mix(self.y + g - self.g_prev)
+        self.y, self.g_prev = y, g
+        set_grads(params, y)
+
+    def after_step(self, params: Iterable[nn.Parameter]) -> None:
+        params = [p for p in params if p.requires_grad]
+        if not self.ctx.is_distributed:
+            return
+        write_params(params, self.mix(flat_params(params)))
+        self.round += 1
