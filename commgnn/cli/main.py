@@ -97,7 +97,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--powersgd-rank", dest="powersgd_rank", type=int, help="powersgd: approximation rank")
     g.add_argument("--gossip", help="decentralised averaging instead of all-reduce: ring | torus | "
                    "exponential | full | a graph file")
-    g.add_argument("--gossip-method", dest="gossip_method", help="dpsgd (default) | pushsum | tracking | tracking-atc")
+    g.add_argument("--gossip-method", dest="gossip_method", help="dpsgd (default) | dpsgd-atc | pushsum | tracking | tracking-atc")
     g.add_argument("--gossip-average-every", dest="gossip_average_every", type=int,
                    help="dpsgd: exact model average every k rounds instead of gossip (Gossip-PGA)")
 

@@ -58,10 +58,10 @@ def build_halo(ctx: DistContext, plan: HaloPlan, hooks: Hooks, cfg: HaloConfig, 
 def build_grad_sync(ctx: DistContext, hooks: Hooks, cfg: CommConfig, *, seed: int) -> GradSync:
     """The gradient strategy of ``[comm.grad]``, or gossip when ``[comm.gossip]`` is set."""
     if cfg.gossip is not None:
-        from commgnn.comm.gossip import DPSGD, PushSum
+        from commgnn.comm.gossip import DPSGD, DPSGDAdaptThenCombine, PushSum
         from commgnn.comm.tracking import AdaptThenCombineTracking, GradientTracking
 
-        cls = {"dpsgd": DPSGD, "pushsum": PushSum, "tracking": GradientTracking,
+        cls = {"dpsgd": DPSGD, "dpsgd-atc": DPSGDAdaptThenCombine, "pushsum": PushSum, "tracking": GradientTracking,
                "tracking-atc": AdaptThenCombineTracking}[cfg.gossip.method]
         gossip = cls(ctx, hooks, cfg.gossip.topology)
         if cfg.gossip.average_every:

@@ -207,8 +207,10 @@ class GossipConfig:
     topology: str = "exponential"
     """``ring``, ``torus`` (2-D), ``exponential`` (one peer, changing each round), ``full``,
     or a graph file (edge list, GraphML or GML) with nodes 0..P-1."""
-    method: Literal["dpsgd", "pushsum", "tracking", "tracking-atc"] = "dpsgd"
-    """``dpsgd``: doubly stochastic averaging; ``pushsum``: push-sum weights (directed or
+    method: Literal["dpsgd", "dpsgd-atc", "pushsum", "tracking", "tracking-atc"] = "dpsgd"
+    """``dpsgd``: doubly stochastic averaging, then the local step (Lian et al.);
+    ``dpsgd-atc``: the local step, then the averaging (exactly the all-reduce when the
+    topology is ``full``); ``pushsum``: push-sum weights (directed or
     time-varying graphs); ``tracking``: D-PSGD plus a tracker of the average gradient
     (twice the bytes; for partitions whose losses differ); ``tracking-atc``: the same in
     adapt-then-combine form (mix after the local change)."""
