@@ -2,8 +2,8 @@
 
 For each setting of the grid and each epoch E of a list, the test accuracy at the best
 validation epoch among epochs 1..E (what the run would have reported had it stopped at E),
-as mean ± std over seeds, with its gap to the reference setting. Writes a Markdown table
-and a plot of that accuracy against E.
+as mean ± std over seeds (population std, as `commgnn bench` reports it), with its gap to
+the reference setting. Writes a Markdown table and a plot of that accuracy against E.
 
     python benchmarks/curves.py runs/bench-grad-long-Computers --at 150,300,450,600 \
         --out benchmarks/results/2026-11-30-grad-sync-long-computers-budget
@@ -71,7 +71,7 @@ def main() -> int:
             if not accs:
                 cells.append("—")
                 continue
-            sd = statistics.stdev(accs) if len(accs) > 1 else 0.0
+            sd = statistics.pstdev(accs)  # as commgnn bench reports it
             cell = f"{statistics.mean(accs):.2f} ± {sd:.2f}"
             ref_accs = [100 * c[e - 1] for c in ref if len(c) >= e]
             if ref_accs and not label.endswith(f"/ {args.reference}"):
