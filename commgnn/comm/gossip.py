@@ -80,6 +80,12 @@ class GossipBase(GradSyncBase):
             mixed += float(W[self.ctx.rank, j]) * tj
         return mixed
 
+    def mix_models(self, params: list[nn.Parameter]) -> None:
+        """Adapt-then-combine: replace the models by this round's mix, then start the next round."""
+        if self.ctx.is_distributed:
+            write_params(params, self.mix(flat_params(params)))
+            self.round += 1
+
     def _scale_grads(self, params: list[nn.Parameter]) -> None:
         for p in params:
             if p.grad is not None:
@@ -129,11 +135,7 @@ class DPSGDAdaptThenCombine(DPSGD):
         self._scale_grads([p for p in params if p.requires_grad])
 
     def after_step(self, params: Iterable[nn.Parameter]) -> None:
-        params = [p for p in params if p.requires_grad]
-        if not self.ctx.is_distributed:
-            return
-        write_params(params, self.mix(flat_params(params)))
-        self.round += 1
+        self.mix_models([p for p in params if p.requires_grad])
 
 
 class PushSum(GossipBase):

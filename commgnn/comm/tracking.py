@@ -62,11 +62,15 @@ class GradientTracking(GossipBase):
         self.y: Tensor | None = None       # [|theta|] tracker of the average gradient
         self.g_prev: Tensor | None = None  # [|theta|] last local gradient
 
+    def _local_grad(self, params: list[nn.Parameter]) -> Tensor | None:
+        """This rank's gradient ``[|theta|]``, scaled by P; None without peers."""
+        self._scale_grads(params)
+        return flat_grads(params).detach() if self.ctx.is_distributed else None
+
     def sync(self, params: Iterable[nn.Parameter]) -> None:
         params = [p for p in params if p.requires_grad]
-        self._scale_grads(params)
-        g = flat_grads(params).detach()
-        if not self.ctx.is_distributed:
+        g = self._local_grad(params)
+        if g is None:
             return
         x = flat_params(params)
         n = x.numel()
@@ -106,9 +110,8 @@ class AdaptThenCombineTracking(GradientTracking):
 
     def sync(self, params: Iterable[nn.Parameter]) -> None:
         params = [p for p in params if p.requires_grad]
-        self._scale_grads(params)
-        g = flat_grads(params).detach()
-        if not self.ctx.is_distributed:
+        g = self._local_grad(params)
+        if g is None:
             return
         if self.y is None:
             y = self.mix(g.clone())
@@ -119,8 +122,4 @@ class AdaptThenCombineTracking(GradientTracking):
         set_grads(params, y)
 
     def after_step(self, params: Iterable[nn.Parameter]) -> None:
-        params = [p for p in params if p.requires_grad]
-        if not self.ctx.is_distributed:
-            return
-        write_params(params, self.mix(flat_params(params)))
-        self.round += 1
+        self.mix_models([p for p in params if p.requires_grad])
