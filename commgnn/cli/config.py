@@ -21,8 +21,8 @@ from typing import Any, Mapping
 from commgnn.comm.config import CommConfig
 from commgnn.config import from_dict, load_toml, replace_path, set_path
 from commgnn.data import DataConfig
-from commgnn.errors import ConfigError
 from commgnn.dist.context import RuntimeConfig
+from commgnn.errors import ConfigError
 from commgnn.models import ModelConfig
 from commgnn.partition import PartitionConfig
 from commgnn.trainers import TrainConfig

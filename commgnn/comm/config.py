@@ -227,7 +227,7 @@ class GossipConfig:
         fraction("comm.gossip.momentum", self.momentum, open_high=True)
         if self.average_every and self.method != "dpsgd":
             raise ConfigError(f"comm.gossip.average_every applies to method = 'dpsgd' only, not "
-                              f"'{self.method}' (an exact average would break its invariant)")
+                              f"'{self.method}' (its exact average replaces D-PSGD's mix-then-step round)")
 
 
 @dataclass(frozen=True, kw_only=True)

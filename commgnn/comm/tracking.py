@@ -100,7 +100,7 @@ class GradientTracking(GossipBase):
 class AdaptThenCombineTracking(GradientTracking):
     """Gradient tracking in adapt-then-combine form (ATC-DIGing; Nedić, Olshevsky, Shi 2017)::
 
-        y_i^t     = sum_j W_ij (y_j^{t-1} + g_j^t - g_j^{t-1})       (y_i^0 = g_i^0)
+        y_i^t     = sum_j W_ij (y_j^{t-1} + g_j^t - g_j^{t-1})       (y_i^0 = sum_j W_ij g_j^0)
         x_i^{t+1} = sum_j W_ij (x_j^t - step(y_j^t))
 
     Each rank mixes *after* its local change, so its gradient is taken at the mixed model.
