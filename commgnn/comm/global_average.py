@@ -12,7 +12,9 @@ fp32 parameters and a one-peer topology: ``4n (1 - 1/H) + 2 (P-1)/P 4n / H`` aga
 all-reduce's ``2 (P-1)/P 4n``.
 
 Measured (Computers, GCN, 8 ranks, SGD, seed 0): every 4 rounds 84.6, every 8 rounds 85.0,
-plain D-PSGD 85.1, fp32 all-reduce 88.0. The exact averages did not close the gap there;
+plain D-PSGD 85.1, fp32 all-reduce 88.0. Over 3 seeds (150 epochs,
+results/*-grad-sync-sgd-computers.md), every 8 rounds: 85.32 ± 0.27, against D-PSGD's
+85.45 ± 0.31 and all-reduce's 87.68 ± 0.61. The exact averages did not close the gap there;
 the local momentum buffers, which averaging does not touch, are one suspect
 (:mod:`commgnn.comm.quasi_global`).
 
