@@ -30,9 +30,9 @@ step; at lower ratios it trains worse than per-rank top-k. On the 4-rank synthet
 graph with SGD at ``ratio = 0.05`` the loss goes 1.04 -> 2.8 in 60 steps where top-k at the
 same ratio reaches 0.03. On Computers (GCN, 8 ranks, 150 epochs) ``ratio = 0.01`` with fp16
 values is 99.8x smaller than fp32 all-reduce but reaches 47% (SGD) / 63% (Adam) test accuracy
-against 88% / 87%. On Coauthor CS (session 5, 3 seeds, SGD) it trains but loses 4.8 (GCN)
-and 8.3 (GraphSAGE) points. Not implemented: ScaleCom's low-pass filter on the residual, which its
-authors add for stability; that other ranks' unsent entries wait up to P-1 steps in their
+against 88% / 87%. On Coauthor CS (session 5, 3 seeds, SGD, the same ratio
+and fp16 values) it trains but loses 4.8 (GCN) and 8.3 (GraphSAGE) points. Not implemented:
+ScaleCom's low-pass filter on the residual, which its authors add for stability; that other ranks' unsent entries wait up to P-1 steps in their
 residuals is a plausible cause, not an isolated one.
 
 With ``momentum = m > 0`` the momentum moves into the compressor, as in DGC's momentum

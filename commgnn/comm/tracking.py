@@ -41,7 +41,7 @@ On Computers it does not train either (150 epochs, seed 0: 51.5% at lr 0.1, 48.5
 dropout 0, 72.3% at lr 0.03).
 
 On Coauthor CS the CTA form trains (session 5, 150 epochs, SGD lr 0.1, 3 seeds): 0.11
-(GCN) and 0.35 (GraphSAGE) points below fp32 all-reduce, close to D-PSGD.
+(GCN) and 0.35 (GraphSAGE) points below fp32 all-reduce, where D-PSGD is at −0.21 / +0.30.
 
 Written here: torch ships no decentralised optimiser (techniques.md section 5).
 """
