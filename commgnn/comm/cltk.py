@@ -25,15 +25,15 @@ ranks, and the ring all-reduce of ``k`` values of ``b`` bytes sends ``2 (P-1) k 
 values (100x at 1% density) and ``2n / 3k`` with fp32 values. The leader rotates, so every
 rank chooses the index set once every P steps.
 
-Measured (session 3; single runs): at ``ratio = 1`` it equals fp32 all-reduce step for
-step; at lower ratios it trains worse than per-rank top-k. On the 4-rank synthetic test
-graph with SGD at ``ratio = 0.05`` the loss goes 1.04 -> 2.8 in 60 steps where top-k at the
-same ratio reaches 0.03. On Computers (GCN, 8 ranks, 150 epochs) ``ratio = 0.01`` with fp16
-values is 99.8x smaller than fp32 all-reduce but reaches 47% (SGD) / 63% (Adam) test accuracy
-against 88% / 87%. On Coauthor CS (session 5, 3 seeds, SGD, the same ratio
-and fp16 values) it trains but loses 4.8 (GCN) and 8.3 (GraphSAGE) points. Not implemented:
-ScaleCom's low-pass filter on the residual, which its authors add for stability; that other ranks' unsent entries wait up to P-1 steps in their
-residuals is a plausible cause, not an isolated one.
+Measured (session 3; single runs): at ``ratio = 1`` it equals fp32 all-reduce step for step;
+at lower ratios it trains worse than per-rank top-k. On the 4-rank synthetic test graph with
+SGD at ``ratio = 0.05`` the loss goes 1.04 -> 2.8 in 60 steps where top-k at the same ratio
+reaches 0.03. On Computers (GCN, 8 ranks, 150 epochs) ``ratio = 0.01`` with fp16 values is
+99.8x smaller than fp32 all-reduce but reaches 47% (SGD) / 63% (Adam) test accuracy against
+88% / 87%. On Coauthor CS (session 5, 3 seeds, SGD, the same ratio and fp16 values) it
+trains but loses 4.8 (GCN) and 8.3 (GraphSAGE) points. Not implemented: ScaleCom's low-pass
+filter on the residual, which its authors add for stability; that other ranks' unsent
+entries wait up to P-1 steps in their residuals is a plausible cause, not an isolated one.
 
 With ``momentum = m > 0`` the momentum moves into the compressor, as in DGC's momentum
 correction: ``u_i <- m u_i + g_i``, ``e_i`` accumulates ``u_i`` instead of ``g_i``, and
