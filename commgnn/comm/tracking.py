@@ -16,17 +16,17 @@ Bytes: ``x`` and ``y`` travel together, one message of ``2 |theta|`` values to e
 out-neighbour of the round (twice D-PSGD's). Gradients are scaled by P as in D-PSGD (a
 rank's loss is its share of the global loss).
 
-Measured (session 3, 4-rank synthetic test graph, SGD lr 0.3, 60 steps): without dropout
-the trackers pull the models together (consensus distance 0.01 against D-PSGD's 0.22, at
-a similar loss); with dropout 0.5 the loss is noisier than D-PSGD's (0.16-0.62 against
+Measured (session 3, 4-rank synthetic test graph, SGD lr 0.3, 60 steps): without dropout the
+trackers pull the models together (consensus distance 0.01 against D-PSGD's 0.22, at a
+similar loss); with dropout 0.5 the loss is noisier than D-PSGD's (0.16-0.62 against
 0.09-0.23 over the last 30 steps). On Computers (GCN, 8 METIS ranks, 150 epochs, SGD
-momentum 0.9) it does not train: 46% test accuracy over 3 seeds at lr 0.1 against
-D-PSGD's 85%; in seed 0 its consensus distance stays at 0.7-1.8 against D-PSGD's 0.3-0.8.
-Dropout noise is not the cause: single-seed probes (session 4) reach 43% with dropout 0
-and 51% at lr 0.05, where D-PSGD reaches 83% and fp32 all-reduce 88% (dropout 0). A plausible mechanism, not
-isolated: each ``g_i^t - g_i^{t-1}`` also carries the jump that mixing gave ``x_i``, and
-the halo exchange couples every rank's gradient to its neighbours' models, so a large
-consensus distance can feed itself.
+momentum 0.9) it does not train: 46% test accuracy over 3 seeds at lr 0.1 against D-PSGD's
+85%; in seed 0 its consensus distance stays at 0.7-1.8 against D-PSGD's 0.3-0.8. Dropout
+noise is not the cause: single-seed probes (session 4) reach 43% with dropout 0 and 51% at
+lr 0.05, where D-PSGD reaches 83% and fp32 all-reduce 88% (dropout 0). A plausible
+mechanism, not isolated: each ``g_i^t - g_i^{t-1}`` also carries the jump that mixing gave
+``x_i``, and the halo exchange couples every rank's gradient to its neighbours' models, so a
+large consensus distance can feed itself.
 
 :class:`AdaptThenCombineTracking` mixes after the local change instead. On a label-skewed
 synthetic graph (CSBM, 4000 nodes, 8 classes, homophily 0.9, 8 METIS ranks: about one class
