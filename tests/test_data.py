@@ -55,6 +55,8 @@ def test_synthetic_config_rejects(kwargs: dict, message: str) -> None:
     (dict(root=""), "data.root must be a non-empty path or left out"),
     (dict(cache_dir=""), "data.cache_dir must be a non-empty path or left out"),
     (dict(split_seed=-3), "data.split_seed must be >= 0, got -3"),
+    (dict(max_classes=0), "data.max_classes must be > 0, got 0"),
+    (dict(max_classes=4), "data.synthetic.num_classes (8) must not exceed data.max_classes (4)"),
 ])
 def test_data_config_rejects(kwargs: dict, message: str) -> None:
     with pytest.raises(ConfigError) as info:
@@ -234,6 +236,11 @@ def _set(**changes: object) -> Data:
      "test_mask must be a 1-D bool tensor of length 10, got shape [10, 2]"),
     (_set(train_mask=torch.zeros(10, dtype=torch.bool)), "graph has no training nodes"),
     (_set(y=torch.full((10,), -1)), "train_mask contains"),
+    (_set(val_mask=torch.zeros(10, dtype=torch.bool)), "graph has no validation nodes"),
+    (_set(test_mask=torch.ones(10, dtype=torch.bool)), "train_mask and test_mask share 6 nodes, "
+                                                       "first at node"),
+    (_set(y=torch.tensor([0, 1, 0, 1, 0, 5000, 0, 1, 0, 1])),
+     "y has label 5000 at node 5 (max label 5000), so the graph would have 5001 classes"),
     (Data(x=torch.zeros(0, 3), edge_index=torch.zeros(2, 0, dtype=torch.long),
           y=torch.zeros(0, dtype=torch.long)), "graph has zero nodes"),
     (Data(x=torch.zeros(4, 3), y=torch.zeros(4, dtype=torch.long)),

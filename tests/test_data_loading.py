@@ -217,11 +217,15 @@ def test_user_graph_data_object_keeps_masks(tmp_path: Path) -> None:
     graph = _user_graph()
     masks = torch.zeros(40, 3, dtype=torch.bool)
     masks[:10, 0] = True
-    graph.update(train_mask=masks, val_mask=~masks, test_mask=~masks, num_classes=5)
+    val, test = torch.zeros_like(masks), torch.zeros_like(masks)
+    val[10:25, 0], test[25:, 0] = True, True  # disjoint in column 0 (the one used)
+    val[:, 1:], test[:, 1:] = True, True      # other columns are ignored
+    graph.update(train_mask=masks, val_mask=val, test_mask=test, num_classes=5)
     path = tmp_path / "obj.pt"
     torch.save(Data(**graph), path)
     data = load_dataset(DataConfig(dataset=str(path)))
     assert torch.equal(data.train_mask, masks[:, 0])  # 2-D masks: column 0
+    assert torch.equal(data.test_mask, test[:, 0])
     assert data.num_classes_total == 5
 
 
@@ -256,7 +260,8 @@ def test_unreadable_user_graph(tmp_path: Path) -> None:
         load_dataset(DataConfig(dataset=str(tmp_path / "missing.pt")))
     garbage = tmp_path / "garbage.pt"
     garbage.write_bytes(b"\x00 definitely not torch")
-    with pytest.raises(DataError, match=r"^cannot read graph file .*garbage\.pt: "):
+    with pytest.raises(DataError, match=r"^cannot read graph file .*garbage\.pt: not a torch "
+                                        r"file saved with torch\.save: garbage\.pt \(22 bytes"):
         load_dataset(DataConfig(dataset=str(garbage)))
     unsafe = tmp_path / "unsafe.pt"
     torch.save({"x": torch.zeros(2, 2), "edge_index": torch.zeros(2, 0, dtype=torch.long),

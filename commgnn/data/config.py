@@ -85,6 +85,15 @@ class DataConfig:
     normalize_features: bool = False
     """Scale each node's feature row to sum 1 (PyG's ``NormalizeFeatures``), as PyG's
     examples do for bag-of-words features such as Amazon's and Coauthor's."""
+    max_classes: int = 1000
+    """Most classes a graph may have (> 0). The class count is ``num_classes_total`` where
+    the graph sets it (a ``.pt`` file's ``num_classes``), else the largest label + 1; a
+    graph over the cap is refused, naming the first node whose label reaches it. Guards
+    against one absurd label (say 10**6) silently building a model with a million outputs."""
+    allow_mask_overlap: bool = False
+    """Accept train/val/test masks that share nodes, with a warning naming the two masks,
+    the number of shared nodes and the first one. False (default): such a graph is refused,
+    since evaluating on training nodes inflates the accuracy."""
     synthetic: SyntheticConfig = field(default_factory=SyntheticConfig)
     """Parameters of the synthetic graph, used when ``dataset = "synthetic"``."""
 
@@ -102,6 +111,16 @@ class DataConfig:
             raise ConfigError(f"data.train_ratio + data.val_ratio must be < 1 to leave test nodes, "
                               f"got {self.train_ratio} + {self.val_ratio}")
         positive("data.split_seed", self.split_seed, allow_zero=True)
+        if isinstance(self.max_classes, bool) or not isinstance(self.max_classes, int):
+            raise ConfigError(f"data.max_classes must be an integer, got {self.max_classes!r}")
+        positive("data.max_classes", self.max_classes)
+        if not isinstance(self.allow_mask_overlap, bool):
+            raise ConfigError(f"data.allow_mask_overlap must be true or false, "
+                              f"got {self.allow_mask_overlap!r}")
         if not isinstance(self.synthetic, SyntheticConfig):
             raise ConfigError(f"data.synthetic: expected a SyntheticConfig table, "
                               f"got {type(self.synthetic).__name__}")
+        if (self.dataset.strip().lower() == "synthetic"
+                and self.synthetic.num_classes > self.max_classes):
+            raise ConfigError(f"data.synthetic.num_classes ({self.synthetic.num_classes}) must "
+                              f"not exceed data.max_classes ({self.max_classes})")

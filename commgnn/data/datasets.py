@@ -33,6 +33,7 @@ Normalisation of what PyG returns, applied to every dataset:
 from __future__ import annotations
 
 import importlib.util
+import re
 import os.path as osp
 from dataclasses import dataclass
 from pathlib import Path
@@ -49,7 +50,7 @@ from commgnn.data.cache import ensure_copy, locked, root_key
 from commgnn.data.config import DataConfig
 from commgnn.data.splits import stratified_split
 from commgnn.data.synthetic import make_csbm
-from commgnn.data.validate import MASK_NAMES, validate_graph
+from commgnn.data.validate import MASK_NAMES, mask_as_bool, validate_graph
 from commgnn.errors import ConfigError, DataError
 from commgnn.registry import Registry
 
@@ -161,8 +162,11 @@ def load_dataset(cfg: DataConfig) -> Data:
 
     The result has ``x`` ``[N, F]`` float32, ``edge_index`` ``[2, E]`` int64, ``y``
     ``[N]`` int64 (``-1`` = unlabelled), 1-D bool ``train_mask`` / ``val_mask`` /
-    ``test_mask``, and the plain attributes ``num_classes_total`` and ``name``. Self loops
-    are removed (PolBlogs has 3); other edges are kept as stored.
+    ``test_mask``, and the plain attributes ``num_classes_total``, ``name`` and
+    ``graph_notes`` (:func:`~commgnn.data.validate.graph_notes` of the graph as loaded,
+    before self loops are removed: ``{"isolated_nodes": int, "self_loops": int}``). Self
+    loops are removed (PolBlogs has 3); other edges are kept as stored. The graph must pass
+    :func:`validate_graph` with ``cfg.max_classes`` and ``cfg.allow_mask_overlap``.
 
     * ``"synthetic"``: :func:`make_csbm` of ``cfg.synthetic``, split with the config's
       ratios and ``split_seed``.
@@ -186,7 +190,9 @@ def load_dataset(cfg: DataConfig) -> Data:
         data = load_graph_file(Path(cfg.dataset).expanduser(), cfg)
     else:
         data = _load_registered(resolve_dataset(cfg.dataset), cfg)
-    validate_graph(data)
+    notes = validate_graph(data, max_classes=cfg.max_classes,
+                           allow_mask_overlap=cfg.allow_mask_overlap)
+    data.graph_notes = notes
     # Self loops are dropped: GCN and GAT add exactly one per node themselves (as PyG's
     # layers do), and a loop stored in the data would otherwise count in the degrees.
     data.edge_index, _ = remove_self_loops(data.edge_index)
@@ -201,9 +207,12 @@ def load_graph_file(path: Path, cfg: DataConfig) -> Data:
     The file holds a dict (or a :class:`~torch_geometric.data.Data`) with ``x`` ``[N, F]``,
     ``edge_index`` ``[2, E]`` and ``y`` ``[N]`` (``-1`` = unlabelled), and optionally all
     three of ``train_mask`` / ``val_mask`` / ``test_mask`` (1-D, or 2-D with column 0
-    used) and an int ``num_classes``. Without masks the graph gets a stratified split.
-    Edges are used as given. Only tensors and PyG's Data classes are unpickled
-    (``weights_only=True``), so a file cannot run code.
+    used; bool, or integers 0/1 which are converted to bool) and an int ``num_classes``.
+    Without masks the graph gets a stratified split. Given masks are used as they are: an
+    unlabelled node (``y < 0``) in any of them is an error, not silently dropped. Edges are
+    used as given. Only tensors and PyG's Data classes are unpickled (``weights_only=True``),
+    so a file cannot run code; a file that is not a ``torch.save`` file, or that holds
+    something other than a dict or Data, is a one-line :class:`DataError` naming the file.
     """
     if not path.is_file():
         raise DataError(f"graph file not found: {path}")
@@ -214,8 +223,7 @@ def load_graph_file(path: Path, cfg: DataConfig) -> Data:
         with torch.serialization.safe_globals([Data, DataEdgeAttr, DataTensorAttr, GlobalStorage]):
             obj = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # corrupt file, foreign pickle, ...: one line for the user
-        raise DataError(f"cannot read graph file {path}: {_one_line(exc)} (save a dict of "
-                        f"tensors with torch.save)") from exc
+        raise DataError(f"cannot read graph file {path}: {_load_error(path, exc)}") from exc
     if isinstance(obj, Data):
         obj = obj.to_dict()
     if not isinstance(obj, dict):
@@ -231,7 +239,8 @@ def load_graph_file(path: Path, cfg: DataConfig) -> Data:
         raise DataError(f"graph file {path}: x must be numeric, got dtype {x.dtype}")
     if y.dtype.is_floating_point or y.dtype == torch.bool or y.is_complex():
         raise DataError(f"graph file {path}: y must hold integer class labels, got dtype {y.dtype}")
-    if edge_index.dtype.is_floating_point or edge_index.dtype == torch.bool:
+    if (edge_index.dtype.is_floating_point or edge_index.dtype == torch.bool
+            or edge_index.is_complex()):
         raise DataError(f"graph file {path}: edge_index must be an integer tensor, "
                         f"got dtype {edge_index.dtype}")
     present = [k for k in MASK_NAMES if obj.get(k) is not None]
@@ -239,11 +248,19 @@ def load_graph_file(path: Path, cfg: DataConfig) -> Data:
         missing = [k for k in MASK_NAMES if k not in present]
         raise DataError(f"graph file {path} has {', '.join(present)} but not "
                         f"{', '.join(missing)}: give all three masks or none")
+    for key in present:
+        if not isinstance(obj[key], Tensor):
+            raise DataError(f"graph file {path}: {key} must be a tensor, got "
+                            f"{type(obj[key]).__name__}")
     masks = tuple(obj[k] for k in MASK_NAMES) if present else None
     num_classes = obj.get("num_classes")
-    data = _normalise(x, edge_index, y, masks, cfg, name=path.stem)
+    data = _normalise(x, edge_index, y, masks, cfg, name=path.stem, drop_unlabelled=False)
     if num_classes is not None:
-        num_classes = int(num_classes)
+        try:
+            num_classes = int(num_classes)
+        except (TypeError, ValueError, RuntimeError):
+            raise DataError(f"graph file {path}: num_classes must be an integer, got "
+                            f"{num_classes!r:.60}") from None
         if num_classes < data.num_classes_total:
             raise DataError(f"graph file {path}: num_classes = {num_classes} but y has label "
                             f"{data.num_classes_total - 1}")
@@ -317,8 +334,14 @@ def _offline(cls: type, spec: DatasetSpec, src: Path) -> type:
 
 
 def _normalise(x: Tensor, edge_index: Tensor, y: Tensor, masks: tuple[Tensor, ...] | None,
-               cfg: DataConfig, *, name: str) -> Data:
-    """Bring a graph into the documented form (dtypes, 1-D masks, split, class count)."""
+               cfg: DataConfig, *, name: str, drop_unlabelled: bool = True) -> Data:
+    """Bring a graph into the documented form (dtypes, 1-D masks, split, class count).
+
+    Given masks become 1-D bool of length N (a wrong length or non-0/1 value is a
+    :class:`DataError`); with ``drop_unlabelled`` (registered datasets) unlabelled nodes
+    are taken out of them, otherwise (user files) they stay for :func:`validate_graph`
+    to refuse.
+    """
     if x.layout != torch.strided:
         x = x.to_dense()
     x = x.to(torch.float32)
@@ -329,8 +352,12 @@ def _normalise(x: Tensor, edge_index: Tensor, y: Tensor, masks: tuple[Tensor, ..
     if masks is None:
         train, val, test = stratified_split(y, cfg.train_ratio, cfg.val_ratio, cfg.split_seed)
     else:
-        labelled = y >= 0
-        train, val, test = (_column0(m, name) & labelled for m in masks)
+        n = x.size(0) if x.dim() else 0
+        train, val, test = (mask_as_bool(key, _column0(m, name, key), n)
+                            for key, m in zip(MASK_NAMES, masks))
+        if drop_unlabelled and y.numel() == n:
+            labelled = y >= 0
+            train, val, test = train & labelled, val & labelled, test & labelled
     labelled_y = y[y >= 0]
     return Data(x=x, edge_index=edge_index.long(), y=y, train_mask=train, val_mask=val,
                 test_mask=test, num_nodes=x.size(0) if x.dim() else 0,
@@ -338,14 +365,39 @@ def _normalise(x: Tensor, edge_index: Tensor, y: Tensor, masks: tuple[Tensor, ..
                 name=name)
 
 
-def _column0(mask: Tensor, name: str) -> Tensor:
-    """A 1-D bool mask; of one column per split (``[N, k]``) the first is used."""
+def _column0(mask: Tensor, name: str, key: str) -> Tensor:
+    """A 1-D mask; of one column per split (``[N, k]``) the first is used."""
     if mask.dim() == 2:
         mask = mask[:, 0]
     if mask.dim() != 1:
-        raise DataError(f"dataset '{name}': masks must be [N] or [N, k], got shape "
+        raise DataError(f"dataset '{name}': {key} must be [N] or [N, k], got shape "
                         f"{list(mask.shape)}")
-    return mask.bool()
+    return mask
+
+
+def _load_error(path: Path, exc: BaseException) -> str:
+    """Why ``torch.load`` failed on a user graph file, in one short line."""
+    try:
+        with path.open("rb") as f:
+            head = f.read(8)
+    except OSError:  # unreadable (permissions, ...): the OS error says it best
+        return _one_line(exc)
+    if not (head.startswith(b"PK\x03\x04") or head[:1] == b"\x80"):
+        # torch.save writes a zip archive (legacy: a pickle starting with 0x80)
+        return (f"not a torch file saved with torch.save: {path.name} "
+                f"({path.stat().st_size} bytes, starting {head!r}) is neither a zip archive "
+                f"nor a pickle")
+    text = " ".join(str(exc).split())
+    found = re.search(r"Unsupported global: GLOBAL ([\w.]+)", text)
+    if found:
+        return (f"it holds a {found.group(1)} object; only tensors, numbers, strings, lists, "
+                f"dicts and torch_geometric Data are read (weights_only=True)")
+    if "WeightsUnpickler error:" in text:
+        text = text.split("WeightsUnpickler error:", 1)[1].strip()
+        return f"{_one_line(type(exc)(text))} (save a dict of tensors with torch.save)"
+    first = text.split(". ", 1)[0]  # torch's zip errors go on for several sentences
+    return (f"{_one_line(type(exc)(first))} (corrupt or truncated? save a dict of tensors with "
+            f"torch.save)")
 
 
 def _one_line(exc: BaseException) -> str:
