@@ -28,26 +28,38 @@ T = TypeVar("T")
 def _type_name(tp: Any) -> str:
     if get_origin(tp) is Literal:
         return " | ".join(repr(a) for a in get_args(tp))
+    if dataclasses.is_dataclass(tp):
+        return "a table"
     return getattr(tp, "__name__", str(tp))
 
 
-def _coerce(value: Any, tp: Any, path: str) -> Any:
-    """Check ``value`` against annotation ``tp``; return it (ints widen to float)."""
+def _coerce(value: Any, tp: Any, path: str, build: bool = True) -> Any:
+    """Check ``value`` against annotation ``tp``; return it (ints widen to float).
+
+    With ``build=False`` tables are only checked (keys and value types, recursively) and
+    returned as they are: no config object is constructed, so no cross-field validation runs.
+    """
     origin = get_origin(tp)
     if tp is Any:
         return value
     if origin in (Union, types.UnionType):
+        # A table given where one arm is a config table is meant for that table: when only
+        # that arm could take it, its own error (naming the inner key) is the one to report.
+        deep: list[ConfigError] = []
         for arm in get_args(tp):
             if arm is type(None):
                 if value is None:
                     return None
                 continue
             try:
-                return _coerce(value, arm, path)
-            except ConfigError:
-                pass
-        raise ConfigError(f"{path}: expected {' or '.join(_type_name(a) for a in get_args(tp))}, "
-                          f"got {type(value).__name__} ({value!r})")
+                return _coerce(value, arm, path, build)
+            except ConfigError as exc:
+                if dataclasses.is_dataclass(arm) and isinstance(value, Mapping):
+                    deep.append(exc)
+        if len(deep) == 1:
+            raise deep[0]
+        arms = " or ".join(_type_name(a) for a in get_args(tp) if a is not type(None))
+        raise ConfigError(f"{path}: expected {arms}, got {type(value).__name__} ({value!r})")
     if origin is Literal:
         if value not in get_args(tp):
             choices = ", ".join(repr(a) for a in get_args(tp))
@@ -57,12 +69,15 @@ def _coerce(value: Any, tp: Any, path: str) -> Any:
         if not isinstance(value, (list, tuple)):
             raise ConfigError(f"{path}: expected a list, got {type(value).__name__} ({value!r})")
         (item_tp, *_rest) = get_args(tp) or (Any,)
-        return tuple(_coerce(v, item_tp, f"{path}[{i}]") for i, v in enumerate(value))
+        return tuple(_coerce(v, item_tp, f"{path}[{i}]", build) for i, v in enumerate(value))
     if dataclasses.is_dataclass(tp):
         if dataclasses.is_dataclass(value) and isinstance(value, tp):
             return value
         if not isinstance(value, Mapping):
             raise ConfigError(f"{path}: expected a table, got {type(value).__name__} ({value!r})")
+        if not build:
+            _checked_fields(tp, value, path, build=False)  # type: ignore[arg-type]
+            return value
         return from_dict(tp, value, path=path)
     if tp is bool:
         if not isinstance(value, bool):
@@ -83,8 +98,8 @@ def _coerce(value: Any, tp: Any, path: str) -> Any:
     return value
 
 
-def from_dict(cls: type[T], data: Mapping[str, Any], *, path: str = "") -> T:
-    """Build dataclass ``cls`` from ``data``, rejecting unknown keys and wrong types."""
+def _checked_fields(cls: type, data: Mapping[str, Any], path: str, *, build: bool) -> dict[str, Any]:
+    """``data``'s values checked against ``cls``'s fields (unknown keys are errors)."""
     if not isinstance(data, Mapping):
         raise ConfigError(f"{path or 'config'}: expected a table, got {type(data).__name__}")
     hints = typing.get_type_hints(cls)
@@ -97,7 +112,21 @@ def from_dict(cls: type[T], data: Mapping[str, Any], *, path: str = "") -> T:
     kwargs = {}
     for name, value in data.items():
         key = f"{path}.{name}" if path else name
-        kwargs[name] = _coerce(value, hints[name], key)
+        kwargs[name] = _coerce(value, hints[name], key, build)
+    return kwargs
+
+
+def check_dict(cls: type, data: Mapping[str, Any], *, path: str = "") -> None:
+    """Check ``data`` against dataclass ``cls`` without building it: unknown keys and values
+    of the wrong type (at any depth) are :class:`ConfigError` naming the key. Value ranges
+    and settings that only make sense together are left to :func:`from_dict`, so a partial
+    table (a file that flags complete) passes."""
+    _checked_fields(cls, data, path, build=False)
+
+
+def from_dict(cls: type[T], data: Mapping[str, Any], *, path: str = "") -> T:
+    """Build dataclass ``cls`` from ``data``, rejecting unknown keys and wrong types."""
+    kwargs = _checked_fields(cls, data, path, build=True)
     try:
         return cls(**kwargs)
     except ConfigError as exc:

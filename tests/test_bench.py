@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import json
+from pathlib import Path
 
 import pytest
 
@@ -91,3 +92,67 @@ def test_pareto_plots_the_traffic_the_grid_varies(tmp_path):
 def test_pareto_front():
     pts = [(10.0, 0.9), (5.0, 0.85), (5.0, 0.80), (1.0, 0.5), (20.0, 0.88)]
     assert sorted(pareto_front(pts)) == [0, 1, 3]
+
+
+_SUMMARY = {"test_acc": 0.5, "best_val_acc": 0.5, "halo_bytes_per_epoch": 10, "grad_bytes_per_epoch": 4,
+            "epoch_time_s": 0.01}
+
+
+def _fake_run(out: Path, slug: str, summary: str | None = json.dumps(_SUMMARY),
+              metrics: str | None = '{"epoch_s": 0.01, "val_acc": 0.5}\n') -> Path:
+    run = out / "runs" / f"synthetic-gcn-p2-{slug}-s0"
+    run.mkdir(parents=True)
+    if summary is not None:
+        (run / "summary.json").write_text(summary)
+    if metrics is not None:
+        (run / "metrics.jsonl").write_text(metrics)
+    return run
+
+
+REPORT_ONLY_BAD = {
+    "empty folder": (lambda out: out.mkdir(), "no finished runs of this grid in {out}; run the grid first"),
+    "no folder": (lambda out: None, "no finished runs in {out} (no such folder); run the grid first"),
+    "foreign files": (lambda out: (out.mkdir(), (out / "notes.txt").write_text("hi"),
+                                   (out / "runs" / "something-else").mkdir(parents=True)),
+                      "no finished runs of this grid in {out}"),
+    "a file, not a folder": (lambda out: out.write_text("x"), "bench output {out} is a file, not a folder"),
+    "corrupt summary": (lambda out: _fake_run(out, "exact", summary="{not json"),
+                        "{out}/runs/synthetic-gcn-p2-exact-s0/summary.json is not a commgnn run summary "
+                        "(invalid JSON"),
+    "summary of something else": (lambda out: _fake_run(out, "exact", summary='{"accuracy": 1}'),
+                                  "{out}/runs/synthetic-gcn-p2-exact-s0/summary.json is not a commgnn run "
+                                  "summary (missing or non-numeric 'test_acc')"),
+    "summary a list": (lambda out: _fake_run(out, "exact", summary="[1, 2]"), "(a JSON list, not an object)"),
+    "no metrics": (lambda out: _fake_run(out, "exact", metrics=None),
+                   "{out}/runs/synthetic-gcn-p2-exact-s0/metrics.jsonl is missing"),
+    "corrupt metrics": (lambda out: _fake_run(out, "exact", metrics='{"epoch_s": 0.1}\n'),
+                        "metrics.jsonl is not a commgnn metrics log (missing or non-numeric 'val_acc')"),
+    "no reference runs": (lambda out: _fake_run(out, "lossless_8bit"),
+                          "no finished runs of the reference entry 'exact' in {out}"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(REPORT_ONLY_BAD))
+def test_report_only_on_a_folder_without_runs_is_one_line(case, tmp_path, capsys):
+    grid = tmp_path / "g.toml"
+    grid.write_text(GRID)
+    out = tmp_path / "bench"
+    make, expected = REPORT_ONLY_BAD[case]
+    make(out)
+    before = sorted(p.name for p in tmp_path.rglob("*"))
+    capsys.readouterr()
+    assert main(["bench", "--grid", str(grid), "--report-only", "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert len(err.splitlines()) == 1 and err.startswith("commgnn: error: "), err
+    assert expected.format(out=out) in err, err
+    assert sorted(p.name for p in tmp_path.rglob("*")) == before  # nothing written
+
+
+def test_report_only_tabulates_valid_records(tmp_path, capsys):
+    grid = tmp_path / "g.toml"
+    grid.write_text(GRID)
+    out = tmp_path / "bench"
+    _fake_run(out, "exact")
+    assert main(["bench", "--grid", str(grid), "--report-only", "--out", str(out)]) == 0
+    rows = list(csv.DictReader((out / "results.csv").open()))
+    assert [r["setting"] for r in rows] == ["exact"] and float(rows[0]["reduction_vs_exact"]) == 1.0

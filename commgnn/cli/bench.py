@@ -31,6 +31,10 @@ Every (dataset, model, parts, halo, seed) is a normal run with its own run direc
 ratios compare the same graph and partitioning. Finished runs (with a ``summary.json``) are
 not run again, so an interrupted grid resumes. ``OUT`` receives ``results.csv``,
 ``results.md`` (mean +- std over seeds) and ``pareto.png``.
+
+``--report-only`` tabulates what ``OUT`` already holds. A folder with no finished runs of
+the grid, or with a run whose ``summary.json`` / ``metrics.jsonl`` is not a commgnn record,
+is a one-line :class:`~commgnn.errors.UserError` (naming the file), not a traceback.
 """
 
 from __future__ import annotations
@@ -46,7 +50,7 @@ from typing import Any
 from commgnn.cli.config import RunConfig
 from commgnn.comm.config import CommConfig, HaloConfig
 from commgnn.config import from_dict, load_toml, replace_path
-from commgnn.errors import ConfigError
+from commgnn.errors import ConfigError, UserError
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -125,6 +129,11 @@ def run_grid(grid_path: str, out: Path, *, report_only: bool = False) -> list[di
     from commgnn.cli.run import train_local
 
     base, axes, settings, reference = load_grid(grid_path)
+    rerun = f"run the grid first (`commgnn bench --grid {grid_path} --out {out}`)"
+    if out.exists() and not out.is_dir():
+        raise UserError(f"bench output {out} is a file, not a folder")
+    if report_only and not out.is_dir():
+        raise UserError(f"no finished runs in {out} (no such folder); {rerun}")
     out.mkdir(parents=True, exist_ok=True)
     if not report_only:
         (out / "grid.toml").write_text(Path(grid_path).read_text())
@@ -152,7 +161,12 @@ def run_grid(grid_path: str, out: Path, *, report_only: bool = False) -> list[di
                             train_local(cfg)
                         rows.append({"dataset": dataset, "model": model, "parts": P, "setting": name,
                                      "seed": seed, "dir": run_dir})
+    if not rows:
+        raise UserError(f"no finished runs of this grid in {out}; {rerun}")
     table = aggregate(rows, reference=reference)
+    if not table:
+        raise UserError(f"no finished runs of the reference entry {reference!r} in {out}, so there is "
+                        f"nothing to compare against; {rerun}")
     write_tables(table, out)
     plot_pareto(table, out / "pareto.png", traffic=traffic_axis([c for _, c in settings]))
     return table
@@ -198,11 +212,48 @@ def _time_to_reach(metrics: list[dict[str, Any]], target: float) -> float | None
     return None
 
 
+SUMMARY_KEYS = ("test_acc", "best_val_acc", "halo_bytes_per_epoch", "grad_bytes_per_epoch", "epoch_time_s")
+"""Numbers the tables read from each run's ``summary.json``."""
+METRICS_KEYS = ("epoch_s", "val_acc")
+"""Numbers the tables read from each row of a run's ``metrics.jsonl``."""
+
+
+def _json_number_record(path: Path, text: str, keys: tuple[str, ...], what: str) -> dict[str, Any]:
+    try:
+        value = json.loads(text)
+    except ValueError as exc:
+        raise UserError(f"{path} is not a commgnn {what} (invalid JSON: {exc})") from None
+    if not isinstance(value, dict):
+        raise UserError(f"{path} is not a commgnn {what} (a JSON {type(value).__name__}, not an object)")
+    bad = [k for k in keys if isinstance(value.get(k), bool) or not isinstance(value.get(k), (int, float))]
+    if bad:
+        raise UserError(f"{path} is not a commgnn {what} (missing or non-numeric {bad[0]!r})")
+    return value
+
+
+def read_run(run_dir: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """A finished run's summary and per-epoch metrics, checked: a file that is missing,
+    unreadable or not a commgnn record is a one-line :class:`UserError` naming it."""
+    texts = {}
+    for name in ("summary.json", "metrics.jsonl"):
+        path = run_dir / name
+        try:
+            texts[name] = path.read_text()
+        except FileNotFoundError:
+            raise UserError(f"{path} is missing: {run_dir} is not a finished commgnn run") from None
+        except (OSError, UnicodeDecodeError) as exc:
+            reason = exc.strerror if isinstance(exc, OSError) else "not text"
+            raise UserError(f"cannot read {path}: {reason}") from None
+    summary = _json_number_record(run_dir / "summary.json", texts["summary.json"], SUMMARY_KEYS, "run summary")
+    metrics = [_json_number_record(run_dir / "metrics.jsonl", line, METRICS_KEYS, "metrics log")
+               for line in texts["metrics.jsonl"].splitlines() if line.strip()]
+    return summary, metrics
+
+
 def aggregate(runs: list[dict[str, Any]], *, reference: str) -> list[dict[str, Any]]:
     """One row per (dataset, model, parts, setting): mean/std over seeds and ratios to the reference."""
     for r in runs:
-        r["summary"] = json.loads((r["dir"] / "summary.json").read_text())
-        r["metrics"] = [json.loads(line) for line in (r["dir"] / "metrics.jsonl").read_text().splitlines()]
+        r["summary"], r["metrics"] = read_run(r["dir"])
     groups: dict[tuple, list[dict[str, Any]]] = {}
     for r in runs:
         groups.setdefault((r["dataset"], r["model"], r["parts"], r["setting"]), []).append(r)

@@ -10,21 +10,25 @@ wrong types are errors)::
     [runtime]    commgnn.dist.RuntimeConfig
     [output]     OutputConfig
 
-CLI flags override the file; each flag names the key it sets (:data:`FLAG_KEYS`).
+CLI flags override the file; each flag names the key it sets (:data:`FLAG_KEYS`). The file
+is checked on its own first (unknown keys, wrong types), so a flag cannot hide a mistake in it.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any, Mapping
+import dataclasses
+import typing
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Mapping, get_args
 
 from commgnn.comm.config import CommConfig
-from commgnn.config import from_dict, load_toml, replace_path, set_path
+from commgnn.config import check_dict, from_dict, load_toml, replace_path, set_path, to_dict
 from commgnn.data import DataConfig
 from commgnn.dist.context import RuntimeConfig
-from commgnn.errors import ConfigError
+from commgnn.errors import ConfigError, PartitionError
 from commgnn.models import ModelConfig
-from commgnn.partition import PartitionConfig
+from commgnn.partition import PartitionConfig, load_meta
 from commgnn.trainers import TrainConfig
 
 
@@ -119,8 +123,18 @@ FLAG_KEYS: dict[str, str] = {
 
 def resolve_config(toml_path: str | None, flags: Mapping[str, Any],
                    env: Mapping[str, str]) -> RunConfig:
-    """File (if any), then flags that were given, then ``COMMGNN_DATA_ROOT`` if no root is set."""
-    data = load_toml(toml_path) if toml_path else {}
+    """File (if any), then flags that were given, then ``COMMGNN_DATA_ROOT`` if no root is set.
+
+    The file alone must hold only known keys with values of the right types (an error names
+    the file and the key), even where a flag then replaces the value; settings that only
+    make sense together are validated once, after the flags are merged."""
+    data: dict[str, Any] = {}
+    if toml_path:
+        data = load_toml(toml_path)
+        try:
+            check_dict(RunConfig, data)
+        except ConfigError as exc:
+            raise ConfigError(f"config file {toml_path}: {exc}") from None
     for dest, key in FLAG_KEYS.items():
         value = flags.get(dest)
         if value is not None:
@@ -130,3 +144,64 @@ def resolve_config(toml_path: str | None, flags: Mapping[str, Any],
         cfg = replace_path(cfg, "data.root", env["COMMGNN_DATA_ROOT"])
     return cfg
 
+
+
+PARTITION_META_KEYS = ("method", "objective", "seed")
+"""``[partition]`` keys a saved partition directory's ``meta.json`` records."""
+
+
+def config_from_partition_dir(cfg: RunConfig) -> RunConfig:
+    """``cfg`` with ``partition.method``, ``objective`` and ``seed`` taken from the
+    ``meta.json`` of ``partition.dir`` (when set), so that the run's manifest and resolved
+    config describe the partition that was actually used, not the defaults or flags.
+
+    Keys the directory does not record keep ``cfg``'s values. A directory that cannot be
+    read, or records values this commgnn does not accept, is a :class:`PartitionError`.
+    """
+    pdir = cfg.partition.dir
+    if not pdir:
+        return cfg
+    meta = load_meta(pdir)
+    recorded = {k: meta[k] for k in PARTITION_META_KEYS if k in meta}
+    try:
+        part = from_dict(PartitionConfig, {**to_dict(cfg.partition), **recorded}, path="partition")
+    except ConfigError as exc:
+        raise PartitionError(f"{Path(pdir) / 'meta.json'} records an invalid partition setting ({exc}); "
+                             f"re-run `commgnn partition`") from None
+    return replace(cfg, partition=part)
+
+
+def default_for_key(dotted: str) -> Any:
+    """Default of config key ``a.b.c`` in a default :class:`RunConfig`.
+
+    A table that is off by default (``comm.gossip``) answers with its own defaults; a value
+    that ``__post_init__`` widens into a table (``comm.halo.bits = 32``) answers with the
+    declared default, as it would be written in TOML.
+    """
+    obj: Any = RunConfig()
+    cls: type = RunConfig
+    *heads, leaf = dotted.split(".")
+    for head in heads:
+        hints = typing.get_type_hints(cls)
+        if head not in hints:
+            raise KeyError(dotted)
+        value = getattr(obj, head)
+        if value is None:  # an optional table: its defaults
+            tables = [a for a in (hints[head], *get_args(hints[head])) if dataclasses.is_dataclass(a)]
+            if not tables:
+                raise KeyError(dotted)
+            value = tables[0]()
+        obj, cls = value, type(value)
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    if leaf not in fields:
+        raise KeyError(dotted)
+    value = getattr(obj, leaf)
+    declared = fields[leaf].default
+    if dataclasses.is_dataclass(value) and declared is not dataclasses.MISSING:
+        return declared
+    return value
+
+
+def default_for(dest: str) -> Any:
+    """Config default behind CLI flag ``dest`` (an argparse dest in :data:`FLAG_KEYS`)."""
+    return default_for_key(FLAG_KEYS[dest])

@@ -8,6 +8,7 @@ exits 1, naming the rank.
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import sys
 from dataclasses import replace
@@ -52,6 +53,44 @@ def _bits(text: str) -> Any:
     raise argparse.ArgumentTypeError(f"expected N, FWD,BWD or 'adaptive', got {text!r}")
 
 
+def _default_text(value: Any) -> str:
+    """A config default as the help text shows it."""
+    if value is None:
+        return "none"
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    if isinstance(value, float):
+        return f"{value:g}"
+    return str(value)
+
+
+class _DefaultsFormatter(argparse.HelpFormatter):
+    """Help formatter that appends "(default: X)" to every flag that sets a config key
+    (``FLAG_KEYS``, or ``keys`` where a dest maps to another key, or to None for none), X
+    read from a default ``RunConfig`` only when help is shown, so that building the parser
+    stays cheap. Help that already says ``default:`` (a default that is no plain value,
+    such as "a new dated folder") keeps its own words."""
+
+    def __init__(self, prog: str, *, keys: dict[str, str | None], **kwargs: Any) -> None:
+        super().__init__(prog, **kwargs)
+        self._keys = keys
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        from commgnn.cli.config import FLAG_KEYS, default_for_key
+
+        text = action.help
+        key = self._keys.get(action.dest, FLAG_KEYS.get(action.dest))
+        if not key or text is None or text == argparse.SUPPRESS or "default:" in text:
+            return text
+        shown = _default_text(default_for_key(key)).replace("%", "%%")  # argparse %-formats help
+        return f"{text} (default: {shown})"
+
+
+def _show_defaults(parser: argparse.ArgumentParser, keys: dict[str, str | None] | None = None) -> None:
+    """Make ``parser``'s ``--help`` show each config flag's default (see :class:`_DefaultsFormatter`)."""
+    parser.formatter_class = functools.partial(_DefaultsFormatter, keys=dict(keys or {}))  # type: ignore[assignment]
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="commgnn", description="Communication-efficient distributed GNN training.")
     sub = parser.add_subparsers(dest="command", parser_class=_Parser)
@@ -69,8 +108,9 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--schedule", help="learning-rate schedule: constant | cosine")
     t.add_argument("--patience", type=int, help="early-stopping patience in epochs (0 = off)")
     t.add_argument("--seed", type=int, help="training seed")
-    t.add_argument("--partition-dir", dest="partition_dir", help="use a saved partition directory")
-    t.add_argument("--timeout", type=float, help="collective time-out in seconds (default 120)")
+    t.add_argument("--partition-dir", dest="partition_dir",
+                   help="use a saved partition directory (default: none, partition in memory)")
+    t.add_argument("--timeout", type=float, help="collective time-out in seconds")
     t.add_argument("--threads", type=int, help="intra-op threads per rank (0 = cores / local ranks)")
     t.add_argument("--port", type=int, help="rendezvous port for local ranks (0 = pick a free one)")
     t.add_argument("--backend", help="auto | gloo | nccl")
@@ -96,8 +136,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--levels", type=int, help="qsgd: quantization levels")
     g.add_argument("--powersgd-rank", dest="powersgd_rank", type=int, help="powersgd: approximation rank")
     g.add_argument("--gossip", help="decentralised averaging instead of all-reduce: ring | torus | "
-                   "exponential | full | a graph file")
-    g.add_argument("--gossip-method", dest="gossip_method", help="dpsgd (default) | dpsgd-atc | pushsum | tracking | tracking-atc")
+                   "exponential | full | a graph file (default: none, gradients are all-reduced)")
+    g.add_argument("--gossip-method", dest="gossip_method",
+                   help="with --gossip: dpsgd | dpsgd-atc | pushsum | tracking | tracking-atc")
     g.add_argument("--gossip-average-every", dest="gossip_average_every", type=int,
                    help="dpsgd: exact model average every k rounds instead of gossip (Gossip-PGA)")
 
@@ -105,6 +146,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_common(p)
     p.add_argument("--seed", type=int, help="partitioner seed")
     p.add_argument("--out", required=True, help="partition directory to write")
+    _show_defaults(t)
+    _show_defaults(p, {"seed": "partition.seed", "out": None})
 
     b = sub.add_parser("bench", help="run a grid of configurations and compare them")
     b.add_argument("--grid", required=True, help="grid TOML ([base], [grid], [[halo]] entries)")

@@ -14,7 +14,7 @@ Example::
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal, Union
+from typing import Literal, Union, get_args
 
 from commgnn.config import fraction, positive
 from commgnn.errors import ConfigError
@@ -200,6 +200,9 @@ class GradConfig:
         return self.uses_fp16 if self.prescale is None else self.prescale
 
 
+GossipMethod = Literal["dpsgd", "dpsgd-atc", "pushsum", "tracking", "tracking-atc"]
+
+
 @dataclass(frozen=True, kw_only=True)
 class GossipConfig:
     """``[comm.gossip]``: decentralised training; replaces the gradient sync when present."""
@@ -207,7 +210,7 @@ class GossipConfig:
     topology: str = "exponential"
     """``ring``, ``torus`` (2-D), ``exponential`` (one peer, changing each round), ``full``,
     or a graph file (edge list, GraphML or GML) with nodes 0..P-1."""
-    method: Literal["dpsgd", "dpsgd-atc", "pushsum", "tracking", "tracking-atc"] = "dpsgd"
+    method: GossipMethod = "dpsgd"
     """``dpsgd``: doubly stochastic averaging, then the local step (Lian et al.);
     ``dpsgd-atc``: the local step, then the averaging (exactly the all-reduce when the
     topology is ``full``); ``pushsum``: push-sum weights (directed or
@@ -223,6 +226,9 @@ class GossipConfig:
     the gossip round (:mod:`commgnn.comm.global_average`); 0 = never. ``dpsgd`` only."""
 
     def __post_init__(self) -> None:
+        if self.method not in get_args(GossipMethod):  # also when built from Python, not TOML
+            choices = ", ".join(repr(m) for m in get_args(GossipMethod))
+            raise ConfigError(f"comm.gossip.method: {self.method!r} is not one of {choices}")
         positive("comm.gossip.average_every", self.average_every, allow_zero=True)
         fraction("comm.gossip.momentum", self.momentum, open_high=True)
         if self.average_every and self.method != "dpsgd":

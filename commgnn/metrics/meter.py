@@ -7,8 +7,16 @@ gives the whole run by class, layer and (sender, receiver) pair.
 
 What is counted: every payload handed to a collective by halo exchanges, gradient sync and
 the loss/accuracy reductions ("control"). All-reduce payloads are the ring algorithm's
-``2 (P-1)/P x bytes`` per rank (backends do not expose wire bytes). Not counted: barriers
-(no payload) and the meter's own gather, which is measurement overhead.
+``2 (P-1)/P x bytes`` per rank (backends do not expose wire bytes); all-gathers are counted
+as a ring all-gather's ``(P-1) x payload``. Not counted: barriers (no payload) and the
+meter's own gather, which is measurement overhead.
+
+Pairs: point-to-point traffic (halo rows, gossip) goes to the (sender, receiver) pair it
+names. A collective over all ranks (reported with peer = -1: all-reduces, all-gathers) is
+attributed the way its bytes are counted: in a ring each rank r sends everything it sends
+to rank ``(r + 1) % P``, so rank r's collective bytes go to pair ``(r, (r + 1) % P)``. So
+every class's ``bytes_by_pair`` sums to its total, and a row sums to what that rank sent;
+the ring pairs are the counting model's, not necessarily the links the backend used.
 
 Time: ``comm`` is wall time inside collectives, ``wait`` is time in the barrier before
 gradient sync (waiting for the slowest rank); ``compute`` is the rest of the epoch, per rank.
@@ -95,8 +103,9 @@ class Meter:
         if isinstance(ev, CommEvent):
             k = CLASSES.index(ev.kind)
             self._epoch[k] += ev.nbytes
-            if ev.peer >= 0:
-                self._by_peer[k, ev.peer] += ev.nbytes
+            # a collective (peer -1) is counted as a ring: it all goes to the next rank
+            peer = ev.peer if ev.peer >= 0 else (self.ctx.rank + 1) % self.ctx.world_size
+            self._by_peer[k, peer] += ev.nbytes
             self._by_layer[k, ev.layer if ev.layer >= 0 else self.num_layers] += ev.nbytes
         elif isinstance(ev, TimeEvent):
             self._time[ev.phase] += ev.seconds
@@ -118,7 +127,8 @@ class Meter:
 
     def totals(self) -> dict[str, Any]:
         """Whole-run bytes by class x (sender, receiver) and by class x layer, and peak
-        memory per rank (all ranks call it)."""
+        memory per rank (all ranks call it). Collectives are in the ring pairs
+        ``(r, (r + 1) % P)`` (see the module docstring)."""
         pairs = self.ctx.all_gather(self._by_peer).transpose(0, 1)  # [class, sender, receiver]
         layers = self.ctx.all_gather(self._by_layer).sum(0)
         rss = self.ctx.all_gather(torch.tensor([peak_rss_mb()], dtype=torch.float64))[:, 0]

@@ -1,4 +1,5 @@
-"""What a person sees while a run goes: a rich progress bar and a summary table."""
+"""What a person sees while a run goes: a rich progress bar (plain lines without a
+terminal) and a summary table."""
 
 from __future__ import annotations
 
@@ -19,16 +20,50 @@ def human_bytes(n: float) -> str:
     return f"{n:.2f} {unit}"
 
 
+PLAIN_LINES = 10
+"""Without a terminal, progress is this many evenly spaced plain lines (plus the last epoch)."""
+
+
+def plain_epochs(total: int, lines: int = PLAIN_LINES) -> set[int]:
+    """Epochs (1-based) that get a plain progress line: ``lines`` evenly spaced ones, and the last."""
+    if total <= 0:
+        return set()
+    step = total / min(lines, total)
+    return {max(1, round(step * (i + 1))) for i in range(min(lines, total))} | {total}
+
+
+def progress_line(epoch: int, total: int, row: dict[str, Any]) -> str:
+    """One plain progress line: epoch k/N, loss, accuracies, bytes per epoch."""
+    return (f"epoch {epoch}/{total}  loss {row['loss']:.4f}  val {row['val_acc']:.3f}  "
+            f"test {row['test_acc']:.3f}  halo {human_bytes(row['halo_bytes'])}/ep  "
+            f"grad {human_bytes(row['grad_bytes'])}/ep")
+
+
 class EpochProgress:
-    """Progress bar with live loss, accuracy and bytes; silent when disabled."""
+    """Progress with live loss, accuracy and bytes; silent when disabled.
+
+    On a terminal this is rich's bar. Otherwise (a log file, a pipe, a batch job) the bar
+    would show nothing until the end, so about :data:`PLAIN_LINES` evenly spaced epochs,
+    and the last one run, get a plain, flushed line each.
+    """
 
     def __init__(self, total: int, *, enabled: bool, console: Console | None = None) -> None:
         self._progress: Progress | None = None
-        if enabled:
-            self._progress = Progress(TextColumn("[bold]epoch"), BarColumn(), MofNCompleteColumn(),
-                                      TextColumn("{task.fields[info]}"), TimeElapsedColumn(),
-                                      console=console or Console(stderr=True), transient=False)
-            self._task = self._progress.add_task("train", total=total, info="")
+        self._plain: Console | None = None
+        self._total = total
+        self._done = 0
+        self._last: tuple[int, dict[str, Any]] | None = None  # latest row not printed yet
+        self._marks = plain_epochs(total)
+        if not enabled:
+            return
+        console = console or Console(stderr=True)
+        if not console.is_terminal:
+            self._plain = console
+            return
+        self._progress = Progress(TextColumn("[bold]epoch"), BarColumn(), MofNCompleteColumn(),
+                                  TextColumn("{task.fields[info]}"), TimeElapsedColumn(),
+                                  console=console, transient=False)
+        self._task = self._progress.add_task("train", total=total, info="")
 
     def __enter__(self) -> "EpochProgress":
         if self._progress:
@@ -41,8 +76,23 @@ class EpochProgress:
             done = self._progress.tasks[0].completed
             self._progress.update(self._task, total=max(done, 1))
             self._progress.stop()
+        if self._plain and self._last is not None:  # an early stop: show where training ended
+            self._write(*self._last)
+
+    def _write(self, epoch: int, row: dict[str, Any]) -> None:
+        assert self._plain is not None
+        self._plain.file.write(progress_line(epoch, self._total, row) + "\n")
+        self._plain.file.flush()
+        self._last = None
 
     def update(self, row: dict[str, Any]) -> None:
+        self._done += 1
+        if self._plain:
+            epoch = int(row.get("epoch", self._done))
+            self._last = (epoch, row)
+            if epoch in self._marks:
+                self._write(epoch, row)
+            return
         if not self._progress:
             return
         info = (f"loss {row['loss']:.4f}  val {row['val_acc']:.3f}  test {row['test_acc']:.3f}  "
@@ -75,7 +125,20 @@ def summary_table(summary: dict[str, Any]) -> Table:
     return t
 
 
-def print_summary(summary: dict[str, Any], out_dir: str) -> None:
-    console = Console(stderr=True)
-    console.print(summary_table(summary))
-    console.print(f"run directory: {out_dir}")
+WIDE = 10_000
+"""Console width without a terminal: wide enough that nothing is wrapped or cut."""
+
+
+def print_summary(summary: dict[str, Any], out_dir: str, *, console: Console | None = None) -> None:
+    """The summary table, then ``run directory: OUT``, on stderr. Without a terminal (a log
+    file, a pipe) rich would assume 80 columns and wrap or cut long values and paths; there
+    the width is unbounded, and the last line is never wrapped (a path must stay copyable)."""
+    console = console or Console(stderr=True)
+    table = summary_table(summary)
+    if not console.is_terminal:
+        console = Console(file=console.file, width=WIDE, no_color=True, highlight=False)
+        # rich wraps a title to the table's width: give it a line of its own
+        console.print(str(table.title), soft_wrap=True, markup=False, highlight=False)
+        table.title = None
+    console.print(table)
+    console.print(f"run directory: {out_dir}", soft_wrap=True, markup=False, highlight=False)
