@@ -26,3 +26,9 @@ class PartitionError(UserError):
 
 class RankFailure(RuntimeError):
     """A peer rank died or a collective timed out; names the rank where known."""
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM arrived: handled like Ctrl-C (ranks stopped, run marked interrupted), exit 143."""
+
+    signal_name = "SIGTERM"

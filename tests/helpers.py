@@ -38,11 +38,9 @@ def small_graph(n: int = 60, m: int = 240, f: int = 8, c: int = 3, seed: int = 0
 
 def _entry(info: LaunchInfo, fn: Callable[..., Any], out_dir: str, timeout_s: float, args: tuple) -> None:
     ctx = init_distributed(info, RuntimeConfig(parts=info.world_size, timeout_s=timeout_s, threads=1))
-    try:
-        result = fn(ctx, *args)
-        torch.save(result, Path(out_dir) / f"rank{ctx.rank}.pt")
-    finally:
-        shutdown(ctx)
+    result = fn(ctx, *args)
+    torch.save(result, Path(out_dir) / f"rank{ctx.rank}.pt")
+    shutdown(ctx)  # after success only: after an error the launcher ends the job
 
 
 def run_on_ranks(fn: Callable[..., Any], world_size: int, tmp_path: Path, *args: Any,

@@ -40,8 +40,9 @@ def _config(tmp_path: Path, text: str = SMALL) -> str:
 def test_train_writes_records_and_counts_exact_bytes(tmp_path):
     out = tmp_path / "run"
     assert main(["train", "--config", _config(tmp_path), "--parts", "2", "--out", str(out)]) == 0
-    assert sorted(p.name for p in out.iterdir()) == ["config.toml", "manifest.json", "metrics.jsonl",
-                                                    "partitions", "summary.json"]
+    assert sorted(p.name for p in out.iterdir()) == ["config.toml", "logs", "manifest.json", "metrics.jsonl",
+                                                    "partitions", "status.json", "summary.json"]
+    assert json.loads((out / "status.json").read_text())["state"] == "complete"
     summary = json.loads((out / "summary.json").read_text())
     for key in ("dataset", "model", "parts", "epochs_run", "best_epoch", "best_val_acc", "test_acc",
                 "halo_bytes_per_epoch", "grad_bytes_per_epoch", "total_bytes", "epoch_time_s",
@@ -107,7 +108,9 @@ def _busy_port():
 BAD = {
     "unknown dataset": (["--dataset", "NoSuchGraph"], "unknown dataset"),
     "root without files": (["--dataset", "Cora", "--data-root", "{tmp}"], "not found under data root"),
-    "more parts than nodes": (["--parts", "2000"], "cannot split 1500 nodes into 2000 partitions"),
+    "more parts than nodes": (["--dataset", "{graph:fine}", "--parts", "12"],
+                              "cannot split 10 nodes into 12 partitions"),
+    "more ranks than cores allow": (["--parts", "2000"], "2000 local ranks on"),
     "zero epochs": (["--epochs", "0"], "train.epochs must be > 0"),
     "negative layers": (["--layers", "-1"], "model.layers must be > 0"),
     "zero parts": (["--parts", "0"], "runtime.parts must be > 0"),
@@ -132,7 +135,8 @@ def _materialise(arg: str, tmp_path: Path) -> str:
         bad = {"edge": {"edge_index": torch.tensor([[0, 12], [1, 2]])},
                "neg": {"edge_index": torch.tensor([[0, -1], [1, 2]])},
                "nan": {"x": torch.full((10, 3), float("nan"))},
-               "labels": {"y": torch.zeros(7, dtype=torch.long)}}[rest]
+               "labels": {"y": torch.zeros(7, dtype=torch.long)},
+               "fine": {}}[rest]
         return _bad_graph(tmp_path / f"{rest}.pt", **bad)
     if kind == "toml":
         return _config(tmp_path, rest)

@@ -32,13 +32,12 @@ def dying_rank(info: LaunchInfo, victim: int, timeout_s: float, marker_dir: str)
 
 def test_dead_rank_names_it_and_others_fail_fast(tmp_path):
     t0 = time.monotonic()
-    with pytest.raises(RankFailure, match=r"rank 2 of 3 failed \(exit code 17\)"):
-        # grace longer than the time-out: survivors must fail by themselves, not be killed
-        spawn_ranks(dying_rank, (2, 10.0, str(tmp_path)), nprocs=3, master_addr="127.0.0.1",
+    with pytest.raises(RankFailure, match=r"^rank 2 of 3 failed: exited with code 17$"):
+        # grace longer than the time-out: survivors must end by themselves, not be killed
+        spawn_ranks(dying_rank, (2, 60.0, str(tmp_path)), nprocs=3, master_addr="127.0.0.1",
                     port=free_port(), grace_s=30.0)
     elapsed = time.monotonic() - t0
-    assert elapsed < 30.0, f"took {elapsed:.1f}s"
-    assert sorted(os.listdir(tmp_path)) == ["failed0", "failed1"]
+    assert elapsed < 25.0, f"took {elapsed:.1f}s"  # start-up included; far below the 60 s time-out
 
 
 def user_error_rank(info: LaunchInfo) -> None:

@@ -26,6 +26,7 @@ from commgnn.comm.config import CommConfig
 from commgnn.config import check_dict, from_dict, load_toml, replace_path, set_path, to_dict
 from commgnn.data import DataConfig
 from commgnn.dist.context import RuntimeConfig
+from commgnn.dist.faults import FaultConfig
 from commgnn.errors import ConfigError, PartitionError
 from commgnn.models import ModelConfig
 from commgnn.partition import PartitionConfig, load_meta
@@ -60,6 +61,8 @@ class RunConfig:
     """``[runtime]``: ranks, backend, devices, time-outs, threads."""
     output: OutputConfig = field(default_factory=OutputConfig)
     """``[output]``: run directory and console output."""
+    fault: FaultConfig | None = None
+    """``[fault]``: a failure injected on purpose, for testing failure handling (none by default)."""
 
     def __post_init__(self) -> None:
         # A strategy that owns the momentum (DGC's momentum correction, QG-DSGDm) replaces

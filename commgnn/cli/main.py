@@ -10,12 +10,13 @@ from __future__ import annotations
 import argparse
 import functools
 import os
+import signal
 import sys
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, Sequence
 
-from commgnn.errors import RankFailure, UserError
+from commgnn.errors import RankFailure, Terminated, UserError
 
 
 def _add_common(p: argparse.ArgumentParser) -> None:
@@ -216,6 +217,10 @@ def cmd_datasets(_: argparse.Namespace) -> int:
     return 0
 
 
+def _on_sigterm(signum: int, frame: Any) -> None:
+    raise Terminated()
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     ns = parser.parse_args(argv)
@@ -224,6 +229,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     handler = {"train": cmd_train, "partition": cmd_partition, "bench": cmd_bench,
                "datasets": cmd_datasets}[ns.command]
+    # SIGTERM ends a run like Ctrl-C: ranks stopped, run directory marked interrupted.
+    previous = signal.signal(signal.SIGTERM, _on_sigterm) if _main_thread() else None
     try:
         return handler(ns)
     except UserError as exc:
@@ -232,9 +239,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     except RankFailure as exc:
         print(f"commgnn: error: {exc}", file=sys.stderr)
         return 1
+    except Terminated:
+        print("commgnn: terminated (SIGTERM)", file=sys.stderr)
+        return 143
     except KeyboardInterrupt:
         print("commgnn: interrupted", file=sys.stderr)
         return 130
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _main_thread() -> bool:
+    import threading
+
+    return threading.current_thread() is threading.main_thread()
 
 
 if __name__ == "__main__":

@@ -23,21 +23,19 @@ from typing import Any, Mapping
 
 import torch
 
-from commgnn.cli.config import RunConfig
+from commgnn.cli.config import RunConfig, config_from_partition_dir
 from commgnn.config import dump_toml, to_dict
 from commgnn.data import fingerprint, load_dataset
 from commgnn.dist.context import (DistContext, LaunchInfo, check_port_free, free_port, init_distributed,
                                   launch_info_from_env, shutdown)
-from commgnn.dist.events import Hooks
-from commgnn.dist.launch import spawn_ranks
+from commgnn.cli.preflight import check_disk, check_memory, check_rank_count, estimate_memory, estimate_run_bytes
+from commgnn.cli.rank import run_rank
+from commgnn.dist.launch import first_line, is_collective_failure, spawn_ranks
 from commgnn.errors import PartitionError, RankFailure, UserError
-from commgnn.metrics import Meter
 from commgnn.partition import (LocalPartition, build_local_partition, build_local_partitions, load_meta,
                                load_partition, partition_graph, partition_report, save_partitions)
-from commgnn.report import (EpochProgress, MetricsLog, commit_out_dir, git_commit, host_info,
-                            library_versions, prepare_out_dir, print_summary, summarise, write_json)
-from commgnn.report.records import read_json
-from commgnn.trainers import FullGraphTrainer
+from commgnn.report import (commit_out_dir, git_commit, host_info, library_versions, prepare_out_dir,
+                            read_json, write_json, write_status)
 
 
 def default_out_dir(cfg: RunConfig) -> Path:
@@ -56,7 +54,8 @@ def _manifest(cfg: RunConfig, data: Any, fp: str, report: dict[str, Any], torchr
         "seed": cfg.train.seed,
         "dataset": {"name": getattr(data, "name", cfg.data.dataset), "fingerprint": fp,
                     "num_nodes": int(data.num_nodes), "num_edges": int(data.edge_index.shape[1]),
-                    "num_features": int(data.x.shape[1]), "num_classes": int(data.num_classes_total)},
+                    "num_features": int(data.x.shape[1]), "num_classes": int(data.num_classes_total),
+                    **getattr(data, "graph_notes", {})},
         "partition": {"method": cfg.partition.method, "objective": cfg.partition.objective,
                       "seed": cfg.partition.seed, "dir": cfg.partition.dir, "report": report},
         "launch": {"parts": cfg.runtime.parts, "torchrun": torchrun, "backend": cfg.runtime.backend},
@@ -90,9 +89,48 @@ def _write_header(staging: Path, cfg: RunConfig, data: Any, fp: str, report: dic
     write_json(staging / "manifest.json", _manifest(cfg, data, fp, report, torchrun))
 
 
-def train_local(cfg: RunConfig) -> dict[str, Any]:
-    """Run P local ranks; return the summary."""
+def _preflight_memory(cfg: RunConfig, data: Any, report: dict[str, Any]) -> None:
+    if not all(k in report for k in ("nodes", "halo_in", "halo_out", "edges")):
+        return  # a partition directory from an older version: no per-rank counts to go on
+    est = estimate_memory(num_nodes=int(data.num_nodes), num_edges=int(data.edge_index.shape[1]),
+                          num_features=int(data.x.shape[1]), num_classes=int(data.num_classes_total),
+                          report=report, layers=cfg.model.layers, hidden=cfg.model.hidden,
+                          dtype_bytes=8 if cfg.train.dtype == "float64" else 4)
+    check_memory(est, limit_gb=cfg.runtime.memory_limit_gb)
+
+
+def _write_run_dir(cfg: RunConfig, out: Path, data: Any, fp: str, parts: torch.Tensor | None,
+                   report: dict[str, Any]) -> None:
+    """Write the run directory through a hidden staging sibling (nothing half-written)."""
+    P = cfg.runtime.parts
+    part_bytes = 0.0
+    if parts is not None:  # features (with halo copies) and edges, saved once per rank
+        part_bytes = 1.5 * data.x.numel() * data.x.element_size() + 16.0 * data.edge_index.shape[1]
+    params = (data.x.shape[1] + data.num_classes_total) * cfg.model.hidden + cfg.model.layers * cfg.model.hidden ** 2
+    check_disk(out, estimate_run_bytes(partition_bytes=part_bytes, epochs=cfg.train.epochs,
+                                       param_count=int(params), parts=P,
+                                       checkpoint_every=cfg.runtime.checkpoint_every))
+    staging = prepare_out_dir(out)
+    try:
+        _write_header(staging, cfg, data, fp, report, torchrun=False)
+        if parts is not None:
+            save_partitions(staging / "partitions", build_local_partitions(data, parts, P),
+                            partition_meta(cfg, fp, report))
+        commit_out_dir(staging, out)
+    except OSError as exc:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise UserError(f"cannot write the run directory {out}: {exc.strerror or exc}") from None
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+
+
+def train_local(cfg: RunConfig, *, resume: bool = False) -> dict[str, Any]:
+    """Run P local ranks; return the summary. With ``resume``, ``cfg.output.out`` is an
+    existing run directory to continue from its newest checkpoint."""
+    cfg = config_from_partition_dir(cfg)
     P, rt = cfg.runtime.parts, cfg.runtime
+    check_rank_count(P, force=rt.force)
     port = rt.port  # the config keeps the user's value (0 = pick), so it can be rerun
     if P > 1:
         if port:
@@ -101,42 +139,58 @@ def train_local(cfg: RunConfig) -> dict[str, Any]:
             port = free_port(rt.master_addr)
     data = load_dataset(cfg.data)
     fp = fingerprint(data)
-    parts, report = partition_for_run(cfg, data, fp)
     out = Path(cfg.output.out) if cfg.output.out else default_out_dir(cfg)
     cfg = replace(cfg, output=replace(cfg.output, out=str(out)))
-    staging = prepare_out_dir(out)
-    try:
-        _write_header(staging, cfg, data, fp, report, torchrun=False)
-        if parts is not None:
-            save_partitions(staging / "partitions", build_local_partitions(data, parts, P),
-                            partition_meta(cfg, fp, report))
-        commit_out_dir(staging, out)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
-    part_dir = cfg.partition.dir or str(out / "partitions")
+    if resume:
+        parts, report = None, read_json(out / "manifest.json")["partition"]["report"]
+        part_dir = cfg.partition.dir or str(out / "partitions")
+        for r in range(P):
+            load_partition(part_dir, r, expected_fingerprint=fp, expected_parts=P)
+        _ended(out, "running", resumed=True)
+    else:
+        parts, report = partition_for_run(cfg, data, fp)
+        _preflight_memory(cfg, data, report)
+        _write_run_dir(cfg, out, data, fp, parts, report)
+        part_dir = cfg.partition.dir or str(out / "partitions")
     del data, parts
-    args = (cfg, str(out), part_dir, fp, report)
+    args = (cfg, str(out), part_dir, fp, report, resume)
     try:
         if P == 1:
             _local_rank(LaunchInfo(rank=0, world_size=1, local_rank=0, local_world_size=1,
                                    master_addr=rt.master_addr, port=0), *args)
         else:
-            spawn_ranks(_local_rank, args, nprocs=P, master_addr=rt.master_addr, port=port)
-    except UserError:
-        shutil.rmtree(out, ignore_errors=True)  # bad input found late: leave nothing behind
+            spawn_ranks(_local_rank, args, nprocs=P, master_addr=rt.master_addr, port=port,
+                        log_dir=str(out / "logs"), heartbeat_s=rt.heartbeat_timeout_s)
+    except UserError as exc:
+        if resume:
+            _ended(out, "failed", error=str(exc))
+        else:
+            shutil.rmtree(out, ignore_errors=True)  # bad input found late: leave nothing behind
         raise
+    except KeyboardInterrupt as exc:
+        _ended(out, "interrupted", signal=getattr(exc, "signal_name", "SIGINT"))
+        raise
+    except BaseException as exc:
+        _ended(out, "failed", error=first_line(exc))
+        raise
+    write_status(out, "complete")
     return read_json(out / "summary.json")
 
 
+def _ended(out: Path, state: str, **extra: Any) -> None:
+    """Record ``state`` for a run that is not (or no longer) finished: ``summary.json``
+    exists only for finished runs."""
+    if out.is_dir():
+        (out / "summary.json").unlink(missing_ok=True)
+    write_status(out, state, **extra)
+
+
 def _local_rank(info: LaunchInfo, cfg: RunConfig, out: str, part_dir: str, fp: str,
-                report: dict[str, Any]) -> None:
+                report: dict[str, Any], resume: bool) -> None:
     ctx = init_distributed(info, cfg.runtime)
-    try:
-        part = load_partition(part_dir, ctx.rank, expected_fingerprint=fp, expected_parts=ctx.world_size)
-        run_rank(ctx, cfg, part, Path(out), report)
-    finally:
-        shutdown(ctx)
+    part = load_partition(part_dir, ctx.rank, expected_fingerprint=fp, expected_parts=ctx.world_size)
+    run_rank(ctx, cfg, part, Path(out), report, fingerprint=fp, resume=resume)
+    shutdown(ctx)  # only after success: after an error a barrier would wait on a dead peer
 
 
 def _agree(ctx: DistContext, ok: bool, *checks: str) -> bool:
@@ -149,19 +203,11 @@ def _agree(ctx: DistContext, ok: bool, *checks: str) -> bool:
     return bool(lo[0] == hi[0]) and digest >= 0
 
 
-def train_torchrun(cfg: RunConfig, info: LaunchInfo) -> dict[str, Any] | None:
-    """This process is one rank of a torchrun job; rank 0 returns the summary.
-
-    The world size comes from torchrun; ``runtime.parts`` is replaced by it.
-    """
-    cfg = replace(cfg, runtime=replace(cfg.runtime, parts=info.world_size))
-    ctx = init_distributed(info, cfg.runtime)
-    out = Path(cfg.output.out) if cfg.output.out else default_out_dir(cfg)
-    cfg = replace(cfg, output=replace(cfg.output, out=str(out)))
+def _prepare_torchrun(cfg: RunConfig, ctx: DistContext) -> tuple[Any, str, LocalPartition, dict[str, Any]]:
+    """Load the graph and this rank's partition on every rank, and agree that all succeeded
+    and hold the same graph and partition. Returns ``(data, fingerprint, part, report)``."""
     error: BaseException | None = None
-    part: LocalPartition | None = None
-    report: dict[str, Any] = {}
-    checks: tuple[str, ...] = ()
+    data, fp, part, report, checks = None, "", None, {}, ()
     try:
         data = load_dataset(cfg.data)
         fp = fingerprint(data)
@@ -176,76 +222,81 @@ def train_torchrun(cfg: RunConfig, info: LaunchInfo) -> dict[str, Any] | None:
             checks = (fp, hashlib.sha256(parts.numpy().tobytes()).hexdigest())
     except Exception as exc:  # every rank must reach the agreement below
         error = exc
-    try:
-        if not _agree(ctx, error is None, *checks):
-            if error is not None:
-                raise error
-            raise UserError("ranks disagree on the graph or its partition (different data or "
-                            "library versions on different hosts?); pass a shared --partition-dir")
-        staging = None
-        if ctx.is_main:
-            try:
-                staging = prepare_out_dir(out)
-                _write_header(staging, cfg, data, fp, report, torchrun=True)
-                commit_out_dir(staging, out)
-            except Exception as exc:
-                error = exc
-        if not _agree(ctx, error is None):
-            if error is not None:
-                if staging is not None:
-                    shutil.rmtree(staging, ignore_errors=True)
-                raise error
-            raise UserError("rank 0 could not write the run directory")
-        del data
+    if not _agree(ctx, error is None, *checks):
+        if error is not None:
+            raise error
+        raise UserError("ranks disagree on the graph or its partition (different data or "
+                        "library versions on different hosts?); pass a shared --partition-dir")
+    return data, fp, part, report  # type: ignore[return-value]
+
+
+def train_torchrun(cfg: RunConfig, info: LaunchInfo) -> dict[str, Any] | None:
+    """This process is one rank of a torchrun job; rank 0 returns the summary.
+
+    The world size comes from torchrun; ``runtime.parts`` is replaced by it. After an
+    elastic restart (``torchrun --max-restarts N``) the run continues in the same
+    directory from its newest checkpoint (``runtime.checkpoint_every``).
+    """
+    cfg = config_from_partition_dir(replace(cfg, runtime=replace(cfg.runtime, parts=info.world_size)))
+    ctx = init_distributed(info, cfg.runtime)
+    out = Path(cfg.output.out) if cfg.output.out else default_out_dir(cfg)
+    cfg = replace(cfg, output=replace(cfg.output, out=str(out)))
+    resume = info.restart_count > 0 and (out / "config.toml").is_file()
+    data, fp, part, report = _prepare_torchrun(cfg, ctx)
+    error: BaseException | None = None
+    staging = None
+    if ctx.is_main and not resume:
         try:
-            run_rank(ctx, cfg, part, out, report)  # type: ignore[arg-type]
-        except torch.distributed.DistError as exc:
-            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            raise RankFailure(f"rank {ctx.rank}: a collective failed, so a peer rank died or timed "
-                              f"out ({first}); torchrun's report names the rank that exited first") from None
-    finally:
-        shutdown(ctx)
+            staging = prepare_out_dir(out)
+            _write_header(staging, cfg, data, fp, report, torchrun=True)
+            commit_out_dir(staging, out)
+        except Exception as exc:
+            error = exc
+    elif ctx.is_main:
+        _ended(out, "running", resumed=True, attempt=info.restart_count)
+    if not _agree(ctx, error is None):
+        if staging is not None:
+            shutil.rmtree(staging, ignore_errors=True)
+        if error is not None:
+            raise error
+        raise UserError("rank 0 could not write the run directory")
+    del data
+    if ctx.watchdog is not None and ctx.is_main:
+        ctx.watchdog.on_sigterm = lambda: _ended(out, "interrupted", signal="SIGTERM")
+    try:
+        run_rank(ctx, cfg, part, out, report, fingerprint=fp, resume=resume, attempt=info.restart_count)
+    except BaseException as exc:
+        raise _rank_failure(ctx, exc, out) from None
+    if ctx.is_main:
+        write_status(out, "complete")
+    shutdown(ctx)
     return read_json(out / "summary.json") if ctx.is_main else None
 
 
-def run_rank(ctx: DistContext, cfg: RunConfig, part: LocalPartition, out: Path,
-             report: dict[str, Any]) -> None:
-    """Train on this rank's partition; rank 0 logs every epoch and writes the summary."""
-    hooks = Hooks()
-    meter = Meter(ctx, cfg.model.layers)
-    hooks.subscribe(meter)
-    trainer = FullGraphTrainer(ctx, part, cfg.model, cfg.train, hooks, comm_cfg=cfg.comm)
-    meter.end_setup()  # set-up traffic is reported apart from the epochs
-    log = MetricsLog(out / "metrics.jsonl") if ctx.is_main else None
-    rows: list[dict[str, Any]] = []
-    show = ctx.is_main and not cfg.output.quiet
-    try:
-        with EpochProgress(cfg.train.epochs, enabled=show) as progress:
-            for res in trainer.run():
-                traffic = meter.end_epoch(res.time_s)
-                row = {"epoch": res.epoch, "loss": res.loss, "train_acc": res.train_acc,
-                       "val_acc": res.val_acc, "test_acc": res.test_acc, **traffic.to_dict(),
-                       **trainer.halo.epoch_log()}
-                if res.consensus is not None:
-                    row["consensus_distance"] = res.consensus
-                rows.append(row)
-                if log:
-                    log.write(row)
-                progress.update(row)
-    finally:
-        if log:
-            log.close()
-    totals = meter.totals()
-    if log:
-        summary = summarise(dataset=cfg.data.dataset, model=cfg.model.name, parts=ctx.world_size,
-                            rows=rows, totals=totals, partition=report)
-        write_json(out / "summary.json", summary)
-        if show:
-            print_summary(summary, str(out))
+def _rank_failure(ctx: DistContext, exc: BaseException, out: Path) -> BaseException:
+    """Under torchrun: record this rank's failure for the others (their watchdogs end them)
+    and turn it into the one line this process prints. A collective that failed here is a
+    peer's fault: the peer is named (it posted its error, or its heartbeat stopped)."""
+    wd = ctx.watchdog
+    if is_collective_failure(exc) and wd is not None:
+        culprit = wd.wait_for_culprit(limit_s=min(10.0, ctx.timeout_s))
+        if culprit is None:
+            return RankFailure(f"rank {ctx.rank} of {ctx.world_size}: a collective failed "
+                               f"({first_line(exc)}) and no peer was found at fault")
+        return RankFailure(f"rank {culprit.rank} of {ctx.world_size} failed: {culprit.message}")
+    if isinstance(exc, KeyboardInterrupt):
+        return exc
+    user = isinstance(exc, UserError)
+    cause = str(exc) if user else first_line(exc)
+    if wd is not None:
+        wd.report("user" if user else "error", cause)
+    if ctx.is_main:
+        _ended(out, "failed", error=cause if user else f"rank {ctx.rank}: {cause}")
+    return exc if user else RankFailure(f"rank {ctx.rank} of {ctx.world_size} failed: {cause}")
 
 
-def train_command(cfg: RunConfig, env: Mapping[str, str]) -> dict[str, Any] | None:
+def train_command(cfg: RunConfig, env: Mapping[str, str], *, resume: bool = False) -> dict[str, Any] | None:
     info = launch_info_from_env(env)
     if info is not None:
         return train_torchrun(cfg, info)
-    return train_local(cfg)
+    return train_local(cfg, resume=resume)

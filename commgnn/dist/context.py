@@ -18,6 +18,7 @@ import torch
 import torch.distributed as dist
 
 from commgnn.config import positive
+from commgnn.dist.watchdog import Watchdog, block_sigterm, die_with_parent
 from commgnn.errors import ConfigError, UserError
 
 
@@ -34,16 +35,39 @@ class RuntimeConfig:
     """Where tensors live; ``auto`` = CUDA when available for every local rank, else CPU."""
     timeout_s: float = 120.0
     """Collective time-out in seconds: a dead or stuck peer makes the others fail after at most this."""
+    heartbeat_s: float = 0.0
+    """A rank whose heartbeat stops for this long (after set-up) is named as failed and the
+    job ends; 0 = ``min(30, timeout_s / 2)``. Heartbeats go through the rendezvous store,
+    every 0.5 s, from a thread that keeps beating while the rank computes."""
     threads: int = 0
     """Intra-op threads per rank; 0 = the machine's cores divided by the local ranks (at least 1)."""
+    memory_limit_gb: float = 0.0
+    """Refuse a job whose estimated memory (all ranks and the launcher) exceeds this;
+    0 = the machine's available memory at start."""
+    force: bool = False
+    """Start more local ranks than 8 per core (refused otherwise: they would only thrash)."""
+    checkpoint_every: int = 0
+    """Write an atomic checkpoint of every rank's state every k epochs (0 = never); a
+    resumed or elastically restarted run continues from the newest complete one."""
     master_addr: str = "127.0.0.1"
     """Rendezvous address for locally spawned ranks."""
     port: int = 0
     """Rendezvous port for locally spawned ranks; 0 picks a free one."""
 
+    @property
+    def heartbeat_timeout_s(self) -> float:
+        """The heartbeat time-out in force (``heartbeat_s``, or its automatic value)."""
+        return self.heartbeat_s or min(30.0, max(2.0, self.timeout_s / 2))
+
     def __post_init__(self) -> None:
         positive("runtime.parts", self.parts)
         positive("runtime.timeout_s", self.timeout_s)
+        positive("runtime.heartbeat_s", self.heartbeat_s, allow_zero=True)
+        positive("runtime.memory_limit_gb", self.memory_limit_gb, allow_zero=True)
+        positive("runtime.checkpoint_every", self.checkpoint_every, allow_zero=True)
+        if self.heartbeat_s and self.heartbeat_s < 2:
+            raise ConfigError(f"runtime.heartbeat_s must be 0 (automatic) or at least 2 s (beats come "
+                              f"every 0.5 s), got {self.heartbeat_s}")
         positive("runtime.threads", self.threads, allow_zero=True)
         if not 0 <= self.port <= 65535:
             raise ConfigError(f"runtime.port must lie in [0, 65535], got {self.port}")
@@ -64,9 +88,15 @@ class LaunchInfo:
     master_addr: str
     """Rendezvous host."""
     port: int
-    """Rendezvous port."""
+    """Rendezvous port (where our launcher hosts the store; torchrun's MASTER_PORT)."""
     external: bool = False
     """True under torchrun (rendezvous via its environment), False for our own spawner."""
+    launcher_pid: int | None = None
+    """Our launcher's pid (local ranks die with it); None under torchrun."""
+    heartbeat_s: float = 30.0
+    """Heartbeat time-out the launcher chose (see ``RuntimeConfig.heartbeat_s``)."""
+    restart_count: int = 0
+    """torchrun's restart count (``TORCHELASTIC_RESTART_COUNT``): > 0 after an elastic restart."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -82,6 +112,8 @@ class DistContext:
     timeout_s: float
     group: dist.ProcessGroup | None = None
     """The default group (None when world_size == 1)."""
+    watchdog: Watchdog | None = None
+    """This rank's heartbeat and failure watcher (None when world_size == 1)."""
 
     @property
     def is_distributed(self) -> bool:
@@ -134,7 +166,8 @@ def launch_info_from_env(env: Mapping[str, str]) -> LaunchInfo | None:
                           local_rank=int(env.get("LOCAL_RANK", "0")),
                           local_world_size=int(env.get("LOCAL_WORLD_SIZE", str(world))),
                           master_addr=env.get("MASTER_ADDR", "127.0.0.1"),
-                          port=int(env.get("MASTER_PORT", "29500")), external=True)
+                          port=int(env.get("MASTER_PORT", "29500")), external=True,
+                          restart_count=int(env.get("TORCHELASTIC_RESTART_COUNT", "0")))
     except ValueError as exc:
         raise UserError(f"bad torchrun environment: {exc}") from None
 
@@ -177,25 +210,41 @@ def init_distributed(info: LaunchInfo, cfg: RuntimeConfig) -> DistContext:
                            backend="none", timeout_s=cfg.timeout_s)
     timeout = _dt.timedelta(seconds=cfg.timeout_s)
     if info.external:
+        # torchrun's agent is our parent: die with it, and take SIGTERM in the watchdog
+        # (blocked here, before gloo starts threads that would inherit an unblocked mask).
+        parent = os.getppid()
+        die_with_parent(parent)
+        block_sigterm()
         dist.init_process_group(backend, timeout=timeout)
+        store = dist.distributed_c10d._get_default_store()
+        stale = cfg.heartbeat_timeout_s
+        # Keys of an earlier attempt stay in the agent's store: each attempt has its own.
+        prefix = f"commgnn/{info.restart_count}/"
     else:
-        store = dist.TCPStore(info.master_addr, info.port, info.world_size, info.rank == 0,
-                              timeout=timeout)
-        dist.init_process_group(backend, store=store, rank=info.rank, world_size=info.world_size,
-                                timeout=timeout)
+        # Our launcher hosts the store (it outlives every rank); ranks are its clients.
+        parent = info.launcher_pid
+        store = dist.TCPStore(info.master_addr, info.port, None, False, timeout=timeout)
+        stale, prefix = info.heartbeat_s, "commgnn/"
+        dist.init_process_group(backend, store=dist.PrefixStore("pg/", store), rank=info.rank,
+                                world_size=info.world_size, timeout=timeout)
+    watchdog = Watchdog(store, info.rank, info.world_size, stale_s=stale, prefix=prefix,
+                        parent_pid=parent, handle_sigterm=True).start()
     return DistContext(rank=info.rank, world_size=info.world_size, local_rank=info.local_rank,
                        local_world_size=info.local_world_size, device=device, backend=backend,
-                       timeout_s=cfg.timeout_s, group=dist.group.WORLD)
+                       timeout_s=cfg.timeout_s, group=dist.group.WORLD, watchdog=watchdog)
 
 
 def shutdown(ctx: DistContext) -> None:
-    """Leave the job together: a barrier first, so rank 0 (which hosts the rendezvous store)
-    does not exit while a peer still tears its group down (gloo then aborts that peer)."""
+    """Leave the job together after success: a barrier first, so no rank tears its group
+    down while a peer still uses it (gloo then aborts that peer). Never call it after an
+    error: a barrier cannot match a peer's pending collective (just exit)."""
     if ctx.is_distributed and dist.is_initialized():
         try:
             dist.barrier(group=ctx.group)
         except dist.DistError:
             pass  # a peer is already gone; tear down regardless
+        if ctx.watchdog is not None:
+            ctx.watchdog.stop()
         dist.destroy_process_group()
 
 

@@ -1,125 +1,221 @@
-"""Start P local ranks and watch them, so that a dead rank never leaves the others hanging.
+"""Start P local ranks, watch them, and end the job fast and cleanly when anything fails.
 
-``torch.multiprocessing.spawn`` reports only after every process ends and cannot tell a
-user error from a crash, so this small launcher (written here; the standard library's
-``multiprocessing`` does the process work) does three things on top:
+``torch.multiprocessing.spawn`` reports only after every process ends, cannot tell a user
+error from a crash, and leaves its children running when it is killed. This launcher
+(written here; the standard library's ``multiprocessing`` does the process work) adds:
 
-* each child reports a failure through a queue as ``(rank, kind, message)``; a
-  :class:`~commgnn.errors.UserError` in any rank becomes one in the parent (exit code 2);
-* the parent waits on all process sentinels at once; when one rank exits non-zero it
-  gives the survivors ``grace_s`` to fail by themselves (their collectives fail fast
-  when a peer's socket closes, or at the collective time-out), then terminates them;
-* the raised :class:`~commgnn.errors.RankFailure` names the rank at fault (a killed or
-  crashed rank, not a survivor whose collective failed because of it).
+* **A store in the launcher.** The parent hosts the job's ``TCPStore``; ranks connect to it
+  as clients. It outlives any rank, so a dead or stopped rank 0 cannot take the failure
+  record with it (see :mod:`commgnn.dist.watchdog` for what the ranks keep there).
+* **No orphans.** Each rank asks the kernel to SIGKILL it when the launcher dies, whatever
+  killed the launcher (SIGKILL and the OOM killer included). On Ctrl-C or SIGTERM the
+  launcher kills its ranks before it returns.
+* **Fail fast, blame right.** The parent waits on all process sentinels at once. When one
+  rank exits non-zero, the failure record says who is at fault (the rank that raised, or
+  the one whose heartbeat stopped); survivors have already ended themselves through their
+  watchdog, and whatever is left after ``grace_s`` is killed. The raised
+  :class:`~commgnn.errors.RankFailure` reads ``rank R of P failed: <cause>``; a
+  :class:`~commgnn.errors.UserError` raised in a rank is raised again here (exit 2).
+* **Logs, not tracebacks.** With ``log_dir``, each rank's standard error (Python and C++
+  alike) goes to ``log_dir/rank{r}.log``; the full traceback of a failure is there, and
+  the terminal gets one line. Rank 0's own progress output still reaches the terminal.
 """
 
 from __future__ import annotations
 
+import datetime as _dt
 import multiprocessing as mp
-import os
 import multiprocessing.connection
-import queue
+import os
+import signal
 import sys
 import time
 import traceback
-from typing import Any, Callable
+import warnings
+from pathlib import Path
+from typing import Any, Callable, TextIO
 
-import torch.distributed
+import torch.distributed as dist
 
 from commgnn.dist.context import LaunchInfo
+from commgnn.dist.watchdog import (EXIT_PEER_FAILED, EXIT_SIGTERM, Failure, block_sigterm, die_with_parent,
+                                   read_failure)
 from commgnn.errors import RankFailure, UserError
 
+EXIT_USER_ERROR = 2
 
-def _child(fn: Callable[..., Any], info: LaunchInfo, args: tuple, errq: Any) -> None:
+
+def first_line(exc: BaseException) -> str:
+    """``Type: first line of the message`` (the one line a person is shown)."""
+    text = str(exc).strip()
+    return f"{type(exc).__name__}: {text.splitlines()[0]}" if text else type(exc).__name__
+
+
+_COLLECTIVE_SIGNS = ("gloo", "nccl", "connection reset", "connection closed", "broken pipe", "timed out")
+
+
+def is_collective_failure(exc: BaseException) -> bool:
+    """True for an error raised by a collective because a peer died or stopped: torch's
+    ``DistError`` family, or the plain ``RuntimeError`` that gloo raises on a reset
+    connection. Such an error is not this rank's fault, so it claims no blame."""
+    if isinstance(exc, dist.DistError):
+        return True
+    text = str(exc).lower()
+    return isinstance(exc, RuntimeError) and any(s in text for s in _COLLECTIVE_SIGNS)
+
+
+def _redirect_stderr(log_dir: str, rank: int) -> TextIO:
+    """Send fd 2 (C++ and Python stderr) to the rank's log; return the log file. Rank 0 keeps
+    the terminal for its progress bar and summary through ``sys.stderr``."""
+    path = Path(log_dir) / f"rank{rank}.log"
+    log = open(path, "a", buffering=1)
+    ui = os.dup(2)
+    os.dup2(log.fileno(), 2)
+    sys.stderr = os.fdopen(ui, "w", buffering=1) if rank == 0 else log
+
+    def to_log(message: Any, category: Any, filename: str, lineno: int, file: Any = None, line: Any = None) -> None:
+        log.write(warnings.formatwarning(message, category, filename, lineno, line))
+
+    warnings.showwarning = to_log
+    return log
+
+
+def _report(info: LaunchInfo, kind: str, message: str) -> None:
+    """Post this rank's failure to the launcher's store (first writer wins)."""
+    try:
+        store = dist.TCPStore(info.master_addr, info.port, None, False, timeout=_dt.timedelta(seconds=5))
+        store.compare_set("commgnn/fail", "", Failure(info.rank, kind, message).encode())
+    except Exception:
+        pass  # the launcher still has the exit code
+
+
+def _child(fn: Callable[..., Any], info: LaunchInfo, args: tuple, log_dir: str | None) -> None:
+    die_with_parent(info.launcher_pid)
+    block_sigterm()  # before gloo starts its threads; the watchdog takes SIGTERM
+    log: TextIO = sys.stderr
+    if log_dir is not None:
+        log = _redirect_stderr(log_dir, info.rank)
     try:
         fn(info, *args)
     except UserError as exc:
-        errq.put((info.rank, "user", str(exc)))
-        sys.exit(2)
+        _report(info, "user", str(exc))
+        _exit(EXIT_USER_ERROR)
     except KeyboardInterrupt:
-        sys.exit(130)
-    except torch.distributed.DistError as exc:
-        # A peer died or timed out: one line, not a traceback; the parent names the rank.
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        print(f"commgnn: rank {info.rank}: collective failed ({first})", file=sys.stderr)
-        errq.put((info.rank, "collective", first))
-        sys.exit(1)
-    except BaseException as exc:  # report, keep the traceback for bugs
-        errq.put((info.rank, "error", f"{type(exc).__name__}: {exc}".splitlines()[0]))
-        traceback.print_exc()
-        sys.exit(1)
+        _exit(130)
+    except BaseException as exc:
+        if is_collective_failure(exc):
+            # A peer died or stopped. Not this rank's fault: the failure record (the
+            # culprit's, or a watchdog's) or the culprit's exit code names it.
+            _log(log, f"rank {info.rank}: collective failed ({first_line(exc)})")
+            _exit(EXIT_PEER_FAILED)
+        _report(info, "error", first_line(exc))  # first: the log may sit on a full disk
+        _log(log, traceback.format_exc())
+        _exit(1)
     # Done, group destroyed, results written: leave without running C++ static destructors,
     # where gloo's background threads occasionally abort ("terminate called without an
     # active exception", seen here under load) and would turn a finished rank into a failure.
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+    _exit(0)
+
+
+def _log(log: TextIO, text: str) -> None:
+    try:
+        print(text, file=log)
+    except (OSError, ValueError):
+        pass
+
+
+def _exit(code: int) -> None:
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(code)
+
+
+def _kill(procs: list[Any]) -> None:
+    """SIGKILL every live rank (a stopped one too: SIGTERM would stay pending) and reap it."""
+    for p in procs:
+        if p.is_alive():
+            try:
+                os.kill(p.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    for p in procs:
+        p.join(5)
 
 
 def spawn_ranks(fn: Callable[..., Any], args: tuple, *, nprocs: int, master_addr: str, port: int,
-                grace_s: float = 5.0) -> None:
+                grace_s: float = 3.0, log_dir: str | None = None,
+                heartbeat_s: float = 30.0) -> None:
     """Run ``fn(LaunchInfo, *args)`` in ``nprocs`` processes; raise if any rank fails.
 
-    ``fn`` and ``args`` must be picklable (processes are spawned, not forked, so no
-    torch or gloo state leaks into the children).
+    ``port`` is where this process hosts the job's store (the ranks' rendezvous).
+    ``fn`` and ``args`` must be picklable (processes are spawned, not forked, so no torch
+    or gloo state leaks into the children). ``heartbeat_s``: a rank whose heartbeat stops
+    for this long (after set-up) is declared failed by its peers.
     """
+    store = dist.TCPStore(master_addr, port, None, True, timeout=_dt.timedelta(seconds=30),
+                          wait_for_workers=False)
     ctx = mp.get_context("spawn")
-    errq = ctx.Queue()
     procs = []
-    for rank in range(nprocs):
-        info = LaunchInfo(rank=rank, world_size=nprocs, local_rank=rank, local_world_size=nprocs,
-                          master_addr=master_addr, port=port)
-        p = ctx.Process(target=_child, args=(fn, info, args, errq), name=f"commgnn-rank{rank}")
-        p.start()
-        procs.append(p)
-    rank_of = {p.sentinel: r for r, p in enumerate(procs)}
-    failed: list[tuple[int, int]] = []  # (rank, exit code) in the order they were seen
-    terminated: set[int] = set()
-    deadline: float | None = None
     try:
-        alive = {p.sentinel for p in procs}
-        while alive:
-            wait_s = None if deadline is None else max(0.0, deadline - time.monotonic())
-            for s in multiprocessing.connection.wait(list(alive), timeout=wait_s):
-                alive.discard(s)
-                r = rank_of[s]
-                procs[r].join()
-                if procs[r].exitcode != 0:
-                    failed.append((r, procs[r].exitcode))
-                    if deadline is None:
-                        deadline = time.monotonic() + grace_s
-            if deadline is not None and time.monotonic() >= deadline and alive:
-                for s in alive:
-                    terminated.add(rank_of[s])
-                    procs[rank_of[s]].terminate()
-                for p in procs:
-                    p.join(5)
-                    if p.is_alive():
-                        p.kill()
-                break
-    except KeyboardInterrupt:
-        for p in procs:
-            p.terminate()
+        for rank in range(nprocs):
+            info = LaunchInfo(rank=rank, world_size=nprocs, local_rank=rank, local_world_size=nprocs,
+                              master_addr=master_addr, port=port, launcher_pid=os.getpid(),
+                              heartbeat_s=heartbeat_s)
+            p = ctx.Process(target=_child, args=(fn, info, args, log_dir), name=f"commgnn-rank{rank}")
+            p.start()
+            procs.append(p)
+        failed = _watch(procs, grace_s)
+    except BaseException:  # Ctrl-C, SIGTERM, or a failure to start: no rank outlives us
+        _kill(procs)
         raise
-    finally:
-        for p in procs:
-            p.join(1)
-    if not failed:
-        return
-    reports: dict[int, tuple[str, str]] = {}
-    while True:
-        try:
-            r, kind, msg = errq.get(timeout=0.2)
-        except (queue.Empty, EOFError, OSError):
+    if failed:
+        _raise_failure(failed, read_failure(store), nprocs, log_dir)
+
+
+def _watch(procs: list[Any], grace_s: float) -> list[tuple[int, int]]:
+    """Wait for every rank; after the first failure give the rest ``grace_s`` to end on their
+    own (their watchdogs end them within about a second), then kill them. Returns the
+    failures as (rank, exit code) in the order they were seen."""
+    rank_of = {p.sentinel: r for r, p in enumerate(procs)}
+    alive = set(rank_of)
+    failed: list[tuple[int, int]] = []
+    deadline: float | None = None
+    while alive:
+        wait_s = None if deadline is None else max(0.0, deadline - time.monotonic())
+        for s in multiprocessing.connection.wait(list(alive), timeout=wait_s):
+            alive.discard(s)
+            r = rank_of[s]
+            procs[r].join()
+            if procs[r].exitcode != 0:
+                failed.append((r, procs[r].exitcode))
+                if deadline is None:
+                    deadline = time.monotonic() + grace_s
+        if deadline is not None and time.monotonic() >= deadline and alive:
+            _kill(procs)
             break
-        reports.setdefault(r, (kind, msg))
-    # Blame the rank at fault, not a survivor whose collective failed because of it.
-    culprits = [(r, c) for r, c in failed
-                if r not in terminated and reports.get(r, ("crash", ""))[0] != "collective"]
-    rank, code = (culprits or failed)[0]
-    kind, msg = reports.get(rank, ("crash", ""))
-    if kind == "user":
-        raise UserError(msg)
-    what = f"exit code {code}" if code >= 0 else f"killed by signal {-code}"
-    detail = f": {msg}" if msg else ""
-    raise RankFailure(f"rank {rank} of {nprocs} failed ({what}){detail}; the other ranks were stopped")
+    return failed
+
+
+def _raise_failure(failed: list[tuple[int, int]], record: Failure | None, nprocs: int,
+                   log_dir: str | None) -> None:
+    """Name the rank at fault: the failure record if a rank wrote one, else the first rank
+    that died by itself (not a survivor ended because of it)."""
+    if record is not None and record.kind == "user":
+        raise UserError(record.message)
+    if record is not None:
+        rank, cause = record.rank, record.message
+    else:
+        by_itself = [(r, c) for r, c in failed if c != EXIT_PEER_FAILED]
+        rank, code = (by_itself or failed)[0]
+        if code == EXIT_SIGTERM or code == -signal.SIGTERM:
+            cause = "stopped by SIGTERM"
+        elif code < 0:
+            cause = f"killed by {signal.Signals(-code).name}"
+        else:
+            cause = f"exited with code {code}"
+    where = f" (log: {Path(log_dir) / f'rank{rank}.log'})" if log_dir and record is not None \
+        and record.kind == "error" else ""
+    raise RankFailure(f"rank {rank} of {nprocs} failed: {cause}{where}")

@@ -85,6 +85,12 @@ class EpochProgress:
         self._plain.file.flush()
         self._last = None
 
+    def skip(self, epochs: int) -> None:
+        """Count ``epochs`` already done (a resumed run starts the bar where it left off)."""
+        self._done += epochs
+        if self._progress:
+            self._progress.update(self._task, advance=epochs)
+
     def update(self, row: dict[str, Any]) -> None:
         self._done += 1
         if self._plain:

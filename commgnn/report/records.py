@@ -9,7 +9,12 @@
   :mod:`commgnn.partition.store`), unless the run was given one;
 * ``metrics.jsonl``: one JSON object per epoch (loss, accuracies, bytes by class summed
   over ranks and for the busiest rank, times);
-* ``summary.json``: the run's outcome (keys listed in :func:`summarise`).
+* ``summary.json``: the run's outcome (keys listed in :func:`summarise`), written only
+  when every rank finished;
+* ``status.json``: whether the run finished: ``{"state": "running" | "complete" | "failed" |
+  "interrupted", ...}`` with the one-line error of a failed run (:func:`write_status`);
+* ``logs/rank{r}.log``: each rank's standard error, with the traceback of a failure;
+* ``checkpoints/``: the newest complete checkpoint, with ``runtime.checkpoint_every``.
 
 The directory is first written as a hidden sibling and renamed into place, so a run that
 fails on bad input leaves nothing half-written behind.
@@ -17,6 +22,7 @@ fails on bad input leaves nothing half-written behind.
 
 from __future__ import annotations
 
+import datetime as _dt
 import json
 import os
 import platform
@@ -85,6 +91,21 @@ def commit_out_dir(staging: Path, out: Path) -> None:
     if out.exists():
         out.rmdir()  # empty (checked by prepare_out_dir)
     staging.rename(out)
+    (out / "logs").mkdir()
+    write_status(out, "running")
+
+
+STATUS = "status.json"
+
+
+def write_status(out: Path, state: str, **extra: Any) -> None:
+    """Record the run's state in ``status.json`` (best effort: a full or vanished disk must
+    not hide the error that is being reported)."""
+    now = _dt.datetime.now().astimezone().isoformat(timespec="seconds")
+    try:
+        write_json(Path(out) / STATUS, {"state": state, "updated": now, "pid": os.getpid(), **extra})
+    except OSError:
+        pass
 
 
 def write_json(path: Path, obj: Any) -> None:
@@ -150,7 +171,9 @@ def summarise(*, dataset: str, model: str, parts: int, rows: Iterable[dict[str, 
         "partition": {k: partition.get(k) for k in ("edge_cut", "comm_volume", "max_rank_halo")},
         "bytes_by_pair": totals["bytes_by_pair"],
         "bytes_by_layer": totals["bytes_by_layer"],
-        "byte_counting": "payload handed to collectives; all-reduce = ring algorithm's 2(P-1)/P x bytes per rank",
+        "byte_counting": ("payload handed to collectives; all-reduce = ring algorithm's 2(P-1)/P x bytes per "
+                          "rank, all-gather = (P-1) x payload; in bytes_by_pair each rank r's collective "
+                          "bytes are attributed to the ring pair (r, (r+1) % P)"),
     }
 
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import torch
 import torch.nn.functional as F
@@ -112,6 +112,13 @@ class FullGraphTrainer:
         self.epoch = 0
         self.best_val, self.since_best = -1.0, 0  # early stopping, identical on all ranks
         self.consensus: float | None = None
+        self.on_phase: Callable[[str, int], None] | None = None
+        """Called as ``(phase, epoch)`` with ``train`` / ``eval`` at the start of each epoch's
+        step and evaluation (1-based epoch): for profilers and fault injection."""
+
+    def _phase(self, name: str) -> None:
+        if self.on_phase is not None:
+            self.on_phase(name, self.epoch + 1)
 
     def _sparse_input(self, mode: str) -> bool:
         """Same answer on every rank (the decision changes which collectives run)."""
@@ -180,7 +187,9 @@ class FullGraphTrainer:
     def step(self) -> EpochResult:
         """Train one epoch and evaluate; all ranks must call it together."""
         t0 = time.perf_counter()
+        self._phase("train")
         loss = self.train_step()
+        self._phase("eval")
         counts = self.evaluate()
         stats = self._reduce(torch.cat([loss.to(torch.float64).reshape(1), counts]))
         accs = (stats[1:] / self.split_sizes.clamp(min=1)).tolist()

@@ -1,0 +1,117 @@
+"""Pre-flight checks: refuse a job that cannot run before any rank starts.
+
+Three checks, each a one-line :class:`~commgnn.errors.UserError` that gives the numbers:
+
+* **Rank count** (before the graph is even loaded): local ranks are capped at
+  :data:`MAX_RANKS_PER_CORE` x the cores, unless ``runtime.force``. Beyond that each rank
+  gets a sliver of a core, start-up alone takes minutes, and the job only thrashes.
+* **Memory** (after partitioning, before the ranks start): :func:`estimate_memory` adds up
+  the launcher's copy of the graph and, per rank, the interpreter with torch and PyG, the
+  partition, activations and communication buffers. A job whose estimate exceeds the
+  machine's available memory (or ``runtime.memory_limit_gb``) is refused.
+* **Disk** (before the run directory is written): partitions, metrics and checkpoints.
+
+The estimate is an upper-bound model, not a measurement; ``benchmarks/results`` compares it
+with the peak RSS that runs record (``peak_rss_mb_sum``).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from commgnn.errors import UserError
+
+MAX_RANKS_PER_CORE = 8
+"""Local ranks allowed per core without ``runtime.force`` (the benchmarks run 8 ranks on 2)."""
+PROCESS_BASE_MB = 400.0
+"""Resident memory of one rank before it loads data: Python, torch, PyG and gloo
+(measured here: 320 MB after import, about 380 MB once a process group is up)."""
+ACTIVATION_COPIES = 6
+"""Per-layer ``[rows, hidden]`` tensors kept for backward: input, dropout mask, aggregate,
+linear output, activation, and the gradient of one of them in flight."""
+
+
+def check_rank_count(parts: int, *, force: bool, cores: int | None = None) -> None:
+    """Refuse more local ranks than :data:`MAX_RANKS_PER_CORE` x cores, unless forced."""
+    cores = cores or (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
+    cap = MAX_RANKS_PER_CORE * cores
+    if parts > cap and not force:
+        raise UserError(f"{parts} local ranks on {cores} cores is more than {cap} ({MAX_RANKS_PER_CORE} per "
+                        f"core); use fewer --parts, run across machines with torchrun, or set "
+                        f"runtime.force = true")
+
+
+@dataclass(frozen=True)
+class MemoryEstimate:
+    """Bytes the job is expected to hold at its peak, by component."""
+
+    launcher: float
+    """The launcher's copy of the graph (features, edges, labels, masks) and METIS's CSR."""
+    per_rank: tuple[float, ...]
+    """``[P]``: each rank's interpreter, partition, activations and halo buffers."""
+
+    @property
+    def total(self) -> float:
+        return self.launcher + sum(self.per_rank)
+
+    def describe(self) -> str:
+        gb = 1e9
+        return (f"{self.total / gb:.1f} GB (launcher {self.launcher / gb:.1f} GB + {len(self.per_rank)} ranks "
+                f"x up to {max(self.per_rank) / gb:.2f} GB)")
+
+
+def estimate_memory(*, num_nodes: int, num_edges: int, num_features: int, num_classes: int,
+                    report: dict[str, Any], layers: int, hidden: int, dtype_bytes: int = 4) -> MemoryEstimate:
+    """The memory model of the module docstring, from the partition report's per-rank counts.
+
+    Per rank ``r``: rows ``n_r = nodes[r] + halo_in[r]``; partition ``n_r F b + 16 e_r``
+    (features, int64 edges); activations ``6 L n_r H b``; halo buffers ``2 (in + out) H b``.
+    """
+    b = dtype_bytes
+    graph = num_nodes * (num_features * b + 8 + 3) + num_edges * 16
+    metis = (num_nodes + 2 * num_edges) * 8
+    P = len(report["nodes"])
+    per_rank = []
+    for r in range(P):
+        rows = report["nodes"][r] + report["halo_in"][r]
+        width = max(hidden, num_classes)
+        part = rows * num_features * b + report["edges"][r] * 16 * 2 + rows * 16
+        act = ACTIVATION_COPIES * layers * rows * width * b
+        halo = 2 * (report["halo_in"][r] + report["halo_out"][r]) * width * b
+        per_rank.append(PROCESS_BASE_MB * 2**20 + part + act + halo)
+    return MemoryEstimate(launcher=float(graph + metis), per_rank=tuple(float(x) for x in per_rank))
+
+
+def check_memory(est: MemoryEstimate, *, limit_gb: float) -> None:
+    """Refuse when the estimate exceeds ``limit_gb`` (0 = the machine's available memory)."""
+    avail = limit_gb * 1e9 if limit_gb else float(psutil.virtual_memory().available)
+    if est.total > avail:
+        where = f"runtime.memory_limit_gb = {limit_gb:g}" if limit_gb else \
+            f"{avail / 1e9:.1f} GB available on this machine"
+        raise UserError(f"the job needs an estimated {est.describe()}, more than {where}; use fewer "
+                        f"ranks, a smaller model, or more machines")
+
+
+def estimate_run_bytes(*, partition_bytes: float, epochs: int, param_count: int, parts: int,
+                       checkpoint_every: int) -> float:
+    """Disk a run writes: its partitions, about 4 kB of metrics per epoch, and two checkpoint
+    sets (model, Adam's two moments, and as much again for communication state) per rank."""
+    ckpt = 2 * parts * param_count * 4 * 4 if checkpoint_every else 0
+    return partition_bytes + 4096 * epochs + ckpt + 1e6
+
+
+def check_disk(out: Path, need: float) -> None:
+    """Refuse when the file system of ``out`` has less than ``need`` bytes free."""
+    probe = out
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    free = shutil.disk_usage(probe).free
+    if need > free:
+        raise UserError(f"the run needs about {need / 1e6:.0f} MB in {out} but only {free / 1e6:.0f} MB "
+                        f"are free there; choose another --out")

@@ -1,0 +1,117 @@
+"""One rank's part of ``commgnn train``: train, log, checkpoint, resume, summarise.
+
+Both launch paths (our local launcher and ``torchrun``) call :func:`run_rank` on every rank
+with the rank's partition. Rank 0 writes ``metrics.jsonl`` and, when every rank is done,
+``summary.json``; every rank writes its share of each checkpoint.
+
+Resume: with ``resume=True`` every rank loads its state from the run directory's newest
+complete checkpoint (:mod:`commgnn.trainers.checkpoint`) and rank 0 cuts ``metrics.jsonl``
+back to that epoch, so a resumed run logs every epoch exactly once and ends with the same
+records as an uninterrupted one. Without a checkpoint the run starts again from epoch 0.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from commgnn.cli.config import RunConfig
+from commgnn.dist.context import DistContext
+from commgnn.dist.events import Hooks
+from commgnn.dist.faults import FaultInjector
+from commgnn.errors import UserError
+from commgnn.metrics import Meter
+from commgnn.partition import LocalPartition
+from commgnn.report import EpochProgress, MetricsLog, print_summary, summarise, write_json
+from commgnn.trainers import FullGraphTrainer
+from commgnn.trainers import checkpoint
+
+
+def _logged_rows(path: Path, upto: int) -> list[dict[str, Any]]:
+    """Rows of ``metrics.jsonl`` up to epoch ``upto``; the file is rewritten to hold just them
+    (a torn last line of a killed run is dropped with the rest)."""
+    rows: list[dict[str, Any]] = []
+    if path.is_file():
+        for line in path.read_text().splitlines():
+            try:
+                row = json.loads(line)
+            except ValueError:
+                break
+            if row.get("epoch", upto + 1) > upto:
+                break
+            rows.append(row)
+    tmp = path.with_suffix(".jsonl.tmp")
+    tmp.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    tmp.replace(path)
+    return rows
+
+
+def _resume(ctx: DistContext, trainer: FullGraphTrainer, meter: Meter, out: Path,
+            fingerprint: str) -> list[dict[str, Any]]:
+    """Load the newest checkpoint into ``trainer`` and ``meter``; rank 0's logged rows so far."""
+    meta = checkpoint.latest(out)
+    epoch = 0
+    if meta is not None:
+        state = checkpoint.load_rank(out, meta, ctx.rank, parts=ctx.world_size, fingerprint=fingerprint)
+        trainer.load_state_dict(state["trainer"])
+        meter.load_state_dict(state["meter"])
+        epoch = meta["epoch"]
+    return _logged_rows(out / "metrics.jsonl", epoch) if ctx.is_main else []
+
+
+def run_rank(ctx: DistContext, cfg: RunConfig, part: LocalPartition, out: Path, report: dict[str, Any], *,
+             fingerprint: str, resume: bool = False, attempt: int = 0) -> None:
+    """Train on this rank's partition (all ranks call it together)."""
+    hooks = Hooks()
+    meter = Meter(ctx, cfg.model.layers)
+    hooks.subscribe(meter)
+    trainer = FullGraphTrainer(ctx, part, cfg.model, cfg.train, hooks, comm_cfg=cfg.comm)
+    meter.end_setup()  # set-up traffic is reported apart from the epochs
+    if cfg.fault is not None:
+        trainer.on_phase = FaultInjector(cfg.fault, ctx.rank, attempt)
+        trainer.on_phase("startup", 0)
+    rows = _resume(ctx, trainer, meter, out, fingerprint) if resume else []
+    if ctx.watchdog is not None:
+        ctx.watchdog.arm()  # set-up is over on every rank: heartbeats are judged from now on
+    log = MetricsLog(out / "metrics.jsonl") if ctx.is_main else None
+    show = ctx.is_main and not cfg.output.quiet
+    every = cfg.runtime.checkpoint_every
+    try:
+        with EpochProgress(cfg.train.epochs, enabled=show) as progress:
+            if trainer.epoch:
+                progress.skip(trainer.epoch)
+            for res in trainer.run():
+                traffic = meter.end_epoch(res.time_s)
+                row = {"epoch": res.epoch, "loss": res.loss, "train_acc": res.train_acc,
+                       "val_acc": res.val_acc, "test_acc": res.test_acc, **traffic.to_dict(),
+                       **trainer.halo.epoch_log()}
+                if res.consensus is not None:
+                    row["consensus_distance"] = res.consensus
+                rows.append(row)
+                if log:
+                    if not out.is_dir():
+                        raise UserError(f"run directory {out} was removed during the run")
+                    log.write(row)
+                progress.update(row)
+                if every and res.epoch % every == 0:
+                    _checkpoint(ctx, trainer, meter, out, fingerprint)
+    finally:
+        if log:
+            log.close()
+    totals = meter.totals()
+    if log:
+        summary = summarise(dataset=cfg.data.dataset, model=cfg.model.name, parts=ctx.world_size,
+                            rows=rows, totals=totals, partition=report)
+        write_json(out / "summary.json", summary)
+        if show:
+            print_summary(summary, str(out))
+
+
+def _checkpoint(ctx: DistContext, trainer: FullGraphTrainer, meter: Meter, out: Path, fingerprint: str) -> None:
+    """Every rank saves, a barrier confirms all did, then rank 0 commits the set."""
+    state = {"epoch": trainer.epoch, "trainer": trainer.state_dict(), "meter": meter.state_dict()}
+    checkpoint.save_rank(out, trainer.epoch, ctx.rank, state)
+    ctx.barrier()
+    if ctx.is_main:
+        checkpoint.commit(out, trainer.epoch, ctx.world_size, fingerprint)

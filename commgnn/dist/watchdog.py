@@ -1,0 +1,212 @@
+"""Out-of-band failure handling for one rank: heartbeat, abort flag, parent watch, SIGTERM.
+
+Collectives block inside C++ (gloo, NCCL) and cannot be interrupted from Python, and a
+peer that died or stopped is only noticed there at the collective time-out. So every rank
+of a multi-rank job runs a :class:`Watchdog` thread beside its training loop. It talks
+through the job's key-value store (a ``torch.distributed.TCPStore``: our launcher hosts it
+for local ranks; under ``torchrun`` it is the agent's store), never through a collective:
+
+* **Heartbeat.** Every ``interval_s`` it advances ``hb/<rank>``. Once :meth:`arm` is
+  called (after set-up, when every rank trains), a peer whose counter has not moved for
+  ``stale_s`` is declared failed: "stopped responding". A stopped (SIGSTOP) or wedged
+  process is named this way, not inferred from a survivor's time-out.
+* **Failure flag.** The first rank that hits an error writes ``fail`` = ``{rank, kind,
+  message}`` (first writer wins, by ``compare_set``). Every watchdog polls the key and, when
+  another rank failed, ends its own process at once with :data:`EXIT_PEER_FAILED`: the job
+  ends within about one interval, not after ``timeout_s``, and no rank waits on a barrier.
+* **Parent watch.** ``prctl(PR_SET_PDEATHSIG, SIGKILL)`` (Linux) kills the rank when its
+  launcher dies by any signal, SIGKILL and the OOM killer included; the thread also checks
+  ``getppid()`` as a portable fallback.
+* **SIGTERM.** The main thread blocks SIGTERM (:func:`block_sigterm`, before any other
+  thread exists) and the watchdog waits for it with ``sigtimedwait``, so a SIGTERM ends the
+  rank promptly even while the main thread sits in a collective.
+
+Written here: torch offers store primitives and per-collective time-outs, but no
+heartbeat, failure broadcast or parent-death handling for worker processes.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import signal
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+EXIT_PEER_FAILED = 3
+"""Exit code of a rank stopped because another rank failed (it is not the culprit)."""
+EXIT_SIGTERM = 143
+"""Exit code after SIGTERM (128 + 15), as a shell reports it."""
+
+_PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent(parent_pid: int) -> None:
+    """Make the kernel SIGKILL this process when its parent dies (Linux); exit at once if
+    the parent is already gone (the race between fork and this call)."""
+    if sys.platform.startswith("linux"):
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        except (OSError, AttributeError):
+            pass  # the watchdog's getppid() check still covers it
+    if os.getppid() != parent_pid:
+        os._exit(EXIT_PEER_FAILED)
+
+
+def block_sigterm() -> None:
+    """Block SIGTERM in this thread (and in every thread started after): the watchdog
+    receives it with ``sigtimedwait``. Call before any other thread starts."""
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+
+
+@dataclass(frozen=True)
+class Failure:
+    """What the ``fail`` key holds: the rank at fault and why."""
+
+    rank: int
+    kind: str
+    """``error`` (raised in that rank), ``user`` (bad input found there), ``stopped`` (no
+    heartbeat, named by a peer) or ``signal`` (SIGTERM)."""
+    message: str
+
+    def encode(self) -> str:
+        return json.dumps({"rank": self.rank, "kind": self.kind, "message": self.message})
+
+    @staticmethod
+    def decode(raw: bytes | str) -> "Failure | None":
+        try:
+            d = json.loads(raw)
+            return Failure(int(d["rank"]), str(d["kind"]), str(d["message"]))
+        except (ValueError, KeyError, TypeError):
+            return None
+
+
+def read_failure(store: Any, prefix: str = "commgnn/") -> Failure | None:
+    """The failure recorded in ``store`` (None when no rank failed)."""
+    key = prefix + "fail"
+    try:
+        if not store.check([key]):
+            return None
+        return Failure.decode(store.get(key))
+    except Exception:  # the store itself is gone: nothing to read
+        return None
+
+
+class Watchdog:
+    """The per-rank thread described in the module docstring."""
+
+    def __init__(self, store: Any, rank: int, world_size: int, *, stale_s: float,
+                 interval_s: float = 0.5, prefix: str = "commgnn/", parent_pid: int | None = None,
+                 on_sigterm: Callable[[], None] | None = None, handle_sigterm: bool = False) -> None:
+        self.store, self.rank, self.world_size = store, rank, world_size
+        self.stale_s, self.interval_s, self.prefix = stale_s, interval_s, prefix
+        self.parent_pid = parent_pid
+        self.on_sigterm = on_sigterm
+        self.handle_sigterm = handle_sigterm
+        self._armed = threading.Event()
+        self._stop = threading.Event()
+        self._failed_here = False
+        self._thread = threading.Thread(target=self._loop, name=f"commgnn-watchdog{rank}", daemon=True)
+
+    # -- called from the main thread --------------------------------------------------
+    def start(self) -> "Watchdog":
+        self.store.set(self._hb(self.rank), "0")
+        self._thread.start()
+        return self
+
+    def arm(self) -> None:
+        """Start judging peers by their heartbeat (call when every rank has finished set-up)."""
+        self._armed.set()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=2 * self.interval_s + 1)
+
+    def report(self, kind: str, message: str, rank: int | None = None) -> Failure:
+        """Record a failure (of this rank unless ``rank`` is given); the first one recorded
+        wins and is returned, so every rank agrees on the culprit."""
+        if rank is None:
+            self._failed_here = True
+        mine = Failure(self.rank if rank is None else rank, kind, message)
+        try:
+            raw = self.store.compare_set(self.prefix + "fail", "", mine.encode())
+            return Failure.decode(raw) or mine
+        except Exception:
+            return mine
+
+    def wait_for_culprit(self, limit_s: float) -> Failure | None:
+        """After a collective failed here: wait up to ``limit_s`` for the failure record (the
+        culprit posts it, or a peer names a rank whose heartbeat stopped)."""
+        deadline = time.monotonic() + limit_s
+        while time.monotonic() < deadline:
+            fail = read_failure(self.store, self.prefix)
+            if fail is not None:
+                return fail
+            stale = self._stale_peers(since=self._last_seen, now=time.monotonic(), limit=3 * self.interval_s)
+            if stale:
+                return self.report("stopped", "exited or stopped responding (no heartbeat)", rank=stale[0])
+            time.sleep(self.interval_s / 2)
+        return None
+
+    # -- the thread -----------------------------------------------------------------
+    def _hb(self, r: int) -> str:
+        return f"{self.prefix}hb/{r}"
+
+    _last_seen: dict[int, tuple[bytes, float]]
+
+    def _stale_peers(self, *, since: dict[int, tuple[bytes, float]], now: float, limit: float) -> list[int]:
+        """Peers whose heartbeat value has not changed for ``limit`` seconds (updates ``since``)."""
+        peers = [r for r in range(self.world_size) if r != self.rank]
+        keys = [self._hb(r) for r in peers]
+        try:
+            if not self.store.check(keys):  # a peer that never started beating is not judged
+                return []
+            values = self.store.multi_get(keys)
+        except Exception:
+            return []
+        stale = []
+        for r, v in zip(peers, values):
+            last = since.get(r)
+            if last is None or last[0] != v:
+                since[r] = (v, now)
+            elif now - last[1] > limit:
+                stale.append(r)
+        return stale
+
+    def _loop(self) -> None:
+        self._last_seen = {}
+        beat = 0
+        while not self._stop.is_set():
+            if self.handle_sigterm:
+                sig = signal.sigtimedwait({signal.SIGTERM}, self.interval_s)
+                if sig is not None:
+                    self.report("signal", "stopped by SIGTERM")
+                    if self.on_sigterm is not None:
+                        self.on_sigterm()
+                    os._exit(EXIT_SIGTERM)
+            else:
+                self._stop.wait(self.interval_s)
+            if self.parent_pid is not None and os.getppid() != self.parent_pid:
+                os._exit(EXIT_PEER_FAILED)  # the launcher is gone
+            beat += 1
+            try:
+                self.store.set(self._hb(self.rank), str(beat))
+            except Exception:
+                # The store is unreachable: its host (launcher or torchrun agent) died.
+                os._exit(EXIT_PEER_FAILED)
+            fail = read_failure(self.store, self.prefix)
+            if fail is not None:
+                if fail.rank != self.rank and not self._failed_here:
+                    os._exit(EXIT_PEER_FAILED)
+                continue
+            if self._armed.is_set():
+                stale = self._stale_peers(since=self._last_seen, now=time.monotonic(), limit=self.stale_s)
+                if stale:
+                    self.report("stopped", f"stopped responding (no heartbeat for {self.stale_s:.0f} s)",
+                                rank=stale[0])
+                    os._exit(EXIT_PEER_FAILED)
