@@ -95,6 +95,7 @@ def _child(fn: Callable[..., Any], info: LaunchInfo, args: tuple, log_dir: str |
     log: TextIO = sys.stderr
     if log_dir is not None:
         log = _redirect_stderr(log_dir, info.rank)
+        _log(log, f"commgnn rank {info.rank} of {info.world_size}: pid {os.getpid()}")
     try:
         fn(info, *args)
     except UserError as exc:
