@@ -116,6 +116,9 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--port", type=int, help="rendezvous port for local ranks (0 = pick a free one)")
     t.add_argument("--backend", help="auto | gloo | nccl")
     t.add_argument("--out", help="run directory (default: runs/<date>-<dataset>-<model>-p<P>)")
+    t.add_argument("--resume", metavar="RUN_DIR",
+                   help="continue RUN_DIR from its newest checkpoint, with its own config.toml "
+                        "(--epochs N extends or shortens it)")
     t.add_argument("--quiet", action="store_const", const=True, help="no progress bar or table")
     h = t.add_argument_group("halo levers ([comm.halo])")
     h.add_argument("--precompute", action="store_const", const=True,
@@ -168,8 +171,19 @@ def cmd_train(ns: argparse.Namespace) -> int:
     from commgnn.cli.config import resolve_config
     from commgnn.cli.run import train_command
 
-    cfg = resolve_config(ns.config, _flags(ns), os.environ)
-    train_command(cfg, os.environ)
+    flags = _flags(ns)
+    resume = flags.pop("resume", None)
+    if resume is None:
+        train_command(resolve_config(ns.config, flags, os.environ), os.environ)
+        return 0
+    run_dir = Path(resume)
+    if ns.config or set(flags) - {"epochs", "quiet", "timeout", "threads", "port"}:
+        raise UserError("--resume takes the run's own config.toml; only --epochs, --quiet, --timeout, "
+                        "--threads and --port may change")
+    if not (run_dir / "config.toml").is_file() or not (run_dir / "manifest.json").is_file():
+        raise UserError(f"{run_dir} is not a commgnn run directory (no config.toml and manifest.json)")
+    flags["out"] = str(run_dir)
+    train_command(resolve_config(str(run_dir / "config.toml"), flags, os.environ), os.environ, resume=True)
     return 0
 
 

@@ -17,6 +17,7 @@ import datetime as _dt
 import hashlib
 import shutil
 import sys
+import traceback
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, Mapping
@@ -36,6 +37,7 @@ from commgnn.partition import (LocalPartition, build_local_partition, build_loca
                                load_partition, partition_graph, partition_report, save_partitions)
 from commgnn.report import (commit_out_dir, git_commit, host_info, library_versions, prepare_out_dir,
                             read_json, write_json, write_status)
+from commgnn.report.records import STATUS
 
 
 def default_out_dir(cfg: RunConfig) -> Path:
@@ -146,14 +148,16 @@ def train_local(cfg: RunConfig, *, resume: bool = False) -> dict[str, Any]:
         part_dir = cfg.partition.dir or str(out / "partitions")
         for r in range(P):
             load_partition(part_dir, r, expected_fingerprint=fp, expected_parts=P)
-        _ended(out, "running", resumed=True)
+        attempt = _previous_attempt(out) + 1
+        _ended(out, "running", resumed=True, attempt=attempt)
     else:
         parts, report = partition_for_run(cfg, data, fp)
         _preflight_memory(cfg, data, report)
         _write_run_dir(cfg, out, data, fp, parts, report)
         part_dir = cfg.partition.dir or str(out / "partitions")
+        attempt = 0
     del data, parts
-    args = (cfg, str(out), part_dir, fp, report, resume)
+    args = (cfg, str(out), part_dir, fp, report, resume, attempt)
     try:
         if P == 1:
             _local_rank(LaunchInfo(rank=0, world_size=1, local_rank=0, local_world_size=1,
@@ -163,17 +167,17 @@ def train_local(cfg: RunConfig, *, resume: bool = False) -> dict[str, Any]:
                         log_dir=str(out / "logs"), heartbeat_s=rt.heartbeat_timeout_s)
     except UserError as exc:
         if resume:
-            _ended(out, "failed", error=str(exc))
+            _ended(out, "failed", error=str(exc), attempt=attempt)
         else:
             shutil.rmtree(out, ignore_errors=True)  # bad input found late: leave nothing behind
         raise
     except KeyboardInterrupt as exc:
-        _ended(out, "interrupted", signal=getattr(exc, "signal_name", "SIGINT"))
+        _ended(out, "interrupted", signal=getattr(exc, "signal_name", "SIGINT"), attempt=attempt)
         raise
     except BaseException as exc:
-        _ended(out, "failed", error=first_line(exc))
+        _ended(out, "failed", error=first_line(exc), attempt=attempt)
         raise
-    write_status(out, "complete")
+    write_status(out, "complete", attempt=attempt)
     return read_json(out / "summary.json")
 
 
@@ -185,11 +189,19 @@ def _ended(out: Path, state: str, **extra: Any) -> None:
     write_status(out, state, **extra)
 
 
+def _previous_attempt(out: Path) -> int:
+    """The attempt number recorded in ``status.json`` (0 for a run never resumed)."""
+    try:
+        return int(read_json(out / STATUS).get("attempt", 0))
+    except (OSError, ValueError, TypeError, AttributeError):
+        return 0
+
+
 def _local_rank(info: LaunchInfo, cfg: RunConfig, out: str, part_dir: str, fp: str,
-                report: dict[str, Any], resume: bool) -> None:
+                report: dict[str, Any], resume: bool, attempt: int) -> None:
     ctx = init_distributed(info, cfg.runtime)
     part = load_partition(part_dir, ctx.rank, expected_fingerprint=fp, expected_parts=ctx.world_size)
-    run_rank(ctx, cfg, part, Path(out), report, fingerprint=fp, resume=resume)
+    run_rank(ctx, cfg, part, Path(out), report, fingerprint=fp, resume=resume, attempt=attempt)
     shutdown(ctx)  # only after success: after an error a barrier would wait on a dead peer
 
 
@@ -288,6 +300,12 @@ def _rank_failure(ctx: DistContext, exc: BaseException, out: Path) -> BaseExcept
         return exc
     user = isinstance(exc, UserError)
     cause = str(exc) if user else first_line(exc)
+    if not user:  # the traceback goes to the rank's log in the run directory, not the terminal
+        try:
+            with open(out / "logs" / f"rank{ctx.rank}.log", "a") as log:
+                traceback.print_exception(exc, file=log)
+        except OSError:
+            pass
     if wd is not None:
         wd.report("user" if user else "error", cause)
     if ctx.is_main:

@@ -60,8 +60,9 @@ def stratified_split(
     # keep the random order, i.e. one seeded permutation per class, fully vectorised.
     nodes = nodes[torch.randperm(nodes.numel(), generator=gen)]
     nodes = nodes[torch.sort(y[nodes], stable=True).indices]
-    cls = y[nodes]
-    counts = torch.bincount(cls)
+    # Per present class (not bincount over 0..max(y): one absurd label such as 2**40
+    # would ask for terabytes): ``cls`` is each node's class index among those present.
+    _, cls, counts = torch.unique_consecutive(y[nodes], return_inverse=True, return_counts=True)
     starts = torch.cumsum(counts, 0) - counts
     rank = torch.arange(nodes.numel()) - starts[cls]  # position within its class
 

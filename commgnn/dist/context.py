@@ -215,11 +215,14 @@ def init_distributed(info: LaunchInfo, cfg: RuntimeConfig) -> DistContext:
         parent = os.getppid()
         die_with_parent(parent)
         block_sigterm()
-        dist.init_process_group(backend, timeout=timeout)
-        store = dist.distributed_c10d._get_default_store()
-        stale = cfg.heartbeat_timeout_s
-        # Keys of an earlier attempt stay in the agent's store: each attempt has its own.
-        prefix = f"commgnn/{info.restart_count}/"
+        # torch's env:// rendezvous gives the store (the agent's, under torchrun). Keys of an
+        # earlier attempt can stay in it (gloo then dials a dead rank's old address after an
+        # elastic restart, seen here): each attempt gets its own key space.
+        base, _, _ = next(dist.rendezvous("env://", timeout=timeout))
+        store = dist.PrefixStore(f"commgnn/attempt{info.restart_count}/", base)
+        dist.init_process_group(backend, store=dist.PrefixStore("pg/", store), rank=info.rank,
+                                world_size=info.world_size, timeout=timeout)
+        stale, prefix = cfg.heartbeat_timeout_s, "commgnn/"
     else:
         # Our launcher hosts the store (it outlives every rank); ranks are its clients.
         parent = info.launcher_pid

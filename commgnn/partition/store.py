@@ -142,7 +142,7 @@ def load_meta(dir: str | Path) -> dict[str, Any]:
         raise PartitionError(f"partition dir not found: {path}; {_RERUN}")
     meta_path = path / "meta.json"
     try:
-        text = meta_path.read_text()
+        text = meta_path.read_bytes()  # decoded by json.loads: bad UTF-8 is a ValueError below
     except FileNotFoundError:
         raise PartitionError(f"{path} is not a partition directory (no meta.json); {_RERUN}") from None
     except OSError as exc:
@@ -169,7 +169,30 @@ def load_meta(dir: str | Path) -> dict[str, Any]:
     for ok, key in checks:
         if not ok:
             raise PartitionError(f"{meta_path} has a missing or invalid {key!r}; {_RERUN}")
+    problem = _report_problem(meta.get("report", {}), P)
+    if problem:
+        raise PartitionError(f"{meta_path} has an invalid 'report' ({problem}); {_RERUN}")
     return meta
+
+
+_REPORT_COUNTS = ("nodes", "edges", "halo_in", "halo_out", "train_nodes")
+"""Per-rank lists of a partition report that callers index by rank (the memory pre-flight)."""
+
+
+def _report_problem(report: Any, P: int) -> str | None:
+    """Why ``meta.json``'s ``report`` cannot be used as :meth:`PartitionReport.to_dict` output,
+    or None. Absent per-rank lists are accepted (older directories); present ones must hold
+    P non-negative ints (``train_nodes`` may be null)."""
+    if not isinstance(report, dict):
+        return f"expected an object, got {type(report).__name__}"
+    for key in _REPORT_COUNTS:
+        if key not in report or (key == "train_nodes" and report[key] is None):
+            continue
+        counts = report[key]
+        if not (isinstance(counts, list) and len(counts) == P
+                and all(isinstance(c, int) and not isinstance(c, bool) and c >= 0 for c in counts)):
+            return f"{key} must be a list of {P} non-negative integers"
+    return None
 
 
 def load_partition(dir: str | Path, rank: int, *, expected_fingerprint: str | None = None,
