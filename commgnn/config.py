@@ -14,6 +14,7 @@ itself in ``__post_init__``. This module only moves values in and out of them:
 from __future__ import annotations
 
 import dataclasses
+import math
 import tomllib
 import types
 import typing
@@ -90,7 +91,10 @@ def _coerce(value: Any, tp: Any, path: str, build: bool = True) -> Any:
     if tp is float:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ConfigError(f"{path}: expected float, got {type(value).__name__} ({value!r})")
-        return float(value)
+        try:
+            return float(value)
+        except OverflowError:  # TOML ints have no size limit in tomllib
+            raise ConfigError(f"{path}: integer too large for a float ({value.bit_length()} bits)") from None
     if tp is str:
         if not isinstance(value, str):
             raise ConfigError(f"{path}: expected string, got {type(value).__name__} ({value!r})")
@@ -191,6 +195,13 @@ def load_toml(path: str | Path) -> dict[str, Any]:
         raise ConfigError(f"cannot read config file {p}: {exc.strerror}") from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"config file {p} is not valid TOML: {exc}") from None
+    except UnicodeDecodeError as exc:  # tomllib decodes the bytes itself
+        raise ConfigError(f"config file {p} is not valid TOML: not UTF-8 text (byte {exc.start}: "
+                          f"{exc.object[exc.start:exc.start + 1]!r})") from None
+    except ValueError as exc:  # e.g. an integer of more than 4300 digits (int() refuses it)
+        raise ConfigError(f"config file {p} is not valid TOML: {' '.join(str(exc).split())[:200]}") from None
+    except RecursionError:  # arrays or inline tables nested thousands deep
+        raise ConfigError(f"config file {p} is not valid TOML: nested too deeply") from None
 
 
 def dump_toml(data: Mapping[str, Any]) -> str:
@@ -200,15 +211,28 @@ def dump_toml(data: Mapping[str, Any]) -> str:
     return tomli_w.dumps(dict(data))
 
 
+def _finite(name: str, value: int | float) -> None:
+    """Raise a :class:`ConfigError` for NaN and infinities (which slip through ``<`` tests:
+    ``nan < 0`` is False) and for values that are not numbers at all."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ConfigError(f"{name} must be a number, got {type(value).__name__} ({value!r:.60})")
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ConfigError(f"{name} must be a finite number, got {value}")
+
+
 def positive(name: str, value: int | float, *, allow_zero: bool = False) -> None:
-    """Raise a :class:`ConfigError` unless ``value`` is > 0 (or >= 0 with ``allow_zero``)."""
+    """Raise a :class:`ConfigError` unless ``value`` is a finite number > 0 (or >= 0 with
+    ``allow_zero``); NaN and infinities are refused."""
+    _finite(name, value)
     if value < 0 or (value == 0 and not allow_zero):
         bound = ">= 0" if allow_zero else "> 0"
         raise ConfigError(f"{name} must be {bound}, got {value}")
 
 
 def fraction(name: str, value: float, *, open_low: bool = False, open_high: bool = False) -> None:
-    """Raise a :class:`ConfigError` unless ``value`` lies in [0, 1] (ends optionally open)."""
+    """Raise a :class:`ConfigError` unless ``value`` lies in [0, 1] (ends optionally open);
+    NaN is refused."""
+    _finite(name, value)
     low_ok = value > 0 if open_low else value >= 0
     high_ok = value < 1 if open_high else value <= 1
     if not (low_ok and high_ok):

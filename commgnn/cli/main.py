@@ -21,7 +21,7 @@ from commgnn.errors import RankFailure, Terminated, UserError
 
 def _add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", help="TOML file with [data] [partition] [model] [train] [runtime] [output]")
-    p.add_argument("--dataset", help="'synthetic' (default), a dataset name (see `commgnn datasets`) or a .pt graph")
+    p.add_argument("--dataset", help="'synthetic', a dataset name (see `commgnn datasets`) or a .pt graph")
     p.add_argument("--data-root", dest="data_root",
                    help="folder with staged datasets (default: $COMMGNN_DATA_ROOT, else PyG downloads)")
     p.add_argument("--parts", type=int, help="number of partitions / ranks P")
@@ -116,6 +116,12 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--port", type=int, help="rendezvous port for local ranks (0 = pick a free one)")
     t.add_argument("--backend", help="auto | gloo | nccl")
     t.add_argument("--out", help="run directory (default: runs/<date>-<dataset>-<model>-p<P>)")
+    t.add_argument("--checkpoint-every", dest="checkpoint_every", type=int,
+                   help="write an atomic checkpoint every k epochs (0 = never)")
+    t.add_argument("--memory-limit-gb", dest="memory_limit_gb", type=float,
+                   help="refuse a job whose estimated memory exceeds this (0 = available memory)")
+    t.add_argument("--force", action="store_const", const=True,
+                   help="start more than 8 local ranks per core")
     t.add_argument("--resume", metavar="RUN_DIR",
                    help="continue RUN_DIR from its newest checkpoint, with its own config.toml "
                         "(--epochs N extends or shortens it)")
@@ -177,9 +183,10 @@ def cmd_train(ns: argparse.Namespace) -> int:
         train_command(resolve_config(ns.config, flags, os.environ), os.environ)
         return 0
     run_dir = Path(resume)
-    if ns.config or set(flags) - {"epochs", "quiet", "timeout", "threads", "port"}:
+    if ns.config or set(flags) - {"epochs", "quiet", "timeout", "threads", "port", "checkpoint_every",
+                                     "memory_limit_gb", "force"}:
         raise UserError("--resume takes the run's own config.toml; only --epochs, --quiet, --timeout, "
-                        "--threads and --port may change")
+                        "--threads, --port, --checkpoint-every, --memory-limit-gb and --force may change")
     if not (run_dir / "config.toml").is_file() or not (run_dir / "manifest.json").is_file():
         raise UserError(f"{run_dir} is not a commgnn run directory (no config.toml and manifest.json)")
     flags["out"] = str(run_dir)

@@ -6,8 +6,8 @@ Three checks, each a one-line :class:`~commgnn.errors.UserError` that gives the 
   :data:`MAX_RANKS_PER_CORE` x the cores, unless ``runtime.force``. Beyond that each rank
   gets a sliver of a core, start-up alone takes minutes, and the job only thrashes.
 * **Memory** (after partitioning, before the ranks start): :func:`estimate_memory` adds up
-  the launcher's copy of the graph and, per rank, the interpreter with torch and PyG, the
-  partition, activations and communication buffers. A job whose estimate exceeds the
+  the launcher (interpreter, graph, METIS and the partitions it builds) and, per rank, the
+  interpreter with torch and PyG, the partition, activations and communication buffers. A job whose estimate exceeds the
   machine's available memory (or ``runtime.memory_limit_gb``) is refused.
 * **Disk** (before the run directory is written): partitions, metrics and checkpoints.
 
@@ -32,9 +32,10 @@ MAX_RANKS_PER_CORE = 8
 PROCESS_BASE_MB = 400.0
 """Resident memory of one rank before it loads data: Python, torch, PyG and gloo
 (measured here: 320 MB after import, about 380 MB once a process group is up)."""
-ACTIVATION_COPIES = 6
-"""Per-layer ``[rows, hidden]`` tensors kept for backward: input, dropout mask, aggregate,
-linear output, activation, and the gradient of one of them in flight."""
+ACTIVATION_COPIES = 4
+"""Per-layer ``[rows, hidden]`` tensors alive at the peak: the layer's input (kept for
+backward), the aggregate, the output, and one gradient in flight (fitted against
+``benchmarks/preflight_memory.py``: 6 over-estimated the ranks 1.5-2x)."""
 
 
 def check_rank_count(parts: int, *, force: bool, cores: int | None = None) -> None:
@@ -52,7 +53,8 @@ class MemoryEstimate:
     """Bytes the job is expected to hold at its peak, by component."""
 
     launcher: float
-    """The launcher's copy of the graph (features, edges, labels, masks) and METIS's CSR."""
+    """The launcher: its interpreter, the graph (features, edges, labels, masks), METIS's
+    CSR and the partitions it builds and saves before the ranks start."""
     per_rank: tuple[float, ...]
     """``[P]``: each rank's interpreter, partition, activations and halo buffers."""
 
@@ -77,6 +79,8 @@ def estimate_memory(*, num_nodes: int, num_edges: int, num_features: int, num_cl
     graph = num_nodes * (num_features * b + 8 + 3) + num_edges * 16
     metis = (num_nodes + 2 * num_edges) * 8
     P = len(report["nodes"])
+    halo_rows = sum(report["halo_in"])
+    parts_built = (num_nodes + halo_rows) * num_features * b + 2 * num_edges * 16
     per_rank = []
     for r in range(P):
         rows = report["nodes"][r] + report["halo_in"][r]
@@ -85,7 +89,8 @@ def estimate_memory(*, num_nodes: int, num_edges: int, num_features: int, num_cl
         act = ACTIVATION_COPIES * layers * rows * width * b
         halo = 2 * (report["halo_in"][r] + report["halo_out"][r]) * width * b
         per_rank.append(PROCESS_BASE_MB * 2**20 + part + act + halo)
-    return MemoryEstimate(launcher=float(graph + metis), per_rank=tuple(float(x) for x in per_rank))
+    launcher = PROCESS_BASE_MB * 2**20 + graph + metis + parts_built
+    return MemoryEstimate(launcher=float(launcher), per_rank=tuple(float(x) for x in per_rank))
 
 
 def check_memory(est: MemoryEstimate, *, limit_gb: float) -> None:

@@ -13,6 +13,15 @@ from commgnn.config import fraction, positive
 from commgnn.errors import ConfigError
 
 
+_INT64_MAX = 2**63 - 1
+
+
+def _seed_range(name: str, seed: int) -> None:
+    """Seeds go to ``torch.manual_seed``, which takes 64-bit values."""
+    if seed > _INT64_MAX:
+        raise ConfigError(f"{name} must be below 2**63, got {seed:.3e}")
+
+
 @dataclass(frozen=True, kw_only=True)
 class SyntheticConfig:
     """A contextual stochastic block model (CSBM), see :func:`commgnn.data.make_csbm`."""
@@ -57,6 +66,7 @@ class SyntheticConfig:
         positive("data.synthetic.feature_dim", self.feature_dim)
         positive("data.synthetic.feature_noise", self.feature_noise, allow_zero=True)
         positive("data.synthetic.seed", self.seed, allow_zero=True)
+        _seed_range("data.synthetic.seed", self.seed)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -111,9 +121,12 @@ class DataConfig:
             raise ConfigError(f"data.train_ratio + data.val_ratio must be < 1 to leave test nodes, "
                               f"got {self.train_ratio} + {self.val_ratio}")
         positive("data.split_seed", self.split_seed, allow_zero=True)
+        _seed_range("data.split_seed", self.split_seed)
         if isinstance(self.max_classes, bool) or not isinstance(self.max_classes, int):
             raise ConfigError(f"data.max_classes must be an integer, got {self.max_classes!r}")
         positive("data.max_classes", self.max_classes)
+        if self.max_classes > _INT64_MAX:  # compared with int64 label tensors
+            raise ConfigError(f"data.max_classes must be at most 2**63 - 1, got {self.max_classes:.3e}")
         if not isinstance(self.allow_mask_overlap, bool):
             raise ConfigError(f"data.allow_mask_overlap must be true or false, "
                               f"got {self.allow_mask_overlap!r}")

@@ -40,6 +40,8 @@ class PartitionConfig:
         if self.objective not in get_args(Objective):
             raise ConfigError(f"objective: {self.objective!r} is not one of 'cut', 'vol'")
         if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
-            raise ConfigError(f"seed must be an int >= 0, got {self.seed!r}")
+            raise ConfigError(f"seed must be an int >= 0, got {self.seed!r:.40}")
+        if self.seed >= 2**63:  # METIS and torch.manual_seed take 64-bit seeds
+            raise ConfigError(f"seed must be below 2**63, got {self.seed:.3e}")
         if self.dir is not None and (not isinstance(self.dir, str) or not self.dir.strip()):
             raise ConfigError(f"dir must be a non-empty path or unset, got {self.dir!r}")

@@ -102,16 +102,37 @@ def write_status(out: Path, state: str, **extra: Any) -> None:
     """Record the run's state in ``status.json`` (best effort: a full or vanished disk must
     not hide the error that is being reported)."""
     now = _dt.datetime.now().astimezone().isoformat(timespec="seconds")
+    path = Path(out) / STATUS
+    # Padded to a fixed size, so that on a full disk the record can still be overwritten in
+    # place (no new blocks needed) when the atomic write-and-rename cannot get space.
+    text = json.dumps({"state": state, "updated": now, "pid": os.getpid(), **extra}, indent=2)
+    text = text.ljust(max(_STATUS_SIZE, len(text) + 1) - 1) + "\n"
     try:
-        write_json(Path(out) / STATUS, {"state": state, "updated": now, "pid": os.getpid(), **extra})
+        _write_atomic(path, text)
     except OSError:
-        pass
+        try:
+            with open(path, "r+") as fh:
+                if len(text) <= os.fstat(fh.fileno()).st_size:
+                    fh.write(text.ljust(os.fstat(fh.fileno()).st_size - 1) + "\n")
+        except OSError:
+            pass
+
+
+_STATUS_SIZE = 1024
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    try:
+        tmp.write_text(text)
+        tmp.replace(path)
+    except OSError:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def write_json(path: Path, obj: Any) -> None:
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(obj, indent=2, sort_keys=False) + "\n")
-    tmp.replace(path)
+    _write_atomic(path, json.dumps(obj, indent=2, sort_keys=False) + "\n")
 
 
 class MetricsLog:
@@ -126,7 +147,10 @@ class MetricsLog:
         self._fh.flush()
 
     def close(self) -> None:
-        self._fh.close()
+        try:
+            self._fh.close()
+        except OSError:
+            pass  # every line was flushed by write(), which raised already if it failed
 
 
 def summarise(*, dataset: str, model: str, parts: int, rows: Iterable[dict[str, Any]],
@@ -137,7 +161,8 @@ def summarise(*, dataset: str, model: str, parts: int, rows: Iterable[dict[str, 
     best validation epoch), ``halo_bytes_per_epoch`` and ``grad_bytes_per_epoch`` (means over
     epochs, summed over ranks), ``halo_bytes_per_epoch_max_rank``, ``total_bytes`` (all
     classes, all epochs, all ranks), ``epoch_time_s`` (median of the slowest rank's epoch),
-    ``comm_time_frac``, ``wait_time_frac`` (of the mean rank's epoch time), ``peak_rss_mb`` (max over ranks) and
+    ``comm_time_frac``, ``wait_time_frac`` (of the mean rank's epoch time), ``peak_rss_mb`` (max over ranks),
+    ``peak_rss_mb_sum`` (summed over ranks) and
     ``peak_rss_mb_by_rank``, ``partition``
     (edge_cut, comm_volume, max_rank_halo) and the byte breakdowns by pair and layer.
     """
@@ -167,6 +192,7 @@ def summarise(*, dataset: str, model: str, parts: int, rows: Iterable[dict[str, 
         "wait_time_frac": _frac(rows, "wait"),
         "setup_bytes": totals["setup_bytes"],
         "peak_rss_mb": totals["peak_rss_mb"],
+        "peak_rss_mb_sum": sum(totals["peak_rss_mb_by_rank"]),
         "peak_rss_mb_by_rank": totals["peak_rss_mb_by_rank"],
         "partition": {k: partition.get(k) for k in ("edge_cut", "comm_volume", "max_rank_halo")},
         "bytes_by_pair": totals["bytes_by_pair"],

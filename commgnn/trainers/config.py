@@ -5,8 +5,18 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+import torch
+
 from commgnn.config import fraction, positive
 from commgnn.errors import ConfigError
+
+
+SEED_LIMIT = 2**32
+"""``train.seed`` lies in ``[0, SEED_LIMIT)``: derived seeds (per rank, per lever: ``seed *
+1_000_003 + rank``) must stay inside the 64-bit range ``torch.manual_seed`` takes."""
+
+_DTYPE_MAX = {"float32": float(torch.finfo(torch.float32).max), "float64": float(torch.finfo(torch.float64).max)}
+"""Largest learning rate / weight decay the optimiser can apply to parameters of each dtype."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -41,6 +51,14 @@ class TrainConfig:
     def __post_init__(self) -> None:
         positive("train.epochs", self.epochs)
         positive("train.lr", self.lr)
+        if self.dtype in _DTYPE_MAX:
+            for key in ("lr", "weight_decay"):
+                value = getattr(self, key)
+                if isinstance(value, (int, float)) and not isinstance(value, bool) and abs(value) > _DTYPE_MAX[self.dtype]:
+                    raise ConfigError(f"train.{key} = {value:g} does not fit train.dtype = '{self.dtype}' "
+                                      f"(at most {_DTYPE_MAX[self.dtype]:g})")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or not 0 <= self.seed < SEED_LIMIT:
+            raise ConfigError(f"train.seed must be an integer in [0, 2**32), got {self.seed!r:.40}")
         fraction("train.momentum", self.momentum, open_high=True)
         if self.optimizer not in ("adam", "sgd"):
             raise ConfigError(f"train.optimizer must be 'adam' or 'sgd', got {self.optimizer!r}")
