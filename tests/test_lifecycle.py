@@ -223,3 +223,27 @@ def test_a_full_disk_at_setup_is_one_line_and_leaves_nothing(tmp_path, capfd):
         assert os.listdir(disk) == []
     finally:
         subprocess.run(["umount", str(disk)], check=False)
+
+
+@pytest.mark.timeout(150)
+@pytest.mark.skipif(shutil.which("torchrun") is None, reason="torchrun is not on PATH")
+def test_ranks_die_with_a_killed_torchrun_agent(tmp_path):
+    from commgnn.dist.context import free_port
+
+    out = tmp_path / "run"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", "2",
+           "--master-addr", "127.0.0.1", "--master-port", str(free_port()),
+           "-m", "commgnn", "train", "--config", _config(tmp_path, epochs=100000), "--out", str(out)]
+    agent = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline and not (out / "metrics.jsonl").is_file():
+        time.sleep(0.2)
+    ranks = [p.pid for p in psutil.Process(agent.pid).children(recursive=True)
+             if "commgnn" in " ".join(p.cmdline())]
+    assert len(ranks) == 2, ranks
+    agent.kill()  # SIGKILL: the agent cannot stop its workers itself
+    agent.wait()
+    t0 = time.monotonic()
+    while _alive(ranks) and time.monotonic() - t0 < 5:
+        time.sleep(0.05)
+    assert not _alive(ranks)
