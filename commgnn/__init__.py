@@ -5,3 +5,21 @@ Data flows ``data -> partition -> comm -> models -> trainers -> metrics/report -
 """
 
 __version__ = "0.1.0"
+
+_API = {"train": "commgnn.api", "run": "commgnn.api", "load_result": "commgnn.api", "TrainResult": "commgnn.api",
+        "RunConfig": "commgnn.cli.config", "CommConfig": "commgnn.comm.config",
+        "HaloConfig": "commgnn.comm.config", "GradConfig": "commgnn.comm.config",
+        "GossipConfig": "commgnn.comm.config", "ModelConfig": "commgnn.models.config",
+        "TrainConfig": "commgnn.trainers.config", "DataConfig": "commgnn.data.config",
+        "RuntimeConfig": "commgnn.dist.context", "errors": "commgnn.errors"}
+__all__ = ["__version__", *_API]
+
+
+def __getattr__(name: str) -> object:
+    """The API, imported on first use (``import commgnn`` stays cheap for the CLI)."""
+    import importlib
+
+    if name not in _API:
+        raise AttributeError(f"module 'commgnn' has no attribute {name!r}")
+    module = importlib.import_module(_API[name])
+    return module if name == "errors" else getattr(module, name)

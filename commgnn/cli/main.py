@@ -174,13 +174,14 @@ def _flags(ns: argparse.Namespace) -> dict[str, Any]:
 
 
 def cmd_train(ns: argparse.Namespace) -> int:
+    """A thin shell over :func:`commgnn.api.run`: flags and TOML make the config."""
+    from commgnn.api import run
     from commgnn.cli.config import resolve_config
-    from commgnn.cli.run import train_command
 
     flags = _flags(ns)
     resume = flags.pop("resume", None)
     if resume is None:
-        train_command(resolve_config(ns.config, flags, os.environ), os.environ)
+        run(resolve_config(ns.config, flags, os.environ), env=os.environ)
         return 0
     run_dir = Path(resume)
     if ns.config or set(flags) - {"epochs", "quiet", "timeout", "threads", "port", "checkpoint_every",
@@ -190,7 +191,7 @@ def cmd_train(ns: argparse.Namespace) -> int:
     if not (run_dir / "config.toml").is_file() or not (run_dir / "manifest.json").is_file():
         raise UserError(f"{run_dir} is not a commgnn run directory (no config.toml and manifest.json)")
     flags["out"] = str(run_dir)
-    train_command(resolve_config(str(run_dir / "config.toml"), flags, os.environ), os.environ, resume=True)
+    run(resolve_config(str(run_dir / "config.toml"), flags, os.environ), env=os.environ, resume=True)
     return 0
 
 

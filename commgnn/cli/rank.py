@@ -2,7 +2,8 @@
 
 Both launch paths (our local launcher and ``torchrun``) call :func:`run_rank` on every rank
 with the rank's partition. Rank 0 writes ``metrics.jsonl`` and, when every rank is done,
-``summary.json``; every rank writes its share of each checkpoint.
+``summary.json``, the trained weights ``model.pt`` and ``predictions.pt``; every rank
+writes its share of each checkpoint.
 
 Resume: with ``resume=True`` every rank loads its state from the run directory's newest
 complete checkpoint (:mod:`commgnn.trainers.checkpoint`) and rank 0 cuts ``metrics.jsonl``
@@ -16,7 +17,10 @@ import json
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from commgnn.cli.config import RunConfig
+from commgnn.comm.allreduce import counted_all_reduce
 from commgnn.dist.context import DistContext
 from commgnn.dist.events import Hooks
 from commgnn.dist.faults import FaultInjector
@@ -48,16 +52,17 @@ def _logged_rows(path: Path, upto: int) -> list[dict[str, Any]]:
 
 
 def _resume(ctx: DistContext, trainer: FullGraphTrainer, meter: Meter, out: Path,
-            fingerprint: str) -> list[dict[str, Any]]:
-    """Load the newest checkpoint into ``trainer`` and ``meter``; rank 0's logged rows so far."""
+            fingerprint: str) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
+    """Load the newest checkpoint into ``trainer`` and ``meter``; rank 0's logged rows so
+    far, and the best weights so far."""
     meta = checkpoint.latest(out)
-    epoch = 0
+    epoch, best = 0, None
     if meta is not None:
         state = checkpoint.load_rank(out, meta, ctx.rank, parts=ctx.world_size, fingerprint=fingerprint)
         trainer.load_state_dict(state["trainer"])
         meter.load_state_dict(state["meter"])
-        epoch = meta["epoch"]
-    return _logged_rows(out / "metrics.jsonl", epoch) if ctx.is_main else []
+        epoch, best = meta["epoch"], state.get("best")
+    return (_logged_rows(out / "metrics.jsonl", epoch) if ctx.is_main else []), best
 
 
 def run_rank(ctx: DistContext, cfg: RunConfig, part: LocalPartition, out: Path, report: dict[str, Any], *,
@@ -71,7 +76,7 @@ def run_rank(ctx: DistContext, cfg: RunConfig, part: LocalPartition, out: Path, 
     if cfg.fault is not None:
         trainer.on_phase = FaultInjector(cfg.fault, ctx.rank, attempt)
         trainer.on_phase("startup", 0)
-    rows = _resume(ctx, trainer, meter, out, fingerprint) if resume else []
+    rows, best = _resume(ctx, trainer, meter, out, fingerprint) if resume else ([], None)
     if ctx.watchdog is not None:
         ctx.watchdog.arm()  # set-up is over on every rank: heartbeats are judged from now on
     log = MetricsLog(out / "metrics.jsonl") if ctx.is_main else None
@@ -89,16 +94,20 @@ def run_rank(ctx: DistContext, cfg: RunConfig, part: LocalPartition, out: Path, 
                 if res.consensus is not None:
                     row["consensus_distance"] = res.consensus
                 rows.append(row)
+                if best is None or res.val_acc > best["val_acc"]:  # summarise's best epoch
+                    best = {"val_acc": res.val_acc, "epoch": res.epoch, "state": trainer.evaluated_state()}
                 if log:
                     if not out.is_dir():
                         raise UserError(f"run directory {out} was removed during the run")
                     log.write(row)
                 progress.update(row)
                 if every and res.epoch % every == 0:
-                    _checkpoint(ctx, trainer, meter, out, fingerprint)
+                    _checkpoint(ctx, trainer, meter, out, fingerprint, best)
     finally:
         if log:
             log.close()
+    assert best is not None  # run() yields at least one epoch (epochs > 0)
+    _export(ctx, trainer, hooks, part, out, best["state"])
     totals = meter.totals()
     if log:
         summary = summarise(dataset=cfg.data.dataset, model=cfg.model.name, parts=ctx.world_size,
@@ -108,9 +117,27 @@ def run_rank(ctx: DistContext, cfg: RunConfig, part: LocalPartition, out: Path, 
             print_summary(summary, str(out))
 
 
-def _checkpoint(ctx: DistContext, trainer: FullGraphTrainer, meter: Meter, out: Path, fingerprint: str) -> None:
+def _export(ctx: DistContext, trainer: FullGraphTrainer, hooks: Hooks, part: LocalPartition, out: Path,
+            state: dict[str, Any]) -> None:
+    """Rank 0 writes ``model.pt`` (the weights of the best validation epoch, the state dict
+    of the same model in plain PyG) and ``predictions.pt`` (``[N, C]`` float32 class scores,
+    logits of an exact eval-mode pass, in the graph's own node order). The scores reach rank
+    0 by one all-reduce of a zero-filled ``[N, C]`` (exact: each row has one non-zero sender),
+    counted as control traffic."""
+    logits = trainer.predict(state).float()
+    scores = torch.zeros(part.num_nodes_global, logits.shape[1], dtype=torch.float32, device=logits.device)
+    scores[trainer.part.global_ids] = logits
+    counted_all_reduce(ctx, hooks, scores, "control")
+    if ctx.is_main:
+        torch.save(state, out / "model.pt")
+        torch.save(scores.cpu(), out / "predictions.pt")
+
+
+def _checkpoint(ctx: DistContext, trainer: FullGraphTrainer, meter: Meter, out: Path, fingerprint: str,
+                best: dict[str, Any] | None) -> None:
     """Every rank saves, a barrier confirms all did, then rank 0 commits the set."""
-    state = {"epoch": trainer.epoch, "trainer": trainer.state_dict(), "meter": meter.state_dict()}
+    state = {"epoch": trainer.epoch, "trainer": trainer.state_dict(), "meter": meter.state_dict(),
+             "best": best}
     checkpoint.save_rank(out, trainer.epoch, ctx.rank, state)
     ctx.barrier()
     if ctx.is_main:

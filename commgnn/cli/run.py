@@ -127,9 +127,10 @@ def _write_run_dir(cfg: RunConfig, out: Path, data: Any, fp: str, parts: torch.T
         raise
 
 
-def train_local(cfg: RunConfig, *, resume: bool = False) -> dict[str, Any]:
+def train_local(cfg: RunConfig, *, resume: bool = False, graph: Any = None) -> dict[str, Any]:
     """Run P local ranks; return the summary. With ``resume``, ``cfg.output.out`` is an
-    existing run directory to continue from its newest checkpoint."""
+    existing run directory to continue from its newest checkpoint. ``graph``: a graph given
+    in Python (PyG ``Data``, dict or ``InMemoryDataset``) instead of ``cfg.data.dataset``."""
     cfg = config_from_partition_dir(cfg)
     P, rt = cfg.runtime.parts, cfg.runtime
     check_rank_count(P, force=rt.force)
@@ -139,7 +140,7 @@ def train_local(cfg: RunConfig, *, resume: bool = False) -> dict[str, Any]:
             check_port_free(rt.master_addr, port)
         else:
             port = free_port(rt.master_addr)
-    data = load_dataset(cfg.data)
+    data = load_dataset(cfg.data, graph)
     fp = fingerprint(data)
     out = Path(cfg.output.out) if cfg.output.out else default_out_dir(cfg)
     cfg = replace(cfg, output=replace(cfg.output, out=str(out)))
@@ -215,13 +216,13 @@ def _agree(ctx: DistContext, ok: bool, *checks: str) -> bool:
     return bool(lo[0] == hi[0]) and digest >= 0
 
 
-def _prepare_torchrun(cfg: RunConfig, ctx: DistContext) -> tuple[Any, str, LocalPartition, dict[str, Any]]:
+def _prepare_torchrun(cfg: RunConfig, ctx: DistContext, graph: Any) -> tuple[Any, str, LocalPartition, dict[str, Any]]:
     """Load the graph and this rank's partition on every rank, and agree that all succeeded
     and hold the same graph and partition. Returns ``(data, fingerprint, part, report)``."""
     error: BaseException | None = None
     data, fp, part, report, checks = None, "", None, {}, ()
     try:
-        data = load_dataset(cfg.data)
+        data = load_dataset(cfg.data, graph)
         fp = fingerprint(data)
         if cfg.partition.dir:
             report = load_meta(cfg.partition.dir).get("report", {})
@@ -242,7 +243,7 @@ def _prepare_torchrun(cfg: RunConfig, ctx: DistContext) -> tuple[Any, str, Local
     return data, fp, part, report  # type: ignore[return-value]
 
 
-def train_torchrun(cfg: RunConfig, info: LaunchInfo) -> dict[str, Any] | None:
+def train_torchrun(cfg: RunConfig, info: LaunchInfo, graph: Any = None) -> dict[str, Any] | None:
     """This process is one rank of a torchrun job; rank 0 returns the summary.
 
     The world size comes from torchrun; ``runtime.parts`` is replaced by it. After an
@@ -254,7 +255,7 @@ def train_torchrun(cfg: RunConfig, info: LaunchInfo) -> dict[str, Any] | None:
     out = Path(cfg.output.out) if cfg.output.out else default_out_dir(cfg)
     cfg = replace(cfg, output=replace(cfg.output, out=str(out)))
     resume = info.restart_count > 0 and (out / "config.toml").is_file()
-    data, fp, part, report = _prepare_torchrun(cfg, ctx)
+    data, fp, part, report = _prepare_torchrun(cfg, ctx, graph)
     error: BaseException | None = None
     staging = None
     if ctx.is_main and not resume:
@@ -313,8 +314,11 @@ def _rank_failure(ctx: DistContext, exc: BaseException, out: Path) -> BaseExcept
     return exc if user else RankFailure(f"rank {ctx.rank} of {ctx.world_size} failed: {cause}")
 
 
-def train_command(cfg: RunConfig, env: Mapping[str, str], *, resume: bool = False) -> dict[str, Any] | None:
+def train_command(cfg: RunConfig, env: Mapping[str, str], *, resume: bool = False,
+                  graph: Any = None) -> dict[str, Any] | None:
+    """Train as ``cfg`` says: under torchrun when its variables are in ``env``, else with
+    local ranks. Rank 0 (and the local launcher) returns the summary, other ranks None."""
     info = launch_info_from_env(env)
     if info is not None:
-        return train_torchrun(cfg, info)
-    return train_local(cfg, resume=resume)
+        return train_torchrun(cfg, info, graph)
+    return train_local(cfg, resume=resume, graph=graph)

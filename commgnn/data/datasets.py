@@ -157,8 +157,9 @@ def default_cache_dir() -> Path:
     return Path.home() / ".cache" / "commgnn"
 
 
-def load_dataset(cfg: DataConfig) -> Data:
-    """Load the graph ``cfg.dataset`` names, normalised and validated.
+def load_dataset(cfg: DataConfig, graph: Any = None) -> Data:
+    """Load the graph ``cfg.dataset`` names (or the given ``graph``: a PyG ``Data``, a dict
+    of tensors, or an ``InMemoryDataset`` whose first graph is used), normalised and validated.
 
     The result has ``x`` ``[N, F]`` float32, ``edge_index`` ``[2, E]`` int64, ``y``
     ``[N]`` int64 (``-1`` = unlabelled), 1-D bool ``train_mask`` / ``val_mask`` /
@@ -180,7 +181,9 @@ def load_dataset(cfg: DataConfig) -> Data:
         ConfigError: unknown dataset name.
         DataError: missing, incomplete or malformed data (one line each).
     """
-    if cfg.dataset.strip().lower() == "synthetic":
+    if graph is not None:
+        data = _given_graph(graph, cfg)
+    elif cfg.dataset.strip().lower() == "synthetic":
         data = make_csbm(cfg.synthetic)
         data.train_mask, data.val_mask, data.test_mask = stratified_split(
             data.y, cfg.train_ratio, cfg.val_ratio, cfg.split_seed)
@@ -199,6 +202,19 @@ def load_dataset(cfg: DataConfig) -> Data:
     if cfg.normalize_features:
         data = NormalizeFeatures()(data)
     return data
+
+
+def _given_graph(graph: Any, cfg: DataConfig) -> Data:
+    """A graph handed over in Python (the API's ``commgnn.train(data, ...)``)."""
+    num_classes = None
+    if hasattr(graph, "num_classes") and hasattr(graph, "__getitem__") and not isinstance(graph, (Data, dict)):
+        num_classes = graph.num_classes  # an InMemoryDataset: its first graph, its class count
+        graph = graph[0]
+    obj = graph.to_dict() if isinstance(graph, Data) else graph
+    if isinstance(obj, dict) and num_classes is not None and obj.get("num_classes") is None:
+        obj = {**obj, "num_classes": num_classes}
+    return graph_from_object(obj, cfg, name=cfg.dataset if cfg.dataset != "synthetic" else "user graph",
+                             where="the given graph")
 
 
 def load_graph_file(path: Path, cfg: DataConfig) -> Data:
@@ -224,45 +240,51 @@ def load_graph_file(path: Path, cfg: DataConfig) -> Data:
             obj = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # corrupt file, foreign pickle, ...: one line for the user
         raise DataError(f"cannot read graph file {path}: {_load_error(path, exc)}") from exc
+    return graph_from_object(obj, cfg, name=path.stem, where=f"graph file {path}")
+
+
+def graph_from_object(obj: Any, cfg: DataConfig, *, name: str, where: str) -> Data:
+    """A user graph given as a dict or a PyG :class:`Data` (what a ``.pt`` file holds, see
+    :func:`load_graph_file`), normalised; ``where`` names its origin in error messages."""
     if isinstance(obj, Data):
         obj = obj.to_dict()
     if not isinstance(obj, dict):
-        raise DataError(f"graph file {path} must hold a dict or a torch_geometric Data with "
+        raise DataError(f"{where} must hold a dict or a torch_geometric Data with "
                         f"x, edge_index and y; got {type(obj).__name__}")
     for key in ("x", "edge_index", "y"):
         if not isinstance(obj.get(key), Tensor):
-            raise DataError(f"graph file {path} has no tensor '{key}' (needs x, edge_index, y)")
+            raise DataError(f"{where} has no tensor '{key}' (needs x, edge_index, y)")
     x, edge_index, y = obj["x"], obj["edge_index"], obj["y"]
     if x.is_complex() or not (x.dtype.is_floating_point or x.dtype == torch.bool
                               or x.dtype in (torch.uint8, torch.int8, torch.int16,
                                              torch.int32, torch.int64)):
-        raise DataError(f"graph file {path}: x must be numeric, got dtype {x.dtype}")
+        raise DataError(f"{where}: x must be numeric, got dtype {x.dtype}")
     if y.dtype.is_floating_point or y.dtype == torch.bool or y.is_complex():
-        raise DataError(f"graph file {path}: y must hold integer class labels, got dtype {y.dtype}")
+        raise DataError(f"{where}: y must hold integer class labels, got dtype {y.dtype}")
     if (edge_index.dtype.is_floating_point or edge_index.dtype == torch.bool
             or edge_index.is_complex()):
-        raise DataError(f"graph file {path}: edge_index must be an integer tensor, "
+        raise DataError(f"{where}: edge_index must be an integer tensor, "
                         f"got dtype {edge_index.dtype}")
     present = [k for k in MASK_NAMES if obj.get(k) is not None]
     if present and len(present) != len(MASK_NAMES):
         missing = [k for k in MASK_NAMES if k not in present]
-        raise DataError(f"graph file {path} has {', '.join(present)} but not "
+        raise DataError(f"{where} has {', '.join(present)} but not "
                         f"{', '.join(missing)}: give all three masks or none")
     for key in present:
         if not isinstance(obj[key], Tensor):
-            raise DataError(f"graph file {path}: {key} must be a tensor, got "
+            raise DataError(f"{where}: {key} must be a tensor, got "
                             f"{type(obj[key]).__name__}")
     masks = tuple(obj[k] for k in MASK_NAMES) if present else None
     num_classes = obj.get("num_classes")
-    data = _normalise(x, edge_index, y, masks, cfg, name=path.stem, drop_unlabelled=False)
+    data = _normalise(x, edge_index, y, masks, cfg, name=name, drop_unlabelled=False)
     if num_classes is not None:
         try:
             num_classes = int(num_classes)
         except (TypeError, ValueError, RuntimeError):
-            raise DataError(f"graph file {path}: num_classes must be an integer, got "
+            raise DataError(f"{where}: num_classes must be an integer, got "
                             f"{num_classes!r:.60}") from None
         if num_classes < data.num_classes_total:
-            raise DataError(f"graph file {path}: num_classes = {num_classes} but y has label "
+            raise DataError(f"{where}: num_classes = {num_classes} but y has label "
                             f"{data.num_classes_total - 1}")
         data.num_classes_total = num_classes
     return data

@@ -112,6 +112,7 @@ class FullGraphTrainer:
         self.epoch = 0
         self.best_val, self.since_best = -1.0, 0  # early stopping, identical on all ranks
         self.consensus: float | None = None
+        self._evaluated: dict[str, torch.Tensor] | None = None
         self.on_phase: Callable[[str, int], None] | None = None
         """Called as ``(phase, epoch)`` with ``train`` / ``eval`` at the start of each epoch's
         step and evaluation (1-based epoch): for profilers and fault injection."""
@@ -177,12 +178,36 @@ class FullGraphTrainer:
             local = [p.detach().clone() for p in self.model.parameters()]
             vector_to_parameters(mean, self.model.parameters())
         pred = self.model(self.x, self.graph, self.eval_halo).argmax(dim=1)
+        self._evaluated = None
         if local is not None:
+            self._evaluated = self.model.state_dict()  # the averaged model just evaluated
+            self._evaluated = {k: v.detach().clone() for k, v in self._evaluated.items()}
             for p, v in zip(self.model.parameters(), local):
                 p.copy_(v)
         correct = pred == self.part.y
         masks = (self.part.train_mask, self.part.val_mask, self.part.test_mask)
         return torch.stack([(correct & m).sum() for m in masks]).to(torch.float64)
+
+    def evaluated_state(self) -> dict[str, torch.Tensor]:
+        """A CPU copy of the weights the last :meth:`evaluate` scored: the ranks' average
+        under decentralised training, else this rank's model (equal on every rank)."""
+        state = self._evaluated if self._evaluated is not None else self.model.state_dict()
+        return {k: v.detach().to("cpu", copy=True) for k, v in state.items()}
+
+    @torch.no_grad()
+    def predict(self, state: dict[str, torch.Tensor] | None = None) -> torch.Tensor:
+        """``[n_own, C]`` class scores (logits) of this rank's nodes, exact exchange, eval
+        mode, with ``state`` loaded for the pass (the current weights when None). All ranks
+        call it together."""
+        saved = None
+        if state is not None:
+            saved = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
+            self.model.load_state_dict(state)
+        self.model.eval()
+        logits = self.model(self.x, self.graph, self.eval_halo)
+        if saved is not None:
+            self.model.load_state_dict(saved)
+        return logits
 
     def step(self) -> EpochResult:
         """Train one epoch and evaluate; all ranks must call it together."""

@@ -1,0 +1,137 @@
+"""The Python API: train from a script or a notebook, get the trained model back.
+
+::
+
+    import commgnn
+    result = commgnn.train(data, model="sage", parts=4, epochs=200,
+                           comm=commgnn.CommConfig(halo=commgnn.HaloConfig(bits=8)))
+    result.model          # the trained torch_geometric module, on CPU (best validation epoch)
+    result.summary        # summary.json as a dict
+    result.predictions    # [N, C] class scores, in the graph's node order
+    result.run_dir        # where the run's records are
+
+This is the same code path as ``commgnn train`` (the CLI builds a :class:`RunConfig` from
+its flags and calls :func:`run`): local ranks are spawned, as the CLI does; under
+``torchrun`` the same call runs on every rank and rank 0 gets the result (the others get
+``None``). Errors raise typed :mod:`commgnn.errors` exceptions: a
+:class:`~commgnn.errors.UserError` (bad input) or a :class:`~commgnn.errors.RankFailure`.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, Mapping
+
+import torch
+from torch import Tensor, nn
+
+from commgnn.cli.config import FLAG_KEYS, RunConfig, resolve_config
+from commgnn.cli.run import default_out_dir, train_command
+from commgnn.comm.config import CommConfig
+from commgnn.config import from_dict, replace_path, set_path, to_dict
+from commgnn.errors import ConfigError, UserError
+from commgnn.models import ModelConfig, ReferenceGNN
+from commgnn.report import read_json
+
+
+@dataclass(frozen=True)
+class TrainResult:
+    """What a training run gives back."""
+
+    model: nn.Module
+    """The trained model on CPU, in eval mode: the weights of the best validation epoch in
+    a plain PyG module (:class:`~commgnn.models.ReferenceGNN` for the built-in names)."""
+    summary: dict[str, Any]
+    """``summary.json``: accuracies, bytes, times, memory."""
+    predictions: Tensor
+    """``[N, C]`` float32 class scores (logits) of every node, in the graph's node order."""
+    run_dir: Path
+    """The run directory (config, manifest, metrics, ``model.pt``, ``predictions.pt``)."""
+
+
+def train(data: Any = None, *, model: str = "gcn", parts: int | None = None, comm: CommConfig | None = None,
+          config: RunConfig | str | Path | None = None, out: str | Path | None = None,
+          env: Mapping[str, str] | None = None, **options: Any) -> TrainResult | None:
+    """Train a GNN partition-parallel on ``data`` and return the result.
+
+    Args:
+        data: a PyG ``Data``, a dict of tensors (``x``, ``edge_index``, ``y``, optional
+            masks), an ``InMemoryDataset`` (its first graph), a dataset name or a ``.pt``
+            path; None = the config's dataset (the synthetic graph by default).
+        model: ``"gcn"``, ``"sage"`` or ``"gat"``.
+        parts: number of ranks P (default: the config's, 2).
+        comm: communication levers (``CommConfig(halo=HaloConfig(...), grad=...)``).
+        config: a :class:`RunConfig`, or a TOML file, to start from.
+        out: the run directory (default ``runs/<date>-<dataset>-<model>-p<P>``).
+        env: the environment to look for ``torchrun``'s variables in (default ``os.environ``).
+        **options: any ``commgnn train`` flag by its Python name, e.g. ``epochs=200``,
+            ``lr=0.01``, ``hidden=128``, ``layers=3``, ``seed=1``, ``quiet=False``.
+    """
+    cfg = _config(config, options)
+    if isinstance(model, nn.Module):
+        raise ConfigError("model= takes 'gcn', 'sage' or 'gat' for now; your own nn.Module is not "
+                          "supported yet")
+    cfg = _set(cfg, "model.name", model)
+    if parts is not None:
+        cfg = _set(cfg, "runtime.parts", parts)
+    if comm is not None:
+        if not isinstance(comm, CommConfig):
+            raise ConfigError(f"comm= takes a commgnn.CommConfig, got {type(comm).__name__}")
+        cfg = replace(cfg, comm=comm)
+    graph = None
+    if isinstance(data, (str, Path)):
+        cfg = _set(cfg, "data.dataset", str(data))
+    elif data is not None:
+        graph = data
+    if out is not None:
+        cfg = _set(cfg, "output.out", str(out))
+    return run(cfg, env=os.environ if env is None else env, graph=graph)
+
+
+def run(cfg: RunConfig, *, env: Mapping[str, str], graph: Any = None, resume: bool = False) -> TrainResult | None:
+    """Train with a resolved configuration (what the CLI calls)."""
+    if cfg.output.out is None:
+        cfg = _set(cfg, "output.out", str(default_out_dir(cfg)))
+    summary = train_command(cfg, env, resume=resume, graph=graph)
+    if summary is None:
+        return None  # a torchrun rank other than 0
+    return load_result(Path(cfg.output.out))  # type: ignore[arg-type]
+
+
+def load_result(run_dir: str | Path) -> TrainResult:
+    """The result of a finished run, read back from its directory."""
+    run_dir = Path(run_dir)
+    if not (run_dir / "summary.json").is_file():
+        raise UserError(f"{run_dir} holds no finished run (no summary.json)")
+    cfg = resolve_config(str(run_dir / "config.toml"), {}, {})
+    dataset = read_json(run_dir / "manifest.json")["dataset"]
+    module = build_model(cfg.model, dataset["num_features"], dataset["num_classes"])
+    module.load_state_dict(torch.load(run_dir / "model.pt", map_location="cpu", weights_only=True))
+    module.eval()
+    return TrainResult(model=module, summary=read_json(run_dir / "summary.json"),
+                       predictions=torch.load(run_dir / "predictions.pt", map_location="cpu", weights_only=True),
+                       run_dir=run_dir)
+
+
+def build_model(cfg: ModelConfig, in_dim: int, num_classes: int) -> nn.Module:
+    """The plain single-process PyG module of a built-in model (``model.pt`` fits it)."""
+    return ReferenceGNN(cfg, in_dim, num_classes)
+
+
+def _config(config: RunConfig | str | Path | None, options: Mapping[str, Any]) -> RunConfig:
+    unknown = sorted(set(options) - set(FLAG_KEYS))
+    if unknown:
+        raise ConfigError(f"unknown option {unknown[0]!r}; options are the flags of `commgnn train`: "
+                          f"{', '.join(sorted(FLAG_KEYS))}")
+    if isinstance(config, RunConfig):
+        data = to_dict(config)
+        for name, value in options.items():
+            set_path(data, FLAG_KEYS[name], value)
+        return from_dict(RunConfig, data)
+    return resolve_config(str(config) if config is not None else None, dict(options), {})
+
+
+def _set(cfg: RunConfig, key: str, value: Any) -> RunConfig:
+    return replace_path(cfg, key, value)
