@@ -71,3 +71,24 @@ def test_options_are_the_cli_flags_and_errors_are_typed(tmp_path):
     assert not (tmp_path / "x").exists()
     with pytest.raises(UserError, match="no finished run"):
         commgnn.load_result(tmp_path)
+
+
+@pytest.mark.timeout(120)
+def test_predict_reproduces_the_runs_predictions_on_other_rank_counts(tmp_path, capsys):
+    from commgnn.cli.main import main
+
+    run = tmp_path / "run"
+    assert main(["train", "--parts", "2", "--epochs", "3", "--hidden", "8", "--quiet", "--out", str(run),
+                 "--config", str(_small_synthetic(tmp_path))]) == 0
+    for parts in ("1", "3"):
+        out = tmp_path / f"p{parts}.pt"
+        assert main(["predict", str(run), "--parts", parts, "--out", str(out)]) == 0
+        assert torch.allclose(torch.load(out), torch.load(run / "predictions.pt"), atol=1e-5)
+    assert main(["predict", str(tmp_path / "nothing")]) == 2
+    assert capsys.readouterr().err.count("\n") == 1
+
+
+def _small_synthetic(tmp_path: Path) -> Path:
+    path = tmp_path / "small.toml"
+    path.write_text("[data.synthetic]\nnum_nodes = 500\nnum_classes = 3\nfeature_dim = 8\n")
+    return path

@@ -165,6 +165,13 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--report-only", dest="report_only", action="store_true",
                    help="tabulate the finished runs in --out without running anything")
 
+    pr = sub.add_parser("predict", help="class scores of every node from a trained run (exact exchange)")
+    pr.add_argument("run_dir", metavar="RUN_DIR", help="a finished run directory (with model.pt)")
+    pr.add_argument("--dataset", help="another graph with the same features and classes (default: the run's)")
+    pr.add_argument("--data-root", dest="data_root", help="folder with staged datasets")
+    pr.add_argument("--parts", type=int, help="ranks P (default: the run's)")
+    pr.add_argument("--out", help="output file (default: RUN_DIR/predictions-<dataset>.pt)")
+
     sub.add_parser("datasets", help="list the dataset names commgnn knows")
     return parser
 
@@ -232,6 +239,16 @@ def cmd_bench(ns: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_predict(ns: argparse.Namespace) -> int:
+    from commgnn.cli.predict import predict
+
+    name = Path(ns.dataset).stem if ns.dataset else "run"
+    out = Path(ns.out) if ns.out else Path(ns.run_dir) / f"predictions-{name}.pt"
+    scores = predict(Path(ns.run_dir), out=out, dataset=ns.dataset, data_root=ns.data_root, parts=ns.parts)
+    print(f"{scores.shape[0]} nodes x {scores.shape[1]} classes -> {out}")
+    return 0
+
+
 def cmd_datasets(_: argparse.Namespace) -> int:
     from commgnn.data import dataset_names
 
@@ -250,7 +267,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help()
         return 2
     handler = {"train": cmd_train, "partition": cmd_partition, "bench": cmd_bench,
-               "datasets": cmd_datasets}[ns.command]
+               "datasets": cmd_datasets, "predict": cmd_predict}[ns.command]
     # SIGTERM ends a run like Ctrl-C: ranks stopped, run directory marked interrupted.
     previous = signal.signal(signal.SIGTERM, _on_sigterm) if _main_thread() else None
     try:
