@@ -77,9 +77,17 @@ def _crash_then_resume(tmp_path: Path, capfd: pytest.CaptureFixture, levers: lis
 
 
 @pytest.mark.timeout(180)
-@pytest.mark.parametrize("levers", [["--grad", "topk", "--ratio", "0.1"], ["--bits", "4"],
-                                    ["--staleness", "pipeline"]],
-                         ids=["topk-error-feedback", "4-bit-halo", "pipelined-halo"])
+@pytest.mark.parametrize("levers", [
+    ["--grad", "topk", "--ratio", "0.1"],
+    ["--bits", "4"],
+    ["--staleness", "pipeline"],
+    pytest.param(["--bits", "adaptive", "--budget-mb", "0.05"], marks=pytest.mark.slow),
+    pytest.param(["--sample-rate", "0.5"], marks=pytest.mark.slow),
+    pytest.param(["--staleness", "skip", "--stale-threshold", "0.05"], marks=pytest.mark.slow),
+    ["--grad", "powersgd", "--powersgd-rank", "1"],
+    pytest.param(["--gossip", "ring"], marks=pytest.mark.slow),
+], ids=["topk-error-feedback", "4-bit-halo", "pipelined-halo", "adaptive-bits", "sampled-halo",
+        "skip-unchanged", "powersgd", "gossip-dpsgd"])
 def test_resume_with_a_stateful_lever_equals_the_uninterrupted_run(tmp_path, capfd, levers):
     ref = tmp_path / "ref"
     assert main(["train", "--config", _write(tmp_path, "r.toml", CONFIG.format(every=0, extra="")),
