@@ -46,7 +46,7 @@ def test_trained_model_and_predictions_load_into_plain_pyg(tmp_path):
     data = Data(x=data.x, edge_index=data.edge_index, y=data.y, train_mask=data.train_mask,
                 val_mask=data.val_mask, test_mask=data.test_mask)
     res = commgnn.train(data, model="sage", parts=2, epochs=15, hidden=8, quiet=True, out=tmp_path / "run",
-                        comm=commgnn.CommConfig(halo=commgnn.HaloConfig(bits=8)))
+                        embeddings_layer=0, comm=commgnn.CommConfig(halo=commgnn.HaloConfig(bits=8)))
     assert res.predictions.shape == (120, 3)
     # model.pt is the state dict of the same model built in plain PyG ...
     state = torch.load(res.run_dir / "model.pt", weights_only=True)
@@ -55,7 +55,9 @@ def test_trained_model_and_predictions_load_into_plain_pyg(tmp_path):
     # ... and the predictions are that model's scores, in the graph's own node order
     with torch.no_grad():
         scores = res.model(data.x, data.edge_index)
+        emb = torch.relu(res.model.convs[0](data.x, data.edge_index))  # layer 0's output
     assert torch.allclose(scores, res.predictions, atol=1e-5)
+    assert torch.allclose(emb, torch.load(res.run_dir / "embeddings.pt"), atol=1e-5)
     acc = (scores.argmax(1) == data.y)[data.test_mask].float().mean().item()
     assert acc == pytest.approx(res.summary["test_acc"], abs=1e-6)
 

@@ -41,6 +41,13 @@ class OutputConfig:
     """Run directory; None = a new dated folder under ``runs/``."""
     quiet: bool = False
     """No progress bar or summary table (the files are written all the same)."""
+    embeddings_layer: int | None = None
+    """Also write ``embeddings.pt``: the ``[N, d]`` output of this layer (0-based, after its
+    activation) for every node, from the best validation epoch's weights; None = no."""
+
+    def __post_init__(self) -> None:
+        if self.embeddings_layer is not None and self.embeddings_layer < 0:
+            raise ConfigError(f"output.embeddings_layer must be >= 0, got {self.embeddings_layer}")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -60,11 +67,15 @@ class RunConfig:
     runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
     """``[runtime]``: ranks, backend, devices, time-outs, threads."""
     output: OutputConfig = field(default_factory=OutputConfig)
-    """``[output]``: run directory and console output."""
+    """``[output]``: run directory, console output, embeddings."""
     fault: FaultConfig | None = None
     """``[fault]``: a failure injected on purpose, for testing failure handling (none by default)."""
 
     def __post_init__(self) -> None:
+        k = self.output.embeddings_layer
+        if k is not None and k >= self.model.layers:
+            raise ConfigError(f"output.embeddings_layer = {k} but the model has {self.model.layers} layers "
+                              f"(0 to {self.model.layers - 1})")
         # A strategy that owns the momentum (DGC's momentum correction, QG-DSGDm) replaces
         # SGD's heavy ball; under Adam it would stack a second, unrelated momentum on top.
         gossip = self.comm.gossip
@@ -104,6 +115,7 @@ FLAG_KEYS: dict[str, str] = {
     "backend": "runtime.backend",
     "out": "output.out",
     "checkpoint_every": "runtime.checkpoint_every",
+    "embeddings_layer": "output.embeddings_layer",
     "memory_limit_gb": "runtime.memory_limit_gb",
     "force": "runtime.force",
     "quiet": "output.quiet",

@@ -116,6 +116,8 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--port", type=int, help="rendezvous port for local ranks (0 = pick a free one)")
     t.add_argument("--backend", help="auto | gloo | nccl")
     t.add_argument("--out", help="run directory (default: runs/<date>-<dataset>-<model>-p<P>)")
+    t.add_argument("--embeddings-layer", dest="embeddings_layer", type=int,
+                   help="also write embeddings.pt: every node's output of this layer (0-based)")
     t.add_argument("--checkpoint-every", dest="checkpoint_every", type=int,
                    help="write an atomic checkpoint every k epochs (0 = never)")
     t.add_argument("--memory-limit-gb", dest="memory_limit_gb", type=float,

@@ -19,7 +19,7 @@ import torch
 
 from commgnn.cli.config import RunConfig, resolve_config
 from commgnn.cli.preflight import check_rank_count
-from commgnn.comm.allreduce import counted_all_reduce
+from commgnn.cli.rank import gather_rows
 from commgnn.comm.config import CommConfig
 from commgnn.data import fingerprint, load_dataset
 from commgnn.dist.context import LaunchInfo, free_port, init_distributed, shutdown
@@ -78,10 +78,7 @@ def _predict_rank(info: LaunchInfo, cfg: RunConfig, part_dir: str, fp: str, stat
     hooks = Hooks()
     # Only the halo settings shape the model (precompute, transform-first); evaluation is exact.
     trainer = FullGraphTrainer(ctx, part, cfg.model, cfg.train, hooks, comm_cfg=CommConfig(halo=cfg.comm.halo))
-    logits = trainer.predict(state).float()
-    scores = torch.zeros(part.num_nodes_global, logits.shape[1], dtype=torch.float32, device=logits.device)
-    scores[trainer.part.global_ids] = logits
-    counted_all_reduce(ctx, hooks, scores, "control")
+    scores = gather_rows(ctx, hooks, trainer, part, trainer.predict(state))
     if ctx.is_main:
         tmp = Path(out).with_suffix(".tmp")
         torch.save(scores.cpu(), tmp)

@@ -107,7 +107,7 @@ def run_rank(ctx: DistContext, cfg: RunConfig, part: LocalPartition, out: Path, 
         if log:
             log.close()
     assert best is not None  # run() yields at least one epoch (epochs > 0)
-    _export(ctx, trainer, hooks, part, out, best["state"])
+    _export(ctx, trainer, hooks, part, out, best["state"], cfg.output.embeddings_layer)
     totals = meter.totals()
     if log:
         summary = summarise(dataset=cfg.data.dataset, model=cfg.model.name, parts=ctx.world_size,
@@ -118,19 +118,29 @@ def run_rank(ctx: DistContext, cfg: RunConfig, part: LocalPartition, out: Path, 
 
 
 def _export(ctx: DistContext, trainer: FullGraphTrainer, hooks: Hooks, part: LocalPartition, out: Path,
-            state: dict[str, Any]) -> None:
+            state: dict[str, Any], embeddings_layer: int | None) -> None:
     """Rank 0 writes ``model.pt`` (the weights of the best validation epoch, the state dict
-    of the same model in plain PyG) and ``predictions.pt`` (``[N, C]`` float32 class scores,
-    logits of an exact eval-mode pass, in the graph's own node order). The scores reach rank
-    0 by one all-reduce of a zero-filled ``[N, C]`` (exact: each row has one non-zero sender),
-    counted as control traffic."""
-    logits = trainer.predict(state).float()
-    scores = torch.zeros(part.num_nodes_global, logits.shape[1], dtype=torch.float32, device=logits.device)
-    scores[trainer.part.global_ids] = logits
-    counted_all_reduce(ctx, hooks, scores, "control")
+    of the same model in plain PyG), ``predictions.pt`` (``[N, C]`` float32 class scores,
+    logits of an exact eval-mode pass, in the graph's own node order) and, if asked,
+    ``embeddings.pt`` (``[N, d]``, the output of one layer)."""
+    scores = gather_rows(ctx, hooks, trainer, part, trainer.predict(state))
+    if embeddings_layer is not None:
+        emb = gather_rows(ctx, hooks, trainer, part, trainer.predict(state, layer=embeddings_layer))
     if ctx.is_main:
         torch.save(state, out / "model.pt")
-        torch.save(scores.cpu(), out / "predictions.pt")
+        torch.save(scores, out / "predictions.pt")
+        if embeddings_layer is not None:
+            torch.save(emb, out / "embeddings.pt")
+
+
+def gather_rows(ctx: DistContext, hooks: Hooks, trainer: FullGraphTrainer, part: LocalPartition,
+                 rows: torch.Tensor) -> torch.Tensor:
+    """``[N, d]`` on every rank from each rank's ``[n_own, d]`` rows, in global node order:
+    one all-reduce of a zero-filled matrix (exact: each row has one non-zero sender),
+    counted as control traffic."""
+    full = torch.zeros(part.num_nodes_global, rows.shape[1], dtype=torch.float32, device=rows.device)
+    full[trainer.part.global_ids] = rows.float()
+    return counted_all_reduce(ctx, hooks, full, "control").cpu()
 
 
 def _checkpoint(ctx: DistContext, trainer: FullGraphTrainer, meter: Meter, out: Path, fingerprint: str,

@@ -85,7 +85,9 @@ class PartitionGNN(nn.Module):
         elif not self.convs[0].transform_first:
             self.sparse["src"] = SparseRows(torch.cat([x, halo.exchange(x, 0, kind="halo_setup")]))
 
-    def forward(self, x: Tensor, graph: LocalGraph, halo: HaloExchange) -> Tensor:
+    def forward(self, x: Tensor, graph: LocalGraph, halo: HaloExchange, *, upto: int | None = None) -> Tensor:
+        """Logits ``[n_own, C]``; with ``upto = k``, the ``[n_own, d]`` output of layer k
+        (0-based, after its activation) instead: node embeddings."""
         h = x
         p = self.cfg.dropout
         sp = self.sparse
@@ -107,4 +109,6 @@ class PartitionGNN(nn.Module):
                 h = conv.combine(torch.cat([m, halo.exchange(m, i)]), h, graph, src, own)
             if i < len(self.convs) - 1:
                 h = activation(self.cfg, h)
+            if i == upto:
+                break
         return h

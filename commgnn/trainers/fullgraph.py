@@ -195,16 +195,16 @@ class FullGraphTrainer:
         return {k: v.detach().to("cpu", copy=True) for k, v in state.items()}
 
     @torch.no_grad()
-    def predict(self, state: dict[str, torch.Tensor] | None = None) -> torch.Tensor:
+    def predict(self, state: dict[str, torch.Tensor] | None = None, *, layer: int | None = None) -> torch.Tensor:
         """``[n_own, C]`` class scores (logits) of this rank's nodes, exact exchange, eval
-        mode, with ``state`` loaded for the pass (the current weights when None). All ranks
-        call it together."""
+        mode, with ``state`` loaded for the pass (the current weights when None); with
+        ``layer = k`` the output of layer k instead (embeddings). All ranks call it together."""
         saved = None
         if state is not None:
             saved = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
             self.model.load_state_dict(state)
         self.model.eval()
-        logits = self.model(self.x, self.graph, self.eval_halo)
+        logits = self.model(self.x, self.graph, self.eval_halo, upto=layer)
         if saved is not None:
             self.model.load_state_dict(saved)
         return logits
