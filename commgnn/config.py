@@ -14,16 +14,45 @@ itself in ``__post_init__``. This module only moves values in and out of them:
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import tomllib
 import types
 import typing
 from pathlib import Path
-from typing import Any, Literal, Mapping, TypeVar, Union, get_args, get_origin
+from typing import Any, Callable, Literal, Mapping, TypeVar, Union, get_args, get_origin
 
-from commgnn.errors import ConfigError
+from commgnn.errors import ConfigError, UserError
 
 T = TypeVar("T")
+
+
+def one_line(text: str) -> str:
+    """``text`` with line breaks and other unprintable characters escaped (``\\n``, ``\\x1e``):
+    a user error is printed as one line, and user input (a path, a TOML key) may hold them."""
+    if text.isprintable():
+        return text
+    return "".join(ch if ch.isprintable() else repr(ch)[1:-1] for ch in text)
+
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def one_line_errors(fn: F) -> F:
+    """Decorator: a :class:`~commgnn.errors.UserError` raised by ``fn`` is re-raised (same
+    type) with its message passed through :func:`one_line`."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except UserError as exc:
+            text = str(exc)
+            if text.isprintable():
+                raise
+            raise type(exc)(one_line(text)) from exc.__cause__
+
+    return wrapper  # type: ignore[return-value]
 
 
 def _type_name(tp: Any) -> str:
@@ -120,6 +149,7 @@ def _checked_fields(cls: type, data: Mapping[str, Any], path: str, *, build: boo
     return kwargs
 
 
+@one_line_errors
 def check_dict(cls: type, data: Mapping[str, Any], *, path: str = "") -> None:
     """Check ``data`` against dataclass ``cls`` without building it: unknown keys and values
     of the wrong type (at any depth) are :class:`ConfigError` naming the key. Value ranges
@@ -128,6 +158,7 @@ def check_dict(cls: type, data: Mapping[str, Any], *, path: str = "") -> None:
     _checked_fields(cls, data, path, build=False)
 
 
+@one_line_errors
 def from_dict(cls: type[T], data: Mapping[str, Any], *, path: str = "") -> T:
     """Build dataclass ``cls`` from ``data``, rejecting unknown keys and wrong types."""
     kwargs = _checked_fields(cls, data, path, build=True)
@@ -183,6 +214,7 @@ def set_path(data: dict[str, Any], dotted: str, value: Any) -> None:
     data[leaf] = value
 
 
+@one_line_errors
 def load_toml(path: str | Path) -> dict[str, Any]:
     """Read a TOML file, turning I/O and syntax problems into one-line config errors."""
     p = Path(path)

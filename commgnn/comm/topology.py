@@ -18,6 +18,7 @@ import networkx as nx
 import torch
 from torch import Tensor
 
+from commgnn.config import one_line_errors
 from commgnn.errors import ConfigError
 
 NAMED = ("ring", "torus", "exponential", "full")
@@ -33,6 +34,7 @@ def _metropolis(g: nx.Graph, n: int) -> Tensor:
     return W
 
 
+@one_line_errors
 def graph_for(name: str, n: int) -> nx.Graph | None:
     """The static graph of a named topology (None for the time-varying exponential)."""
     if name == "ring":
@@ -55,9 +57,12 @@ def graph_for(name: str, n: int) -> nx.Graph | None:
         g = nx.read_edgelist(path, nodetype=int) if path.suffix in (".txt", ".edgelist", "") \
             else nx.read_graphml(path, node_type=int) if path.suffix == ".graphml" else nx.read_gml(path, label="id")
     except Exception as exc:  # networkx raises many kinds for malformed files
-        raise ConfigError(f"comm.gossip.topology: cannot read graph file {path}: {exc}") from None
+        why = " ".join(str(exc).split())[:300] or type(exc).__name__  # one line
+        raise ConfigError(f"comm.gossip.topology: cannot read graph file {path}: {why}") from None
     g = nx.Graph(g)
-    if sorted(g.nodes()) != list(range(n)):
+    nodes = list(g.nodes())  # GML ids may be strings or floats: compare without sorting mixed types
+    if (len(nodes) != n or not all(isinstance(v, int) and not isinstance(v, bool) for v in nodes)
+            or set(nodes) != set(range(n))):
         raise ConfigError(f"comm.gossip.topology: graph file {path} must have nodes 0..{n - 1} (one per rank)")
     if not nx.is_connected(g):
         raise ConfigError(f"comm.gossip.topology: graph file {path} is not connected; gossip would not reach consensus")

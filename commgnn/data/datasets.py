@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import importlib.util
 import re
+import warnings
 import os.path as osp
 from dataclasses import dataclass
 from pathlib import Path
@@ -46,6 +47,7 @@ from torch_geometric.data import Data
 from torch_geometric.transforms import NormalizeFeatures
 from torch_geometric.utils import remove_self_loops
 
+from commgnn.config import one_line_errors
 from commgnn.data.cache import ensure_copy, locked, root_key
 from commgnn.data.config import DataConfig
 from commgnn.data.splits import stratified_split
@@ -143,6 +145,7 @@ def dataset_names() -> list[str]:
     return DATASETS.names()
 
 
+@one_line_errors
 def resolve_dataset(name: str) -> DatasetSpec:
     """The spec registered under ``name`` or one of its aliases (case-insensitive)."""
     canonical = _LOOKUP.get(_norm(name))
@@ -157,6 +160,7 @@ def default_cache_dir() -> Path:
     return Path.home() / ".cache" / "commgnn"
 
 
+@one_line_errors
 def load_dataset(cfg: DataConfig, graph: Any = None) -> Data:
     """Load the graph ``cfg.dataset`` names (or the given ``graph``: a PyG ``Data``, a dict
     of tensors, or an ``InMemoryDataset`` whose first graph is used), normalised and validated.
@@ -217,6 +221,7 @@ def _given_graph(graph: Any, cfg: DataConfig) -> Data:
                              where="the given graph")
 
 
+@one_line_errors
 def load_graph_file(path: Path, cfg: DataConfig) -> Data:
     """Load a user graph saved with ``torch.save``.
 
@@ -236,7 +241,13 @@ def load_graph_file(path: Path, cfg: DataConfig) -> Data:
     from torch_geometric.data.storage import GlobalStorage
 
     try:
-        with torch.serialization.safe_globals([Data, DataEdgeAttr, DataTensorAttr, GlobalStorage]):
+        # Sparse tensors are checked as they are loaded (indices within the size): torch
+        # skips that by default, and to_dense() of a forged one writes out of bounds.
+        # torch's own warnings about what a file holds (deprecated storages, ...) are not
+        # the user's business: the content is checked below, and refused in one line.
+        with torch.serialization.safe_globals([Data, DataEdgeAttr, DataTensorAttr, GlobalStorage]), \
+                torch.sparse.check_sparse_tensor_invariants(enable=True), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
             obj = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # corrupt file, foreign pickle, ...: one line for the user
         raise DataError(f"cannot read graph file {path}: {_load_error(path, exc)}") from exc
@@ -274,6 +285,11 @@ def graph_from_object(obj: Any, cfg: DataConfig, *, name: str, where: str) -> Da
         if not isinstance(obj[key], Tensor):
             raise DataError(f"{where}: {key} must be a tensor, got "
                             f"{type(obj[key]).__name__}")
+    for key in ("x", "edge_index", "y", *present):
+        t = obj[key]
+        kind = "meta" if t.is_meta else "quantized" if t.is_quantized else "nested" if t.is_nested else None
+        if kind:  # no plain values to check or train on
+            raise DataError(f"{where}: {key} is a {kind} tensor; save plain tensors")
     masks = tuple(obj[k] for k in MASK_NAMES) if present else None
     num_classes = obj.get("num_classes")
     data = _normalise(x, edge_index, y, masks, cfg, name=name, drop_unlabelled=False)
@@ -416,13 +432,15 @@ def _load_error(path: Path, exc: BaseException) -> str:
                 f"dicts and torch_geometric Data are read (weights_only=True)")
     if "WeightsUnpickler error:" in text:
         text = text.split("WeightsUnpickler error:", 1)[1].strip()
-        return f"{_one_line(type(exc)(text))} (save a dict of tensors with torch.save)"
+        return f"{_one_line(exc, text)} (save a dict of tensors with torch.save)"
     first = text.split(". ", 1)[0]  # torch's zip errors go on for several sentences
-    return (f"{_one_line(type(exc)(first))} (corrupt or truncated? save a dict of tensors with "
+    return (f"{_one_line(exc, first)} (corrupt or truncated? save a dict of tensors with "
             f"torch.save)")
 
 
-def _one_line(exc: BaseException) -> str:
-    text = " ".join(str(exc).split()) or "(no message)"
+def _one_line(exc: BaseException, message: str | None = None) -> str:
+    """``Type: message`` on one line, at most 300 characters of message (``message``
+    replaces ``str(exc)``: not every exception type can be rebuilt from a string)."""
+    text = " ".join((str(exc) if message is None else message).split()) or "(no message)"
     text = text if len(text) <= 300 else text[:297] + "..."
     return f"{type(exc).__name__}: {text}"

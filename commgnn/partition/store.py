@@ -3,7 +3,8 @@
 Layout of a directory for P parts::
 
     meta.json     {"format": "commgnn-partition", "version": 1,
-                   "num_parts": P, "num_nodes": N, "num_edges": E,
+                   "num_parts": P, "num_nodes": N, "num_edges": E, "num_features": F,
+                   "num_classes": C,
                    "graph_fingerprint": "<caller's string identifying the graph>",
                    "method": ..., "objective": ..., "seed": ...,   (and any other caller keys)
                    "report": {PartitionReport.to_dict()},
@@ -26,12 +27,14 @@ import json
 import os
 import shutil
 import tempfile
+import warnings
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import Tensor
 
+from commgnn.config import one_line_errors
 from commgnn.errors import PartitionError
 from commgnn.partition.local import LocalPartition
 from commgnn.partition.report import PartitionReport
@@ -70,6 +73,7 @@ def _is_partition_dir(path: Path) -> bool:
         return False
 
 
+@one_line_errors
 def save_partitions(dir: str | Path, parts_list: list[LocalPartition], meta: dict[str, Any]) -> Path:
     """Write ``parts_list`` (rank order) and ``meta`` to ``dir`` atomically; return the path.
 
@@ -91,7 +95,9 @@ def save_partitions(dir: str | Path, parts_list: list[LocalPartition], meta: dic
         raise PartitionError("meta needs a string 'graph_fingerprint' identifying the graph")
     derived = {"format": FORMAT, "version": VERSION, "num_parts": P,
                "num_nodes": parts_list[0].num_nodes_global,
-               "num_edges": sum(int(lp.edge_index.size(1)) for lp in parts_list)}
+               "num_edges": sum(int(lp.edge_index.size(1)) for lp in parts_list),
+               "num_features": int(parts_list[0].x.size(1)) if parts_list[0].x.dim() == 2 else 0,
+               "num_classes": int(parts_list[0].num_classes)}
     for k, v in derived.items():
         if k in meta and meta[k] != v:
             raise PartitionError(f"meta[{k!r}] = {meta[k]!r} disagrees with the partitions ({v!r})")
@@ -135,6 +141,7 @@ def save_partitions(dir: str | Path, parts_list: list[LocalPartition], meta: dic
     return path
 
 
+@one_line_errors
 def load_meta(dir: str | Path) -> dict[str, Any]:
     """Read and check ``dir/meta.json``; raise a one-line :class:`PartitionError` on any problem."""
     path = Path(dir)
@@ -169,6 +176,10 @@ def load_meta(dir: str | Path) -> dict[str, Any]:
     for ok, key in checks:
         if not ok:
             raise PartitionError(f"{meta_path} has a missing or invalid {key!r}; {_RERUN}")
+    for key in ("num_features", "num_classes"):  # absent in directories written before they were recorded
+        value = meta.get(key)
+        if key in meta and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+            raise PartitionError(f"{meta_path} has a missing or invalid {key!r}; {_RERUN}")
     problem = _report_problem(meta.get("report", {}), P)
     if problem:
         raise PartitionError(f"{meta_path} has an invalid 'report' ({problem}); {_RERUN}")
@@ -195,6 +206,7 @@ def _report_problem(report: Any, P: int) -> str | None:
     return None
 
 
+@one_line_errors
 def load_partition(dir: str | Path, rank: int, *, expected_fingerprint: str | None = None,
                    expected_parts: int | None = None) -> LocalPartition:
     """Load rank ``rank``'s :class:`LocalPartition` from ``dir``, checking it thoroughly.
@@ -223,12 +235,15 @@ def load_partition(dir: str | Path, rank: int, *, expected_fingerprint: str | No
     if hashlib.sha256(blob).hexdigest() != meta["files"][name]:
         raise PartitionError(f"{name} in {path} is corrupt (sha256 mismatch); {_RERUN}")
     try:
-        payload = torch.load(io.BytesIO(blob), map_location="cpu", weights_only=True)
+        with torch.sparse.check_sparse_tensor_invariants(enable=True), warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # see load_graph_file
+            payload = torch.load(io.BytesIO(blob), map_location="cpu", weights_only=True)
     except Exception as exc:  # torch raises many types for unreadable files
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise PartitionError(f"cannot read {name} in {path}: {first}; {_RERUN}") from None
     lp = _from_payload(payload, name, path)
-    problem = check_local_partition(lp, rank=rank, num_parts=P, num_nodes=meta["num_nodes"])
+    problem = check_local_partition(lp, rank=rank, num_parts=P, num_nodes=meta["num_nodes"],
+                                    num_features=meta.get("num_features"), num_classes=meta.get("num_classes"))
     if problem:
         raise PartitionError(f"{name} in {path} is inconsistent: {problem}; {_RERUN}")
     return lp
@@ -249,11 +264,15 @@ def _from_payload(payload: Any, name: str, path: Path) -> LocalPartition:
     return LocalPartition(**{k: payload[k] for k in (*_SCALARS, *_COUNTS, *_TENSORS)})
 
 
-def check_local_partition(lp: LocalPartition, *, rank: int, num_parts: int, num_nodes: int) -> str | None:
+def check_local_partition(lp: LocalPartition, *, rank: int, num_parts: int, num_nodes: int,
+                          num_features: int | None = None, num_classes: int | None = None) -> str | None:
     """First violation of the :class:`LocalPartition` contract's basic shape rules, or ``None``.
 
-    Cheap checks only (lengths, dtypes, index ranges, sortedness of ids): enough to catch
-    a file from another run or a bug, not a full re-derivation from the graph.
+    Cheap checks only (lengths, dtypes, index ranges, sortedness of ids, finite features,
+    labels of split nodes within the classes): enough to catch a file from another run or a
+    bug, not a full re-derivation from the graph. ``num_features`` and ``num_classes``
+    (recorded in ``meta.json`` since they were added; None = not checked) must be the same
+    on every rank, or the ranks' models would not match.
     """
     P, n_own, n_halo = num_parts, lp.num_owned, lp.num_halo
     if (lp.rank, lp.num_parts, lp.num_nodes_global) != (rank, P, num_nodes):
@@ -261,6 +280,8 @@ def check_local_partition(lp: LocalPartition, *, rank: int, num_parts: int, num_
                 f"expected rank {rank} of {P} for {num_nodes}")
     if lp.num_classes <= 0:
         return f"num_classes = {lp.num_classes}"
+    if num_classes is not None and lp.num_classes != num_classes:
+        return f"num_classes = {lp.num_classes} but meta.json records {num_classes}"
     for k in _COUNTS:
         counts = getattr(lp, k)
         if len(counts) != P or min(counts) < 0 or counts[rank] != 0:
@@ -288,12 +309,28 @@ def check_local_partition(lp: LocalPartition, *, rank: int, num_parts: int, num_
         return f"edge_index outside [0, {n_own + n_halo}) x [0, {n_own})"
     if tuple(lp.in_degree.shape) != (n_own + n_halo,):
         return f"in_degree has shape {tuple(lp.in_degree.shape)}, expected ({n_own + n_halo},)"
+    if lp.in_degree.numel() and int(lp.in_degree.min()) < 0:
+        return "in_degree has negative entries"
     if lp.x.dim() != 2 or lp.x.size(0) != n_own:
         return f"x has shape {tuple(lp.x.shape)}, expected [{n_own}, F]"
-    if lp.y.dim() == 0 or lp.y.size(0) != n_own:
+    if num_features is not None and lp.x.size(1) != num_features:
+        return f"x has {lp.x.size(1)} features but meta.json records {num_features}"
+    if not lp.x.dtype.is_floating_point:
+        return f"x has dtype {lp.x.dtype}, expected floating point"
+    if not bool(torch.isfinite(lp.x).all()):
+        return "x has NaN/inf values"
+    if lp.y.dim() != 1 or lp.y.size(0) != n_own:
         return f"y has shape {tuple(lp.y.shape)}, expected [{n_own}]"
+    if lp.y.dtype != torch.int64:
+        return f"y has dtype {lp.y.dtype}, expected int64"
+    labelled = torch.zeros(n_own, dtype=torch.bool)
     for k in ("train_mask", "val_mask", "test_mask"):
         m = getattr(lp, k)
         if m.dtype != torch.bool or tuple(m.shape) != (n_own,):
             return f"{k} has shape {tuple(m.shape)} / dtype {m.dtype}, expected [{n_own}] bool"
+        labelled |= m
+    if labelled.any():
+        used = lp.y[labelled]
+        if int(used.min()) < 0 or int(used.max()) >= lp.num_classes:
+            return f"a node in a split has a label outside [0, {lp.num_classes})"
     return None
