@@ -175,6 +175,12 @@ def build_parser() -> argparse.ArgumentParser:
     pr.add_argument("--out", help="output file (default: RUN_DIR/predictions-<dataset>.pt)")
 
     sub.add_parser("datasets", help="list the dataset names commgnn knows")
+
+    r = sub.add_parser("report", help="write one self-contained HTML page for runs and bench grids")
+    r.add_argument("run_dirs", nargs="+", metavar="RUN_DIR",
+                   help="run directories (`commgnn train --out`) or `commgnn bench` output folders")
+    r.add_argument("--out", default="report.html", help="HTML file to write (default: report.html)")
+    r.add_argument("--title", help="page title (default: the directories' names)")
     return parser
 
 
@@ -251,6 +257,15 @@ def cmd_predict(ns: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_report(ns: argparse.Namespace) -> int:
+    from commgnn.report.html import write_report
+
+    out = write_report(ns.run_dirs, ns.out, title=ns.title)
+    print(f"wrote {out} ({out.stat().st_size / 1e3:.0f} KB) for {len(ns.run_dirs)} "
+          f"{'directory' if len(ns.run_dirs) == 1 else 'directories'}")
+    return 0
+
+
 def cmd_datasets(_: argparse.Namespace) -> int:
     from commgnn.data import dataset_names
 
@@ -269,7 +284,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help()
         return 2
     handler = {"train": cmd_train, "partition": cmd_partition, "bench": cmd_bench,
-               "datasets": cmd_datasets, "predict": cmd_predict}[ns.command]
+               "datasets": cmd_datasets, "predict": cmd_predict, "report": cmd_report}[ns.command]
     # SIGTERM ends a run like Ctrl-C: ranks stopped, run directory marked interrupted.
     previous = signal.signal(signal.SIGTERM, _on_sigterm) if _main_thread() else None
     try:
