@@ -6,7 +6,7 @@ Data flows ``data -> partition -> comm -> models -> trainers -> metrics/report -
 
 __version__ = "0.1.0"
 
-_API = {"train": "commgnn.api", "run": "commgnn.api", "load_result": "commgnn.api", "TrainResult": "commgnn.api",
+_API = {"train": "commgnn.api", "resume": "commgnn.api", "run": "commgnn.api", "load_result": "commgnn.api", "TrainResult": "commgnn.api",
         "RunConfig": "commgnn.cli.config", "CommConfig": "commgnn.comm.config",
         "HaloConfig": "commgnn.comm.config", "GradConfig": "commgnn.comm.config",
         "GossipConfig": "commgnn.comm.config", "ModelConfig": "commgnn.models.config",

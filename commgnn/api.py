@@ -28,6 +28,7 @@ import torch
 from torch import Tensor, nn
 
 from commgnn.cli.config import FLAG_KEYS, RunConfig, resolve_config
+from commgnn.cli.own_model import read_own_model
 from commgnn.cli.run import default_out_dir, train_command
 from commgnn.comm.config import CommConfig
 from commgnn.config import from_dict, replace_path, set_path, to_dict
@@ -60,7 +61,11 @@ def train(data: Any = None, *, model: str = "gcn", parts: int | None = None, com
         data: a PyG ``Data``, a dict of tensors (``x``, ``edge_index``, ``y``, optional
             masks), an ``InMemoryDataset`` (its first graph), a dataset name or a ``.pt``
             path; None = the config's dataset (the synthetic graph by default).
-        model: ``"gcn"``, ``"sage"`` or ``"gat"``.
+        model: ``"gcn"``, ``"sage"`` or ``"gat"``, or your own ``nn.Module`` built from PyG
+            layers (see :mod:`commgnn.models.byo` for the supported ones), whose forward is
+            ``forward(x, edge_index)``. It runs partition-parallel with the halo exchange
+            inserted before each message-passing layer; its weights are the starting point
+            (your module itself is not changed) and ``result.model`` is a trained copy.
         parts: number of ranks P (default: the config's, 2).
         comm: communication levers (``CommConfig(halo=HaloConfig(...), grad=...)``).
         config: a :class:`RunConfig`, or a TOML file, to start from.
@@ -70,10 +75,9 @@ def train(data: Any = None, *, model: str = "gcn", parts: int | None = None, com
             ``lr=0.01``, ``hidden=128``, ``layers=3``, ``seed=1``, ``quiet=False``.
     """
     cfg = _config(config, options)
-    if isinstance(model, nn.Module):
-        raise ConfigError("model= takes 'gcn', 'sage' or 'gat' for now; your own nn.Module is not "
-                          "supported yet")
-    cfg = _set(cfg, "model.name", model)
+    module = model if isinstance(model, nn.Module) else None
+    if module is None:
+        cfg = _set(cfg, "model.name", model)
     if parts is not None:
         cfg = _set(cfg, "runtime.parts", parts)
     if comm is not None:
@@ -87,14 +91,35 @@ def train(data: Any = None, *, model: str = "gcn", parts: int | None = None, com
         graph = data
     if out is not None:
         cfg = _set(cfg, "output.out", str(out))
-    return run(cfg, env=os.environ if env is None else env, graph=graph)
+    return run(cfg, env=os.environ if env is None else env, graph=graph, module=module)
 
 
-def run(cfg: RunConfig, *, env: Mapping[str, str], graph: Any = None, resume: bool = False) -> TrainResult | None:
+def resume(run_dir: str | Path, data: Any = None, *, epochs: int | None = None,
+           env: Mapping[str, str] | None = None) -> TrainResult | None:
+    """Continue a stopped run from its newest checkpoint (``commgnn train --resume``): its own
+    config, its own model (a user's model is kept in the run directory); ``data`` is needed
+    again when the run trained on a graph given in Python; ``epochs`` extends or shortens it."""
+    run_dir = Path(run_dir)
+    if not (run_dir / "config.toml").is_file() or not (run_dir / "manifest.json").is_file():
+        raise UserError(f"{run_dir} is not a commgnn run directory (no config.toml and manifest.json)")
+    flags: dict[str, Any] = {"out": str(run_dir)}
+    if epochs is not None:
+        flags["epochs"] = epochs
+    cfg = resolve_config(str(run_dir / "config.toml"), flags, {})
+    graph = None
+    if isinstance(data, (str, Path)):
+        cfg = _set(cfg, "data.dataset", str(data))
+    else:
+        graph = data
+    return run(cfg, env=os.environ if env is None else env, graph=graph, resume=True)
+
+
+def run(cfg: RunConfig, *, env: Mapping[str, str], graph: Any = None, resume: bool = False,
+        module: nn.Module | None = None) -> TrainResult | None:
     """Train with a resolved configuration (what the CLI calls)."""
     if cfg.output.out is None:
         cfg = _set(cfg, "output.out", str(default_out_dir(cfg)))
-    summary = train_command(cfg, env, resume=resume, graph=graph)
+    summary = train_command(cfg, env, resume=resume, graph=graph, module=module)
     if summary is None:
         return None  # a torchrun rank other than 0
     return load_result(Path(cfg.output.out))  # type: ignore[arg-type]
@@ -107,7 +132,7 @@ def load_result(run_dir: str | Path) -> TrainResult:
         raise UserError(f"{run_dir} holds no finished run (no summary.json)")
     cfg = resolve_config(str(run_dir / "config.toml"), {}, {})
     dataset = read_json(run_dir / "manifest.json")["dataset"]
-    module = build_model(cfg.model, dataset["num_features"], dataset["num_classes"])
+    module = read_own_model(run_dir) or build_model(cfg.model, dataset["num_features"], dataset["num_classes"])
     module.load_state_dict(torch.load(run_dir / "model.pt", map_location="cpu", weights_only=True))
     module.eval()
     return TrainResult(model=module, summary=read_json(run_dir / "summary.json"),

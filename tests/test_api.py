@@ -94,3 +94,86 @@ def _small_synthetic(tmp_path: Path) -> Path:
     path = tmp_path / "small.toml"
     path.write_text("[data.synthetic]\nnum_nodes = 500\nnum_classes = 3\nfeature_dim = 8\n")
     return path
+
+
+class _OwnModel(torch.nn.Module):
+    """A user's model: GCN and GIN layers, a residual and a LayerNorm."""
+
+    def __init__(self, d_in: int, hidden: int, classes: int) -> None:
+        from torch_geometric.nn import GCNConv, GINConv
+
+        super().__init__()
+        self.conv1 = GCNConv(d_in, hidden)
+        self.conv2 = GINConv(torch.nn.Sequential(torch.nn.Linear(hidden, hidden), torch.nn.ReLU()))
+        self.norm = torch.nn.LayerNorm(hidden)
+        self.out = GCNConv(hidden, classes)
+
+    def forward(self, x, edge_index):
+        h = torch.relu(self.conv1(x, edge_index))
+        h = self.norm(h + self.conv2(h, edge_index))
+        return self.out(h, edge_index)
+
+
+@pytest.mark.timeout(120)
+def test_your_own_model_trains_as_it_would_in_one_process(tmp_path):
+    """Exact exchange, no dropout: 2 ranks train the user's model to the same weights as
+    plain single-process training (Adam, the trainer's loss and weight decay)."""
+    import copy
+
+    import torch.nn.functional as F
+    from helpers import small_graph
+
+    data = small_graph(n=150, m=600, f=6, c=3, seed=2)
+    data = Data(**{k: data[k] for k in ("x", "edge_index", "y", "train_mask", "val_mask", "test_mask")})
+    torch.manual_seed(0)
+    model = _OwnModel(6, 8, 3)
+    start = copy.deepcopy(model.state_dict())
+    res = commgnn.train(data, model=model, parts=2, epochs=5, lr=0.01, patience=0, quiet=True,
+                        out=tmp_path / "run")
+    assert all(torch.equal(v, start[k]) for k, v in model.state_dict().items())  # the user's module is untouched
+    ref = _OwnModel(6, 8, 3)
+    ref.load_state_dict(start)
+    opt = torch.optim.Adam(ref.parameters(), lr=0.01, weight_decay=5e-4)
+    best, best_val = None, -1.0
+    for _ in range(5):
+        opt.zero_grad()
+        F.cross_entropy(ref(data.x, data.edge_index)[data.train_mask], data.y[data.train_mask]).backward()
+        opt.step()
+        with torch.no_grad():
+            val = (ref(data.x, data.edge_index).argmax(1) == data.y)[data.val_mask].float().mean().item()
+        if val > best_val + 1e-12:
+            best, best_val = copy.deepcopy(ref.state_dict()), val
+    trained = torch.load(res.run_dir / "model.pt", weights_only=True)
+    assert set(trained) == set(best)
+    for k, v in best.items():
+        assert torch.allclose(trained[k], v, atol=1e-5), k
+    assert type(res.model) is _OwnModel and res.summary["model"] == "_OwnModel"
+
+
+def test_an_unsupported_layer_is_refused_by_name(tmp_path):
+    from torch_geometric.nn import ChebConv
+
+    class Cheb(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.conv = ChebConv(4, 2, K=2)
+
+        def forward(self, x, edge_index):
+            return self.conv(x, edge_index)
+
+    with pytest.raises(ConfigError, match="ChebConv"):
+        commgnn.train(model=Cheb(), parts=1, out=tmp_path / "run")
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.timeout(120)
+def test_the_example_script_trains_and_loads_into_plain_pyg(tmp_path):
+    import subprocess
+    import sys
+
+    script = Path(__file__).resolve().parents[1] / "examples" / "own_model.py"
+    res = subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=110)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert "agree on 100.0% of the nodes" in res.stdout
+    acc = float(re.search(r"test accuracy ([0-9.]+)", res.stdout).group(1))
+    assert acc > 0.5  # 4 classes: well above chance

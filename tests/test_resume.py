@@ -131,3 +131,40 @@ def test_elastic_restart_under_torchrun_completes_and_matches(tmp_path, referenc
     assert json.loads((out / "status.json").read_text())["state"] == "complete"
     assert _losses(out) == _losses(reference)
     assert _accs(out) == _accs(reference)
+
+
+@pytest.mark.timeout(180)
+def test_your_own_model_on_a_python_graph_resumes_from_python(tmp_path, capfd):
+    import commgnn
+    from commgnn.errors import RankFailure
+    from helpers import small_graph
+    from test_api import _OwnModel
+    from torch_geometric.data import Data
+
+    g = small_graph(n=200, m=800, f=6, c=3, seed=3)
+    data = Data(**{k: g[k] for k in ("x", "edge_index", "y", "train_mask", "val_mask", "test_mask")})
+    make_model = _seeded(_OwnModel, 6, 8, 3)
+    base = CONFIG.format(every=4, extra="")
+    ref = commgnn.train(data, model=make_model(), parts=2, out=tmp_path / "ref",
+                        config=_write(tmp_path, "b.toml", base))
+    crash = _write(tmp_path, "c.toml", CONFIG.format(every=4, extra=CRASH))
+    with pytest.raises(RankFailure, match="rank 1 of 2 failed: killed by SIGKILL"):
+        commgnn.train(data, model=make_model(), parts=2, out=tmp_path / "run", config=crash)
+    capfd.readouterr()
+    # from the CLI there is no graph to resume on: one line that says what to do
+    from commgnn.cli.main import main
+    assert main(["train", "--resume", str(tmp_path / "run")]) == 2
+    assert "commgnn.resume(" in capfd.readouterr().err
+    res = commgnn.resume(tmp_path / "run", data)
+    assert type(res.model) is _OwnModel
+    assert _losses(res.run_dir) == _losses(ref.run_dir)
+    assert _accs(res.run_dir) == _accs(ref.run_dir)
+
+
+def _seeded(cls, *args):
+    import torch
+
+    def make():
+        torch.manual_seed(0)
+        return cls(*args)
+    return make

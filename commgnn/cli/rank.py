@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch import nn
 
 from commgnn.cli.config import RunConfig
 from commgnn.comm.allreduce import counted_all_reduce
@@ -26,6 +27,7 @@ from commgnn.dist.events import Hooks
 from commgnn.dist.faults import FaultInjector
 from commgnn.errors import UserError
 from commgnn.metrics import Meter
+from commgnn.models.byo import message_passing_layers
 from commgnn.partition import LocalPartition
 from commgnn.report import EpochProgress, MetricsLog, print_summary, summarise, write_json
 from commgnn.trainers import FullGraphTrainer
@@ -66,12 +68,13 @@ def _resume(ctx: DistContext, trainer: FullGraphTrainer, meter: Meter, out: Path
 
 
 def run_rank(ctx: DistContext, cfg: RunConfig, part: LocalPartition, out: Path, report: dict[str, Any], *,
-             fingerprint: str, resume: bool = False, attempt: int = 0) -> None:
-    """Train on this rank's partition (all ranks call it together)."""
+             fingerprint: str, resume: bool = False, attempt: int = 0, module: nn.Module | None = None) -> None:
+    """Train on this rank's partition (all ranks call it together); ``module``: the user's
+    own PyG model instead of the built-in ``cfg.model``."""
     hooks = Hooks()
-    meter = Meter(ctx, cfg.model.layers)
+    meter = Meter(ctx, len(message_passing_layers(module)) if module is not None else cfg.model.layers)
     hooks.subscribe(meter)
-    trainer = FullGraphTrainer(ctx, part, cfg.model, cfg.train, hooks, comm_cfg=cfg.comm)
+    trainer = FullGraphTrainer(ctx, part, cfg.model, cfg.train, hooks, comm_cfg=cfg.comm, module=module)
     meter.end_setup()  # set-up traffic is reported apart from the epochs
     if cfg.fault is not None:
         trainer.on_phase = FaultInjector(cfg.fault, ctx.rank, attempt)
@@ -110,7 +113,8 @@ def run_rank(ctx: DistContext, cfg: RunConfig, part: LocalPartition, out: Path, 
     _export(ctx, trainer, hooks, part, out, best["state"], cfg.output.embeddings_layer)
     totals = meter.totals()
     if log:
-        summary = summarise(dataset=cfg.data.dataset, model=cfg.model.name, parts=ctx.world_size,
+        name = type(module).__name__ if module is not None else cfg.model.name
+        summary = summarise(dataset=cfg.data.dataset, model=name, parts=ctx.world_size,
                             rows=rows, totals=totals, partition=report)
         write_json(out / "summary.json", summary)
         if show:

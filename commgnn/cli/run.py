@@ -23,13 +23,16 @@ from pathlib import Path
 from typing import Any, Mapping
 
 import torch
+from torch import nn
 
 from commgnn.cli.config import RunConfig, config_from_partition_dir
 from commgnn.config import dump_toml, to_dict
-from commgnn.data import fingerprint, load_dataset
+from commgnn.data import GIVEN_GRAPH, fingerprint, load_dataset
 from commgnn.dist.context import (DistContext, LaunchInfo, check_port_free, free_port, init_distributed,
                                   launch_info_from_env, shutdown)
 from commgnn.cli.preflight import check_disk, check_memory, check_rank_count, estimate_memory, estimate_run_bytes
+from commgnn.cli.own_model import (check_own_model, pack_model, read_own_model, unpack_model,
+                                   write_own_model)
 from commgnn.cli.rank import run_rank
 from commgnn.dist.launch import first_line, is_collective_failure, spawn_ranks
 from commgnn.errors import PartitionError, RankFailure, UserError
@@ -127,12 +130,15 @@ def _write_run_dir(cfg: RunConfig, out: Path, data: Any, fp: str, parts: torch.T
         raise
 
 
-def train_local(cfg: RunConfig, *, resume: bool = False, graph: Any = None) -> dict[str, Any]:
+def train_local(cfg: RunConfig, *, resume: bool = False, graph: Any = None,
+                module: nn.Module | None = None) -> dict[str, Any]:
     """Run P local ranks; return the summary. With ``resume``, ``cfg.output.out`` is an
     existing run directory to continue from its newest checkpoint. ``graph``: a graph given
     in Python (PyG ``Data``, dict or ``InMemoryDataset``) instead of ``cfg.data.dataset``."""
     cfg = config_from_partition_dir(cfg)
     P, rt = cfg.runtime.parts, cfg.runtime
+    if module is not None:
+        check_own_model(module, cfg)
     check_rank_count(P, force=rt.force)
     port = rt.port  # the config keeps the user's value (0 = pick), so it can be rerun
     if P > 1:
@@ -140,9 +146,12 @@ def train_local(cfg: RunConfig, *, resume: bool = False, graph: Any = None) -> d
             check_port_free(rt.master_addr, port)
         else:
             port = free_port(rt.master_addr)
+    out = Path(cfg.output.out) if cfg.output.out else default_out_dir(cfg)
+    if resume and graph is None and read_json(out / "manifest.json")["dataset"]["name"] == GIVEN_GRAPH:
+        raise UserError(f"{out} trained on a graph given in Python; resume it from Python with "
+                        f"commgnn.resume({str(out)!r}, data)")
     data = load_dataset(cfg.data, graph)
     fp = fingerprint(data)
-    out = Path(cfg.output.out) if cfg.output.out else default_out_dir(cfg)
     cfg = replace(cfg, output=replace(cfg.output, out=str(out)))
     if resume:
         parts, report = None, read_json(out / "manifest.json")["partition"]["report"]
@@ -150,6 +159,7 @@ def train_local(cfg: RunConfig, *, resume: bool = False, graph: Any = None) -> d
         for r in range(P):
             load_partition(part_dir, r, expected_fingerprint=fp, expected_parts=P)
         attempt = _previous_attempt(out) + 1
+        module = read_own_model(out) if module is None else module
         _ended(out, "running", resumed=True, attempt=attempt)
     else:
         parts, report = partition_for_run(cfg, data, fp)
@@ -157,8 +167,11 @@ def train_local(cfg: RunConfig, *, resume: bool = False, graph: Any = None) -> d
         _write_run_dir(cfg, out, data, fp, parts, report)
         part_dir = cfg.partition.dir or str(out / "partitions")
         attempt = 0
+        if module is not None:
+            write_own_model(out, module)
     del data, parts
-    args = (cfg, str(out), part_dir, fp, report, resume, attempt)
+    packed = pack_model(module)
+    args = (cfg, str(out), part_dir, fp, report, resume, attempt, packed)
     try:
         if P == 1:
             _local_rank(LaunchInfo(rank=0, world_size=1, local_rank=0, local_world_size=1,
@@ -199,10 +212,11 @@ def _previous_attempt(out: Path) -> int:
 
 
 def _local_rank(info: LaunchInfo, cfg: RunConfig, out: str, part_dir: str, fp: str,
-                report: dict[str, Any], resume: bool, attempt: int) -> None:
+                report: dict[str, Any], resume: bool, attempt: int, packed: bytes | None) -> None:
     ctx = init_distributed(info, cfg.runtime)
     part = load_partition(part_dir, ctx.rank, expected_fingerprint=fp, expected_parts=ctx.world_size)
-    run_rank(ctx, cfg, part, Path(out), report, fingerprint=fp, resume=resume, attempt=attempt)
+    run_rank(ctx, cfg, part, Path(out), report, fingerprint=fp, resume=resume, attempt=attempt,
+             module=unpack_model(packed))
     shutdown(ctx)  # only after success: after an error a barrier would wait on a dead peer
 
 
@@ -243,7 +257,8 @@ def _prepare_torchrun(cfg: RunConfig, ctx: DistContext, graph: Any) -> tuple[Any
     return data, fp, part, report  # type: ignore[return-value]
 
 
-def train_torchrun(cfg: RunConfig, info: LaunchInfo, graph: Any = None) -> dict[str, Any] | None:
+def train_torchrun(cfg: RunConfig, info: LaunchInfo, graph: Any = None,
+                   module: nn.Module | None = None) -> dict[str, Any] | None:
     """This process is one rank of a torchrun job; rank 0 returns the summary.
 
     The world size comes from torchrun; ``runtime.parts`` is replaced by it. After an
@@ -251,6 +266,9 @@ def train_torchrun(cfg: RunConfig, info: LaunchInfo, graph: Any = None) -> dict[
     directory from its newest checkpoint (``runtime.checkpoint_every``).
     """
     cfg = config_from_partition_dir(replace(cfg, runtime=replace(cfg.runtime, parts=info.world_size)))
+    if module is not None:
+        check_own_model(module, cfg)
+        module = unpack_model(pack_model(module))  # a copy: the caller's module stays untrained
     ctx = init_distributed(info, cfg.runtime)
     out = Path(cfg.output.out) if cfg.output.out else default_out_dir(cfg)
     cfg = replace(cfg, output=replace(cfg.output, out=str(out)))
@@ -263,6 +281,8 @@ def train_torchrun(cfg: RunConfig, info: LaunchInfo, graph: Any = None) -> dict[
             staging = prepare_out_dir(out)
             _write_header(staging, cfg, data, fp, report, torchrun=True)
             commit_out_dir(staging, out)
+            if module is not None:
+                write_own_model(out, module)
         except Exception as exc:
             error = exc
     elif ctx.is_main:
@@ -277,7 +297,8 @@ def train_torchrun(cfg: RunConfig, info: LaunchInfo, graph: Any = None) -> dict[
     if ctx.watchdog is not None and ctx.is_main:
         ctx.watchdog.on_sigterm = lambda: _ended(out, "interrupted", signal="SIGTERM")
     try:
-        run_rank(ctx, cfg, part, out, report, fingerprint=fp, resume=resume, attempt=info.restart_count)
+        run_rank(ctx, cfg, part, out, report, fingerprint=fp, resume=resume, attempt=info.restart_count,
+                 module=module)
     except BaseException as exc:
         raise _rank_failure(ctx, exc, out) from None
     if ctx.is_main:
@@ -315,10 +336,10 @@ def _rank_failure(ctx: DistContext, exc: BaseException, out: Path) -> BaseExcept
 
 
 def train_command(cfg: RunConfig, env: Mapping[str, str], *, resume: bool = False,
-                  graph: Any = None) -> dict[str, Any] | None:
+                  graph: Any = None, module: nn.Module | None = None) -> dict[str, Any] | None:
     """Train as ``cfg`` says: under torchrun when its variables are in ``env``, else with
     local ranks. Rank 0 (and the local launcher) returns the summary, other ranks None."""
     info = launch_info_from_env(env)
     if info is not None:
-        return train_torchrun(cfg, info, graph)
-    return train_local(cfg, resume=resume, graph=graph)
+        return train_torchrun(cfg, info, graph, module)
+    return train_local(cfg, resume=resume, graph=graph, module=module)

@@ -208,6 +208,10 @@ def load_dataset(cfg: DataConfig, graph: Any = None) -> Data:
     return data
 
 
+GIVEN_GRAPH = "graph given in Python"
+"""The dataset name recorded for a graph handed over in Python."""
+
+
 def _given_graph(graph: Any, cfg: DataConfig) -> Data:
     """A graph handed over in Python (the API's ``commgnn.train(data, ...)``)."""
     num_classes = None
@@ -217,8 +221,7 @@ def _given_graph(graph: Any, cfg: DataConfig) -> Data:
     obj = graph.to_dict() if isinstance(graph, Data) else graph
     if isinstance(obj, dict) and num_classes is not None and obj.get("num_classes") is None:
         obj = {**obj, "num_classes": num_classes}
-    return graph_from_object(obj, cfg, name=cfg.dataset if cfg.dataset != "synthetic" else "user graph",
-                             where="the given graph")
+    return graph_from_object(obj, cfg, name=GIVEN_GRAPH, where="the given graph")
 
 
 @one_line_errors

@@ -29,8 +29,10 @@ from commgnn.comm.grad_sync import GradSync
 from commgnn.comm.halo import HaloExchange, HaloPlan
 from commgnn.dist.context import DistContext
 from commgnn.dist.events import Hooks
+from commgnn.errors import ConfigError
 from commgnn.models.config import ModelConfig
 from commgnn.models.graph import LocalGraph
+from commgnn.models.byo import DistributedModel
 from commgnn.models.net import PartitionGNN
 from commgnn.partition.local import LocalPartition
 from commgnn.trainers.config import TrainConfig
@@ -78,7 +80,10 @@ class FullGraphTrainer:
 
     def __init__(self, ctx: DistContext, part: LocalPartition, model_cfg: ModelConfig,
                  train_cfg: TrainConfig, hooks: Hooks, *, comm_cfg: CommConfig | None = None,
-                 halo: HaloExchange | None = None, grad_sync: GradSync | None = None) -> None:
+                 halo: HaloExchange | None = None, grad_sync: GradSync | None = None,
+                 module: nn.Module | None = None) -> None:
+        """``module``: the user's own PyG model (run through :class:`DistributedModel`, with
+        its own weights, equal on every rank) instead of the built-in ``model_cfg`` one."""
         self.ctx, self.cfg, self.hooks = ctx, train_cfg, hooks
         comm_cfg = comm_cfg if comm_cfg is not None else CommConfig()
         self.halo_cfg = halo_cfg = comm_cfg.halo
@@ -87,19 +92,33 @@ class FullGraphTrainer:
         self.x = self.part.x.to(dtype)
         self.graph = local_graph(self.part)
         plan = halo_plan(self.part)
-        self.halo = halo if halo is not None else build_halo(ctx, plan, hooks, halo_cfg, num_layers=model_cfg.layers,
+        byo = None
+        if module is not None:
+            if halo_cfg.precompute:
+                raise ConfigError("comm.halo.precompute is not available with your own model (it needs "
+                                  "commgnn's built-in first layer); drop it")
+            byo = DistributedModel(module, transform_first=halo_cfg.transform_first).to(ctx.device, dtype)
+        layers = byo.num_layers if byo is not None else model_cfg.layers
+        self.halo = halo if halo is not None else build_halo(ctx, plan, hooks, halo_cfg, num_layers=layers,
                                                              seed=train_cfg.seed)
         # Evaluation stays exact whatever lossy lever trains.
         self.eval_halo = AllToAllHalo(ctx, plan, hooks)
         self.grad_sync = grad_sync if grad_sync is not None else build_grad_sync(ctx, hooks, comm_cfg,
                                                                                  seed=train_cfg.seed)
         torch.manual_seed(train_cfg.seed)  # identical initial weights on every rank
-        self.model = PartitionGNN(model_cfg, part.x.shape[1], part.num_classes,
-                                  transform_first=halo_cfg.transform_first).to(ctx.device, dtype)
-        if halo_cfg.precompute:
-            self.model.precompute(self.x, self.graph, self.eval_halo)
-        if self._sparse_input(train_cfg.sparse_input):
-            self.model.use_sparse_input(self.x, self.eval_halo)
+        self.model: nn.Module
+        if byo is not None:
+            self.model = byo
+            byo.setup(self.graph, self.eval_halo)  # GCNConv's global degrees: a collective, if needed
+        else:
+            self.model = PartitionGNN(model_cfg, part.x.shape[1], part.num_classes,
+                                      transform_first=halo_cfg.transform_first).to(ctx.device, dtype)
+            if halo_cfg.precompute:
+                self.model.precompute(self.x, self.graph, self.eval_halo)
+            if self._sparse_input(train_cfg.sparse_input):
+                self.model.use_sparse_input(self.x, self.eval_halo)
+        self.export_module: nn.Module = byo.module if byo is not None else self.model
+        """The module whose state dict is the trained model (plain PyG keys)."""
         self.net = self.grad_sync.wrap(self.model)  # DDP for torch's comm hooks, else the model
         # strategies that apply the momentum themselves (DGC momentum correction, QG-DSGDm)
         self.optimizer = make_optimizer(self.model.parameters(), train_cfg,
@@ -180,7 +199,7 @@ class FullGraphTrainer:
         pred = self.model(self.x, self.graph, self.eval_halo).argmax(dim=1)
         self._evaluated = None
         if local is not None:
-            self._evaluated = self.model.state_dict()  # the averaged model just evaluated
+            self._evaluated = self.export_module.state_dict()  # the averaged model just evaluated
             self._evaluated = {k: v.detach().clone() for k, v in self._evaluated.items()}
             for p, v in zip(self.model.parameters(), local):
                 p.copy_(v)
@@ -191,7 +210,7 @@ class FullGraphTrainer:
     def evaluated_state(self) -> dict[str, torch.Tensor]:
         """A CPU copy of the weights the last :meth:`evaluate` scored: the ranks' average
         under decentralised training, else this rank's model (equal on every rank)."""
-        state = self._evaluated if self._evaluated is not None else self.model.state_dict()
+        state = self._evaluated if self._evaluated is not None else self.export_module.state_dict()
         return {k: v.detach().to("cpu", copy=True) for k, v in state.items()}
 
     @torch.no_grad()
@@ -201,12 +220,13 @@ class FullGraphTrainer:
         ``layer = k`` the output of layer k instead (embeddings). All ranks call it together."""
         saved = None
         if state is not None:
-            saved = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
-            self.model.load_state_dict(state)
+            saved = {k: v.detach().clone() for k, v in self.export_module.state_dict().items()}
+            self.export_module.load_state_dict(state)
         self.model.eval()
-        logits = self.model(self.x, self.graph, self.eval_halo, upto=layer)
+        upto = {} if layer is None else {"upto": layer}
+        logits = self.model(self.x, self.graph, self.eval_halo, **upto)
         if saved is not None:
-            self.model.load_state_dict(saved)
+            self.export_module.load_state_dict(saved)
         return logits
 
     def step(self) -> EpochResult:
