@@ -113,6 +113,8 @@ BAD = {
                               "cannot split 10 nodes into 12 partitions"),
     "more ranks than cores allow": (["--parts", "2000"], "2000 local ranks on"),
     "zero epochs": (["--epochs", "0"], "train.epochs must be > 0"),
+    "absurd threads": (["--threads", "1000000"], "runtime.threads must be at most 4096"),
+    "absurd time-out": (["--timeout", "1e300"], "runtime.timeout_s must be at most 604800"),
     "negative layers": (["--layers", "-1"], "model.layers must be > 0"),
     "zero parts": (["--parts", "0"], "runtime.parts must be > 0"),
     "edge out of range": (["--dataset", "{graph:edge}"], "edge_index has node id 12 but the graph has 10 nodes"),

@@ -63,6 +63,11 @@ class RuntimeConfig:
         positive("runtime.parts", self.parts)
         positive("runtime.timeout_s", self.timeout_s)
         positive("runtime.heartbeat_s", self.heartbeat_s, allow_zero=True)
+        # Upper bounds: torch.set_num_threads crashes on huge counts, and C ints hold the time-outs.
+        for key, value, cap in (("threads", self.threads, 4096), ("timeout_s", self.timeout_s, 7 * 86400.0),
+                                ("heartbeat_s", self.heartbeat_s, 7 * 86400.0)):
+            if value > cap:
+                raise ConfigError(f"runtime.{key} must be at most {cap:g}, got {value:g}")
         positive("runtime.memory_limit_gb", self.memory_limit_gb, allow_zero=True)
         positive("runtime.checkpoint_every", self.checkpoint_every, allow_zero=True)
         if self.heartbeat_s and self.heartbeat_s < 2:
