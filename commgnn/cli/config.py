@@ -8,6 +8,8 @@ wrong types are errors)::
     [model]      commgnn.models.ModelConfig
     [train]      commgnn.trainers.TrainConfig
     [runtime]    commgnn.dist.RuntimeConfig
+    [minibatch]  commgnn.sampling.SamplerConfig   (train.mode = "minibatch")
+    [fetch]      commgnn.fetch.config.FetchConfig
     [output]     OutputConfig
 
 CLI flags override the file; each flag names the key it sets (:data:`FLAG_KEYS`). The file
@@ -28,6 +30,8 @@ from commgnn.data import DataConfig
 from commgnn.dist.context import RuntimeConfig
 from commgnn.dist.faults import FaultConfig
 from commgnn.errors import ConfigError, PartitionError
+from commgnn.fetch.config import FetchConfig
+from commgnn.sampling.config import SamplerConfig
 from commgnn.models import ModelConfig
 from commgnn.partition import PartitionConfig, load_meta
 from commgnn.trainers import TrainConfig
@@ -66,6 +70,10 @@ class RunConfig:
     """``[comm]``: communication levers (``[comm.halo]``)."""
     runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
     """``[runtime]``: ranks, backend, devices, time-outs, threads."""
+    minibatch: SamplerConfig = field(default_factory=SamplerConfig)
+    """``[minibatch]``: the sampler of ``train.mode = "minibatch"``."""
+    fetch: FetchConfig = field(default_factory=FetchConfig)
+    """``[fetch]``: remote feature rows in mini-batch training (codec, cache, prefetch)."""
     output: OutputConfig = field(default_factory=OutputConfig)
     """``[output]``: run directory, console output, embeddings."""
     fault: FaultConfig | None = None
@@ -76,6 +84,8 @@ class RunConfig:
         if k is not None and k >= self.model.layers:
             raise ConfigError(f"output.embeddings_layer = {k} but the model has {self.model.layers} layers "
                               f"(0 to {self.model.layers - 1})")
+        if self.train.mode == "minibatch":
+            self._check_minibatch()
         # A strategy that owns the momentum (DGC's momentum correction, QG-DSGDm) replaces
         # SGD's heavy ball; under Adam it would stack a second, unrelated momentum on top.
         gossip = self.comm.gossip
@@ -87,6 +97,21 @@ class RunConfig:
         if owner and self.train.optimizer != "sgd":
             raise ConfigError(f"{owner} moves SGD's momentum into the communication strategy; it needs "
                               f"train.optimizer = 'sgd', not '{self.train.optimizer}'")
+
+
+    def _check_minibatch(self) -> None:
+        mb = self.minibatch
+        if self.model.name != "sage":
+            raise ConfigError(f"sampler '{mb.sampler}' does not fit model '{self.model.name}': mini-batch training "
+                              f"runs GraphSAGE (model.name = 'sage')")
+        if mb.sampler in ("neighbor", "vrgcn") and len(mb.fanout) != self.model.layers:
+            raise ConfigError(f"minibatch.fanout has {len(mb.fanout)} entries ({','.join(map(str, mb.fanout))}) but "
+                              f"the model has {self.model.layers} layers: give one fan-out per layer")
+        from commgnn.comm.config import HaloConfig
+
+        if self.comm.halo != HaloConfig():
+            raise ConfigError("[comm.halo] levers act on full-graph training; in train.mode = 'minibatch' remote "
+                              "rows travel through [fetch] (bits, cache)")
 
 
 # flag name (argparse dest) -> dotted config key
@@ -136,6 +161,17 @@ FLAG_KEYS: dict[str, str] = {
     "gossip": "comm.gossip.topology",
     "gossip_method": "comm.gossip.method",
     "gossip_average_every": "comm.gossip.average_every",
+    "mode": "train.mode",
+    "sampler": "minibatch.sampler",
+    "batch_size": "minibatch.batch_size",
+    "fanout": "minibatch.fanout",
+    "replace": "minibatch.replace",
+    "topology": "minibatch.topology",
+    "cache_mb": "fetch.cache_mb",
+    "cache_ratio": "fetch.cache_ratio",
+    "cache_policy": "fetch.cache_policy",
+    "fetch_bits": "fetch.bits",
+    "prefetch": "fetch.prefetch",
 }
 
 

@@ -54,6 +54,14 @@ def _bits(text: str) -> Any:
     raise argparse.ArgumentTypeError(f"expected N, FWD,BWD or 'adaptive', got {text!r}")
 
 
+def _fanout(text: str) -> list[int]:
+    """``15,10`` -> [15, 10] (hop 1 first)."""
+    try:
+        return [int(p) for p in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers such as 15,10, got {text!r}") from None
+
+
 def _default_text(value: Any) -> str:
     """A config default as the help text shows it."""
     if value is None:
@@ -153,6 +161,21 @@ def build_parser() -> argparse.ArgumentParser:
                    help="with --gossip: dpsgd | dpsgd-atc | pushsum | tracking | tracking-atc")
     g.add_argument("--gossip-average-every", dest="gossip_average_every", type=int,
                    help="dpsgd: exact model average every k rounds instead of gossip (Gossip-PGA)")
+
+    m = t.add_argument_group("mini-batch training ([train] mode, [minibatch], [fetch])")
+    m.add_argument("--mode", help="fullgraph | minibatch")
+    m.add_argument("--sampler", help="neighbor | cluster | saint-node | saint-edge | saint-rw | vrgcn")
+    m.add_argument("--fanout", type=_fanout, help="neighbours per layer, hop 1 first, e.g. 15,10 (-1 = all)")
+    m.add_argument("--batch-size", dest="batch_size", type=int, help="seed nodes per batch (largest rank)")
+    m.add_argument("--replace", action="store_const", const=True, help="sample neighbours with replacement")
+    m.add_argument("--topology", help="auto | replicated | partitioned (owners sample their own nodes)")
+    m.add_argument("--cache-mb", dest="cache_mb", type=float, help="remote-row cache per rank in MB")
+    m.add_argument("--cache-ratio", dest="cache_ratio", type=float,
+                   help="remote-row cache per rank as a fraction of its remote rows")
+    m.add_argument("--cache-policy", dest="cache_policy", help="degree | presample | lru")
+    m.add_argument("--fetch-bits", dest="fetch_bits", type=int, help="bits of fetched rows: 1|2|4|8|32")
+    m.add_argument("--prefetch", action="store_const", const=True,
+                   help="sample and fetch the next batch while the current one computes")
 
     p = sub.add_parser("partition", help="partition a graph, print its quality report, save it")
     _add_common(p)

@@ -28,6 +28,8 @@ def check_own_model(module: nn.Module, cfg: RunConfig) -> None:
     DistributedModel(copy.deepcopy(module))  # unsupported layers and norms raise here
     if cfg.comm.halo.precompute:
         raise ConfigError("comm.halo.precompute is not available with your own model; drop it")
+    if cfg.train.mode == "minibatch":
+        raise ConfigError("train.mode = 'minibatch' runs the built-in GraphSAGE; your own model trains full-graph")
     if cfg.output.embeddings_layer is not None:
         raise ConfigError("output.embeddings_layer is for the built-in models; with your own model, "
                           "load result.model and run its layers yourself")

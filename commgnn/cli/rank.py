@@ -31,6 +31,7 @@ from commgnn.models.byo import message_passing_layers
 from commgnn.partition import LocalPartition
 from commgnn.report import EpochProgress, MetricsLog, print_summary, summarise, write_json
 from commgnn.trainers import FullGraphTrainer
+from commgnn.trainers.minibatch import MiniBatchTrainer
 from commgnn.trainers import checkpoint
 
 
@@ -74,7 +75,12 @@ def run_rank(ctx: DistContext, cfg: RunConfig, part: LocalPartition, out: Path, 
     hooks = Hooks()
     meter = Meter(ctx, len(message_passing_layers(module)) if module is not None else cfg.model.layers)
     hooks.subscribe(meter)
-    trainer = FullGraphTrainer(ctx, part, cfg.model, cfg.train, hooks, comm_cfg=cfg.comm, module=module)
+    trainer: FullGraphTrainer
+    if cfg.train.mode == "minibatch":
+        trainer = MiniBatchTrainer(ctx, part, cfg.model, cfg.train, hooks, sampler_cfg=cfg.minibatch,
+                                   fetch_cfg=cfg.fetch, comm_cfg=cfg.comm)
+    else:
+        trainer = FullGraphTrainer(ctx, part, cfg.model, cfg.train, hooks, comm_cfg=cfg.comm, module=module)
     meter.end_setup()  # set-up traffic is reported apart from the epochs
     if cfg.fault is not None:
         trainer.on_phase = FaultInjector(cfg.fault, ctx.rank, attempt)
@@ -93,7 +99,7 @@ def run_rank(ctx: DistContext, cfg: RunConfig, part: LocalPartition, out: Path, 
                 traffic = meter.end_epoch(res.time_s)
                 row = {"epoch": res.epoch, "loss": res.loss, "train_acc": res.train_acc,
                        "val_acc": res.val_acc, "test_acc": res.test_acc, **traffic.to_dict(),
-                       **trainer.halo.epoch_log()}
+                       **trainer.epoch_log()}
                 if res.consensus is not None:
                     row["consensus_distance"] = res.consensus
                 rows.append(row)

@@ -13,14 +13,22 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Callable, Iterator, Literal, Union
 
-TrafficClass = Literal["halo_fwd", "halo_bwd", "halo_eval", "halo_setup", "grad_sync", "control"]
+TrafficClass = Literal["halo_fwd", "halo_bwd", "halo_eval", "halo_setup", "grad_sync", "control",
+                       "fetch_ids", "fetch_rows", "fetch_setup", "topology"]
 """Traffic classes: halo rows forward (training), halo gradients backward, halo rows of
 exact evaluation passes, one-time halo traffic before training (precomputation), gradient
 / model synchronisation, and control (small reductions of loss and accuracy counts, and
-levers' own agreements such as bit-width tables)."""
+levers' own agreements such as bit-width tables). Mini-batch training adds the ids a rank
+requests from their owners (``fetch_ids``, with the per-peer counts), the feature rows sent
+back (``fetch_rows``), one-time fetches of set-up (``fetch_setup``: filling a static cache,
+precomputed aggregates) and adjacency moved between ranks (``topology``: the replicated
+CSR's gather at set-up, or sampled neighbour lists from their owners)."""
 
-Phase = Literal["comm", "wait"]
-"""Timed phases. Compute time is the epoch's wall time minus these."""
+Phase = Literal["comm", "wait", "sample", "fetch"]
+"""Timed phases: collectives of training (``comm``), the barrier before gradient sync
+(``wait``), and in mini-batch training sampling (``sample``, including the collectives of
+a partitioned topology) and feature fetches (``fetch``). Compute time is the epoch's wall
+time minus these."""
 
 
 @dataclass(frozen=True, slots=True)

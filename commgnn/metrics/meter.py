@@ -19,7 +19,9 @@ every class's ``bytes_by_pair`` sums to its total, and a row sums to what that r
 the ring pairs are the counting model's, not necessarily the links the backend used.
 
 Time: ``comm`` is wall time inside collectives, ``wait`` is time in the barrier before
-gradient sync (waiting for the slowest rank); ``compute`` is the rest of the epoch, per rank.
+gradient sync (waiting for the slowest rank), ``sample`` and ``fetch`` the mini-batch
+sampler's and the feature fetch's time (0 in full-graph training); ``compute`` is the rest
+of the epoch, per rank.
 """
 
 from __future__ import annotations
@@ -35,7 +37,8 @@ from commgnn.dist.context import DistContext
 from commgnn.dist.events import CommEvent, Event, TimeEvent, TrafficClass
 
 CLASSES: tuple[str, ...] = get_args(TrafficClass)
-TIMES = ("comm", "wait", "compute", "epoch")
+PHASES = ("comm", "wait", "sample", "fetch")
+TIMES = (*PHASES, "compute", "epoch")
 
 
 def peak_rss_mb() -> float:
@@ -80,7 +83,7 @@ class Meter:
         self.ctx, self.num_layers = ctx, num_layers
         P = ctx.world_size
         self._epoch = torch.zeros(len(CLASSES), dtype=torch.float64)
-        self._time = {"comm": 0.0, "wait": 0.0}
+        self._time = dict.fromkeys(PHASES, 0.0)
         # cumulative: [class, receiver] bytes this rank sent, and [class, layer (+ other)]
         self._by_peer = torch.zeros(len(CLASSES), P, dtype=torch.float64)
         self._by_layer = torch.zeros(len(CLASSES), num_layers + 1, dtype=torch.float64)
@@ -93,7 +96,7 @@ class Meter:
         rows = self.ctx.all_gather(self._epoch.clone())
         self.setup = {c: int(v) for c, v in zip(CLASSES, rows.sum(0))}
         self._epoch.zero_()
-        self._time = {"comm": 0.0, "wait": 0.0}
+        self._time = dict.fromkeys(PHASES, 0.0)
 
     def __call__(self, ev: Event) -> None:
         with self._lock:  # pipelined exchanges report from a background thread
@@ -112,14 +115,14 @@ class Meter:
 
     def end_epoch(self, epoch_s: float) -> EpochTraffic:
         """Gather this epoch's counters from all ranks (all ranks call it), then reset them."""
-        comm, wait = self._time["comm"], self._time["wait"]
-        times = [comm, wait, max(0.0, epoch_s - comm - wait), epoch_s]
+        phases = [self._time[k] for k in PHASES]
+        times = [*phases, max(0.0, epoch_s - sum(phases)), epoch_s]
         rows = self.ctx.all_gather(torch.cat([self._epoch, torch.tensor(times, dtype=torch.float64)]))
         n = len(CLASSES)
         b_sum, b_max = rows[:, :n].sum(0), rows[:, :n].max(0).values
         t_max, t_mean = rows[:, n:].max(0).values, rows[:, n:].mean(0)
         self._epoch.zero_()
-        self._time = {"comm": 0.0, "wait": 0.0}
+        self._time = dict.fromkeys(PHASES, 0.0)
         return EpochTraffic(bytes_sum={c: int(b_sum[i]) for i, c in enumerate(CLASSES)},
                             bytes_max={c: int(b_max[i]) for i, c in enumerate(CLASSES)},
                             time_max={k: float(t_max[i]) for i, k in enumerate(TIMES)},

@@ -164,7 +164,8 @@ def summarise(*, dataset: str, model: str, parts: int, rows: Iterable[dict[str, 
     ``comm_time_frac``, ``wait_time_frac`` (of the mean rank's epoch time), ``peak_rss_mb`` (max over ranks),
     ``peak_rss_mb_sum`` (summed over ranks) and
     ``peak_rss_mb_by_rank``, ``partition``
-    (edge_cut, comm_volume, max_rank_halo) and the byte breakdowns by pair and layer.
+    (edge_cut, comm_volume, max_rank_halo), the byte breakdowns by pair and layer, and in
+    mini-batch training the keys of :func:`minibatch_summary`.
     """
     rows = list(rows)
     if not rows:
@@ -195,12 +196,36 @@ def summarise(*, dataset: str, model: str, parts: int, rows: Iterable[dict[str, 
         "peak_rss_mb_sum": sum(totals["peak_rss_mb_by_rank"]),
         "peak_rss_mb_by_rank": totals["peak_rss_mb_by_rank"],
         "partition": {k: partition.get(k) for k in ("edge_cut", "comm_volume", "max_rank_halo")},
+        **minibatch_summary(rows),
         "bytes_by_pair": totals["bytes_by_pair"],
         "bytes_by_layer": totals["bytes_by_layer"],
         "byte_counting": ("payload handed to collectives; all-reduce = ring algorithm's 2(P-1)/P x bytes per "
                           "rank, all-gather = (P-1) x payload; in bytes_by_pair each rank r's collective "
                           "bytes are attributed to the ring pair (r, (r+1) % P)"),
     }
+
+
+def minibatch_summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Mini-batch keys of ``summary.json`` (empty for full-graph rows): ``steps_per_epoch``,
+    ``feature_bytes_per_epoch`` (ids and rows fetched, all ranks, mean over epochs),
+    ``cache_hit_rate`` and ``cache_hit_rate_optimal`` (over all epochs' remote requests;
+    None without a cache), ``sample_time_frac`` and ``fetch_time_frac``."""
+    if not rows or "steps" not in rows[0]:
+        return {}
+    n = len(rows)
+    requests = sum(r["remote_requests"] for r in rows)
+    out: dict[str, Any] = {
+        "steps_per_epoch": rows[-1]["steps"],
+        "feature_bytes_per_epoch": sum(r["bytes"]["fetch_ids"] + r["bytes"]["fetch_rows"] for r in rows) / n,
+        "cache_hit_rate": None, "cache_hit_rate_optimal": None,
+        "sampled_nodes_per_step": sum(r["sampled_nodes_per_step"] for r in rows) / n,
+        "sampled_edges_per_step": sum(r["sampled_edges_per_step"] for r in rows) / n,
+        "sample_time_frac": _frac(rows, "sample"), "fetch_time_frac": _frac(rows, "fetch"),
+    }
+    if "cache_hit_rate" in rows[0] and requests:
+        out["cache_hit_rate"] = sum(r["cache_hits"] for r in rows) / requests
+        out["cache_hit_rate_optimal"] = sum(r["cache_hit_rate_optimal"] * r["remote_requests"] for r in rows) / requests
+    return out
 
 
 def _frac(rows: list[dict[str, Any]], phase: str) -> float:

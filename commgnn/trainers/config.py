@@ -21,10 +21,15 @@ _DTYPE_MAX = {"float32": float(torch.finfo(torch.float32).max), "float64": float
 
 @dataclass(frozen=True, kw_only=True)
 class TrainConfig:
-    """Optimisation and stopping of full-graph training."""
+    """Optimisation and stopping."""
 
+    mode: Literal["fullgraph", "minibatch"] = "fullgraph"
+    """``fullgraph``: one step per epoch on the whole graph (exact halo exchange and its
+    levers); ``minibatch``: sampled batches (``[minibatch]``, ``[fetch]``), the same number
+    of steps on every rank."""
     epochs: int = 200
-    """Maximum number of epochs (one full-graph step each)."""
+    """Maximum number of epochs (one full-graph step each, or one pass over the training
+    nodes in mini-batches)."""
     optimizer: Literal["adam", "sgd"] = "adam"
     """``adam`` (torch's Adam) or ``sgd`` (torch's SGD with ``momentum``)."""
     lr: float = 0.01
@@ -49,6 +54,8 @@ class TrainConfig:
     Changes only compute, not what is sent."""
 
     def __post_init__(self) -> None:
+        if self.mode not in ("fullgraph", "minibatch"):
+            raise ConfigError(f"train.mode must be 'fullgraph' or 'minibatch', got {self.mode!r}")
         positive("train.epochs", self.epochs)
         positive("train.lr", self.lr)
         if self.dtype in _DTYPE_MAX:

@@ -119,7 +119,7 @@ class FullGraphTrainer:
                 self.model.use_sparse_input(self.x, self.eval_halo)
         self.export_module: nn.Module = byo.module if byo is not None else self.model
         """The module whose state dict is the trained model (plain PyG keys)."""
-        self.net = self.grad_sync.wrap(self.model)  # DDP for torch's comm hooks, else the model
+        self.net = self.grad_sync.wrap(self._forward_module())  # DDP for torch's comm hooks, else the model
         # strategies that apply the momentum themselves (DGC momentum correction, QG-DSGDm)
         self.optimizer = make_optimizer(self.model.parameters(), train_cfg,
                                         momentum=0.0 if getattr(self.grad_sync, "owns_momentum", False) else None)
@@ -135,6 +135,15 @@ class FullGraphTrainer:
         self.on_phase: Callable[[str, int], None] | None = None
         """Called as ``(phase, epoch)`` with ``train`` / ``eval`` at the start of each epoch's
         step and evaluation (1-based epoch): for profilers and fault injection."""
+
+    def _forward_module(self) -> nn.Module:
+        """The module training runs forward through (the gradient strategy may wrap it)."""
+        return self.model
+
+    def epoch_log(self) -> dict[str, Any]:
+        """Per-epoch facts for ``metrics.jsonl`` beyond loss, accuracy and traffic (all
+        ranks call it together: an implementation may gather over ranks)."""
+        return self.halo.epoch_log()
 
     def _phase(self, name: str) -> None:
         if self.on_phase is not None:

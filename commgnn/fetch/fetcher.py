@@ -1,0 +1,109 @@
+"""Feature rows of any node: own rows read in place, remote rows served by a cache or
+fetched from their owners in one request-reply round per step.
+
+Rank r owns the rows ``table: [n_own, F]``; every node v has an owner ``owner[v]`` and a
+row ``row[v]`` on it (both ``[N]``, replicated: 16 bytes a node). For a step's nodes
+``ids: [n]`` (unique global ids)::
+
+    own     = owner[ids] == r          -> table[row[ids[own]]]
+    remote  = the rest                 -> cache.lookup        (hits: no bytes)
+    missed  = remote & ~hit            -> request_reply(owner, row) in one round
+                                          (ids out, rows back), then cache.admit
+
+Rows travel as float32/64 or, with ``bits`` in 1, 2, 4, 8, as the halo exchange's packed
+stochastic codes (:mod:`commgnn.comm.quant`: ``ceil(F b / 8) + 8`` bytes a row, within
+one quantisation step of the owner's row, unbiased). What the cache keeps is what arrived.
+
+The fetcher records each step's remote requests (before the cache) so that the epoch's
+hit rate can be compared with an offline-optimal cache of the same size on the same trace
+(:mod:`commgnn.fetch.optimal`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+from commgnn.comm import quant
+from commgnn.dist.context import DistContext
+from commgnn.dist.events import Hooks, TrafficClass
+from commgnn.fetch.cache import RowCache
+from commgnn.dist.request import request_reply
+
+
+class FeatureFetcher:
+    """Reads ``[n, F]`` rows for global ids from this rank's table, a cache and the owners."""
+
+    def __init__(self, ctx: DistContext, hooks: Hooks, *, table: Tensor, owner: Tensor, row: Tensor,
+                 cache: RowCache | None = None, bits: int = 32, seed: int = 0,
+                 group: dist.ProcessGroup | None = None, record_trace: bool = True) -> None:
+        """``table [n_own, F]``: this rank's rows; ``owner [N]`` / ``row [N]``: every node's
+        owner rank and row there; ``group``: the communicator (a background prefetch
+        gets its own); ``record_trace``: keep the epoch's request trace."""
+        self.ctx, self.hooks, self.group = ctx, hooks, group
+        self.table, self.owner, self.row = table, owner.to(torch.int16 if ctx.world_size < 2**15 else torch.int32), row
+        self.cache, self.bits = cache, bits
+        self.gen = torch.Generator().manual_seed(seed)
+        self.record_trace = record_trace
+        self.trace: list[Tensor] = []
+        self.rows_fetched = 0
+        self.rows_requested = 0
+
+    @property
+    def width(self) -> int:
+        return int(self.table.shape[1])
+
+    def fetch(self, ids: Tensor, *, kind: TrafficClass = "fetch_rows", use_cache: bool = True) -> Tensor:
+        """``[n, F]`` rows (table dtype) of the unique global ``ids [n]``. Every rank must
+        call it the same number of times (it runs one request-reply round when distributed)."""
+        ids = ids.to(torch.int64)
+        out = self.table.new_empty((ids.numel(), self.width))
+        own = self.owner[ids] == self.ctx.rank
+        out[own] = self.table[self.row[ids[own]]]
+        if not self.ctx.is_distributed:
+            return out
+        rpos = (~own).nonzero().flatten()
+        rids = ids[rpos]
+        if self.record_trace and kind == "fetch_rows":
+            self.trace.append(rids)
+        self.rows_requested += int(rids.numel())
+        if self.cache is not None and use_cache:
+            hit, cached = self.cache.lookup(rids)
+            out[rpos[hit]] = cached.to(out.dtype)
+            rpos, rids = rpos[~hit], rids[~hit]
+        rows = self._remote(rids, kind)
+        out[rpos] = rows
+        self.rows_fetched += int(rids.numel())
+        if self.cache is not None and use_cache:
+            self.cache.admit(rids, rows)
+        return out
+
+    def _remote(self, rids: Tensor, kind: TrafficClass) -> Tensor:
+        """One request-reply round: owner-local rows of ``rids`` back, decoded."""
+        small = torch.int32 if self.table.shape[0] < 2**31 else torch.int64  # 4-byte ids on the wire
+        bits, width, dtype = self.bits, self.width, self.table.dtype
+
+        def serve(req: Tensor) -> Tensor:
+            rows = self.table[req.to(torch.int64)]
+            return rows if bits == 32 else quant.encode(rows, bits, self.gen)
+
+        got = request_reply(self.ctx, self.hooks, self.owner[rids], self.row[rids].to(small), serve,
+                            req_kind="fetch_ids", rep_kind=kind, group=self.group)
+        return got if bits == 32 else quant.decode(got, bits, width, dtype)
+
+    def take_trace(self) -> list[Tensor]:
+        """The recorded per-step remote requests since the last call (then forgotten)."""
+        trace, self.trace = self.trace, []
+        return trace
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"gen": self.gen.get_state(),
+                "cache": self.cache.state_dict() if self.cache is not None else None}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.gen.set_state(state["gen"])
+        if self.cache is not None and state.get("cache") is not None:
+            self.cache.load_state_dict(state["cache"])

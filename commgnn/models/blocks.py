@@ -1,0 +1,67 @@
+"""The partition model's layers run on sampled mini-batches (blocks).
+
+The mini-batch trainer keeps one :class:`~commgnn.models.net.PartitionGNN` (so exact
+full-graph evaluation, checkpoints and ``model.pt`` are those of full-graph training) and
+runs its layers over a batch's blocks (:mod:`commgnn.sampling.base`)::
+
+    h_0 = x[nodes]                                         [num_src_0, F]
+    h   = dropout(h_l)
+    m   = conv_l.message(h)                                h, or h W_l^T when narrower
+    h_{l+1} = act(conv_l.combine(m, h[:num_dst_l], block_l))    [num_dst_l, d_{l+1}]
+
+``combine`` aggregates with the block's weighted adjacency ``A_l: [num_dst, num_src]``
+(``A[i, j] = weight`` of edge j -> i) through the same CSR kernel as full-graph training.
+Only GraphSAGE (mean) is a sampled model here: its aggregation is a weighted mean, which
+every sampler's weights estimate; GCN's and GAT's normalisations are not.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from commgnn.models.graph import CSRPair
+from commgnn.models.net import PartitionGNN, activation
+from commgnn.sampling.base import Block, MiniBatch
+
+SAMPLED_MODELS = ("sage",)
+"""Model names the samplers fit."""
+
+
+class BlockGraph:
+    """A block seen as the ``graph`` argument of a layer's ``combine``."""
+
+    def __init__(self, block: Block) -> None:
+        self.block = block
+        self._pair: dict[torch.dtype, CSRPair] = {}
+
+    def mean_adj(self, dtype: torch.dtype) -> CSRPair:
+        """The block's weighted adjacency ``[num_dst, num_src]`` and its transpose."""
+        if dtype not in self._pair:
+            b = self.block
+            src, dst = b.edge_index
+            self._pair[dtype] = CSRPair.build(dst, src, b.weight.to(dtype), (b.num_dst, b.num_src))
+        return self._pair[dtype]
+
+
+class BlockGNN(nn.Module):
+    """``model``'s layers over a batch: ``forward(x_rows, batch) -> [num_dst_last, C]``.
+    A module of its own so that DDP-based gradient strategies can wrap it; its parameters
+    are the partition model's."""
+
+    def __init__(self, model: PartitionGNN) -> None:
+        super().__init__()
+        self.gnn = model
+
+    def forward(self, x: Tensor, batch: MiniBatch, graphs: list[BlockGraph] | None = None) -> Tensor:
+        gnn = self.gnn
+        graphs = graphs if graphs is not None else [BlockGraph(b) for b in batch.blocks]
+        h = x
+        last = len(gnn.convs) - 1
+        for i, (conv, block, graph) in enumerate(zip(gnn.convs, batch.blocks, graphs)):
+            h = F.dropout(h, p=gnn.cfg.dropout, training=self.training)
+            h = conv.combine(conv.message(h), h[: block.num_dst], graph)
+            if i < last:
+                h = activation(gnn.cfg, h)
+        return h

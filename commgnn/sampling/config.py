@@ -1,0 +1,104 @@
+"""``[minibatch]``: which sampler, its batches and where the topology lives.
+
+Example::
+
+    [train]
+    mode = "minibatch"
+    [minibatch]
+    sampler = "neighbor"          # neighbor | cluster | saint-node | saint-edge | saint-rw | vrgcn
+    batch_size = 1024
+    fanout = [15, 10]             # hop 1 first (PyG's num_neighbors order); one per layer
+    [minibatch.cluster]
+    num_clusters = 40             # per rank
+    clusters_per_batch = 4
+    [minibatch.saint]
+    budget = 2000
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from commgnn.config import fraction, positive
+from commgnn.errors import ConfigError
+
+SAMPLERS = ("neighbor", "cluster", "saint-node", "saint-edge", "saint-rw", "vrgcn")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ClusterConfig:
+    """Cluster-GCN batches (``sampler = "cluster"``)."""
+
+    num_clusters: int = 40
+    """METIS clusters of each rank's own nodes (computed once)."""
+    clusters_per_batch: int = 4
+    """Clusters merged into one batch (the edges between them are kept)."""
+
+    def __post_init__(self) -> None:
+        positive("minibatch.cluster.num_clusters", self.num_clusters)
+        positive("minibatch.cluster.clusters_per_batch", self.clusters_per_batch)
+
+
+@dataclass(frozen=True, kw_only=True)
+class SaintConfig:
+    """GraphSAINT subgraphs (``sampler = "saint-node" | "saint-edge" | "saint-rw"``)."""
+
+    budget: int = 2000
+    """Nodes (saint-node), edges (saint-edge) or walk roots (saint-rw) drawn per subgraph."""
+    walk_length: int = 2
+    """saint-rw: steps of each random walk."""
+    presample: int = 50
+    """Subgraphs drawn before training to estimate the loss and aggregation normalisation."""
+    steps: int = 0
+    """Subgraphs per epoch; 0 = the rank's own nodes over the mean subgraph size."""
+
+    def __post_init__(self) -> None:
+        positive("minibatch.saint.budget", self.budget)
+        positive("minibatch.saint.walk_length", self.walk_length)
+        positive("minibatch.saint.presample", self.presample)
+        positive("minibatch.saint.steps", self.steps, allow_zero=True)
+
+
+@dataclass(frozen=True, kw_only=True)
+class SamplerConfig:
+    """Mini-batch sampling (used when ``train.mode = "minibatch"``)."""
+
+    sampler: Literal["neighbor", "cluster", "saint-node", "saint-edge", "saint-rw", "vrgcn"] = "neighbor"
+    """neighbor (GraphSAGE fan-outs), cluster (Cluster-GCN), saint-node / saint-edge / saint-rw
+    (GraphSAINT) or vrgcn (VR-GCN: fan-outs plus historical activations)."""
+    batch_size: int = 1024
+    """neighbor, vrgcn: seed nodes per batch on the rank with the most training nodes (the
+    others take the same number of steps with smaller batches)."""
+    fanout: tuple[int, ...] = (15, 10)
+    """neighbor, vrgcn: neighbours sampled per node, hop 1 (the last layer) first; -1 = all.
+    One entry per model layer. vrgcn does not sample the input layer (its last entry is unused)."""
+    replace: bool = False
+    """neighbor, vrgcn: sample with replacement (exactly ``fanout`` draws per node)."""
+    topology: Literal["auto", "replicated", "partitioned"] = "auto"
+    """Where the adjacency lives: every rank holds the whole CSR (``replicated``), or only
+    its own nodes' in-edges and asks owners to sample theirs (``partitioned``; neighbor
+    only). ``auto`` = replicated when the CSR fits in ``topology_share`` of memory."""
+    topology_share: float = 0.25
+    """auto: the largest fraction of available memory the replicated CSRs of all local
+    ranks together may take."""
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
+    """``[minibatch.cluster]``."""
+    saint: SaintConfig = field(default_factory=SaintConfig)
+    """``[minibatch.saint]``."""
+
+    def __post_init__(self) -> None:
+        if self.sampler not in SAMPLERS:
+            raise ConfigError(f"minibatch.sampler must be one of {', '.join(SAMPLERS)}, got {self.sampler!r}")
+        positive("minibatch.batch_size", self.batch_size)
+        if not self.fanout:
+            raise ConfigError("minibatch.fanout needs one entry per layer, got none")
+        for k in self.fanout:
+            if isinstance(k, bool) or not isinstance(k, int) or (k <= 0 and k != -1):
+                raise ConfigError(f"minibatch.fanout entries must be positive integers or -1 (all), got {k!r}")
+        fraction("minibatch.topology_share", self.topology_share, open_low=True)
+        if self.topology == "partitioned" and self.sampler != "neighbor":
+            raise ConfigError(f"minibatch.topology = 'partitioned' works with sampler 'neighbor' only, "
+                              f"not {self.sampler!r} (it needs the replicated adjacency)")
+        if self.topology == "partitioned" and -1 in self.fanout:
+            raise ConfigError("minibatch.topology = 'partitioned' needs a positive fan-out per layer (not -1)")

@@ -1,0 +1,63 @@
+"""The topology samplers read: in-neighbour lists in CSR, global node ids.
+
+For node v, ``indices[indptr[v]:indptr[v + 1]]`` are the sources u of the edges u -> v,
+ascending. Built with one stable sort (no per-node loop). ``indices`` is int32 when the
+node count allows (half the memory of int64 at 20M edges: 80 MB instead of 160 MB).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+
+@dataclass
+class CSRTopology:
+    """In-neighbour CSR of a directed graph on ``num_nodes`` nodes."""
+
+    indptr: Tensor
+    """``[N + 1]`` int64 offsets into ``indices``."""
+    indices: Tensor
+    """``[E]`` int32 or int64 source ids, grouped by target, ascending within a target."""
+
+    @property
+    def num_nodes(self) -> int:
+        return int(self.indptr.numel()) - 1
+
+    @property
+    def num_edges(self) -> int:
+        return int(self.indices.numel())
+
+    def in_degree(self) -> Tensor:
+        """``[N]`` int64 in-degree of every node."""
+        return self.indptr[1:] - self.indptr[:-1]
+
+    def nbytes(self) -> int:
+        return self.indptr.numel() * self.indptr.element_size() + self.indices.numel() * self.indices.element_size()
+
+    @staticmethod
+    def from_edge_index(edge_index: Tensor, num_nodes: int) -> "CSRTopology":
+        """From ``[2, E]`` (row 0 source, row 1 target) edges; targets lie in ``[0, num_nodes)``,
+        sources may be any ids (a rank's own in-edges come from nodes of the whole graph)."""
+        src, dst = edge_index[0], edge_index[1]
+        span = max(num_nodes, int(src.max()) + 1 if src.numel() else 1)
+        key = dst.to(torch.int64) * span + src.to(torch.int64)
+        order = torch.sort(key).indices  # by target, then source
+        counts = torch.bincount(dst.to(torch.int64), minlength=num_nodes)
+        indptr = torch.zeros(num_nodes + 1, dtype=torch.int64)
+        torch.cumsum(counts, 0, out=indptr[1:])
+        small = span < 2**31 - 1
+        indices = src[order].to(torch.int32 if small else torch.int64)
+        return CSRTopology(indptr=indptr, indices=indices)
+
+    def neighbours_of(self, nodes: Tensor) -> tuple[Tensor, Tensor]:
+        """All in-edges of ``nodes``: ``(src [e] int64 global ids, pos [e] int64 index into
+        nodes)``, grouped by position, vectorised (a gather over the concatenated ranges)."""
+        nodes = nodes.to(torch.int64)
+        start, end = self.indptr[nodes], self.indptr[nodes + 1]
+        deg = end - start
+        pos = torch.repeat_interleave(torch.arange(nodes.numel()), deg)
+        offs = torch.arange(int(deg.sum())) - torch.repeat_interleave(torch.cumsum(deg, 0) - deg, deg)
+        return self.indices[start[pos] + offs].to(torch.int64), pos

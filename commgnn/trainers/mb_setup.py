@@ -1,0 +1,159 @@
+"""Set-up of distributed mini-batch training: who owns what, the topology, the sampler,
+the cache. Each step here runs once, before the first epoch, and its traffic is set-up
+traffic (reported apart from the epochs).
+
+* **Owner map.** ``owner [N]`` (rank) and ``row [N]`` (row on the owner) from one
+  all-gather of every rank's owned ids: 16 bytes a node on every rank.
+* **Topology.** Replicated: every rank's in-edges (global ids) are all-gathered into one
+  CSR on every rank (``topology`` bytes). Partitioned: each rank keeps its own in-edges
+  and owners sample for the others (:mod:`commgnn.sampling.remote`). ``auto`` replicates
+  when the CSRs of all local ranks fit in ``topology_share`` of available memory.
+* **Cache.** Its size is ``cache_mb`` or ``cache_ratio`` x the rank's *remote rows*: the
+  other ranks' nodes within the model's L hops of its seeds (within reach of a sample),
+  or its halo nodes under a partitioned topology. Static policies fill it once here.
+"""
+
+from __future__ import annotations
+
+import psutil
+import torch
+from torch import Tensor
+
+from commgnn.dist.context import DistContext
+from commgnn.dist.events import Hooks, TrafficClass
+from commgnn.errors import ConfigError
+from commgnn.fetch.cache import LRUCache, RowCache, StaticCache
+from commgnn.fetch.config import FetchConfig
+from commgnn.fetch.policies import capacity_rows, degree_ranking, hotness_ranking
+from commgnn.partition.local import LocalPartition
+from commgnn.sampling.base import Sampler
+from commgnn.sampling.cluster import ClusterSampler
+from commgnn.sampling.config import SamplerConfig
+from commgnn.sampling.csr import CSRTopology
+from commgnn.sampling.neighbor import NeighborSampler, replicated_source
+from commgnn.sampling.remote import RemoteNeighbors
+from commgnn.sampling.saint import SaintSampler
+from commgnn.sampling.vrgcn import VRGCNSampler
+
+
+def gather_variable(ctx: DistContext, hooks: Hooks, t: Tensor, kind: TrafficClass) -> list[Tensor]:
+    """Every rank's ``t: [n_r, ...]`` (sizes may differ), in rank order: an all-gather of
+    the sizes, then of ``t`` padded to the largest (counted as a ring all-gather of the
+    padded payload, ``(P - 1) x`` its bytes)."""
+    if not ctx.is_distributed:
+        return [t]
+    sizes = ctx.all_gather(torch.tensor([t.shape[0]], dtype=torch.int64))[:, 0].tolist()
+    width = max(sizes)
+    padded = t.new_zeros((width, *t.shape[1:]))
+    padded[: t.shape[0]] = t
+    hooks.sent(kind, -1, -1, (ctx.world_size - 1) * padded.numel() * padded.element_size())
+    rows = ctx.all_gather(padded)
+    return [rows[r, :n] for r, n in enumerate(sizes)]
+
+
+def owner_map(ctx: DistContext, hooks: Hooks, part: LocalPartition) -> tuple[Tensor, Tensor]:
+    """``(owner [N] int64, row [N] int64)``: every node's owner rank and its row there."""
+    N = part.num_nodes_global
+    owner = torch.full((N,), -1, dtype=torch.int64)
+    row = torch.full((N,), -1, dtype=torch.int64)
+    for r, ids in enumerate(gather_variable(ctx, hooks, part.global_ids.cpu(), "topology")):
+        owner[ids] = r
+        row[ids] = torch.arange(ids.numel())
+    return owner, row
+
+
+def own_in_edges(part: LocalPartition) -> Tensor:
+    """``[2, E_r]`` this rank's in-edges in global ids (source row 0, target row 1)."""
+    src_ids = torch.cat([part.global_ids, part.halo_global_ids]).cpu()
+    src, dst = part.edge_index.cpu()
+    return torch.stack([src_ids[src], part.global_ids.cpu()[dst]])
+
+
+def replicated_topology(ctx: DistContext, hooks: Hooks, part: LocalPartition) -> CSRTopology:
+    """The whole graph's in-neighbour CSR on every rank, from the ranks' own in-edges."""
+    edges = gather_variable(ctx, hooks, own_in_edges(part).t().contiguous(), "topology")
+    return CSRTopology.from_edge_index(torch.cat(edges).t(), part.num_nodes_global)
+
+
+def choose_topology(cfg: SamplerConfig, num_nodes: int, num_edges: int, local_ranks: int) -> str:
+    """``replicated`` or ``partitioned`` for ``topology = auto`` (same answer on every rank
+    given the same numbers; the edge count is the global one)."""
+    if cfg.topology != "auto":
+        return cfg.topology
+    if cfg.sampler != "neighbor":
+        return "replicated"
+    need = (num_nodes * 8 + num_edges * 4) * local_ranks
+    return "replicated" if need <= cfg.topology_share * psutil.virtual_memory().available else "partitioned"
+
+
+def build_sampler(cfg: SamplerConfig, ctx: DistContext, hooks: Hooks, part: LocalPartition, *, layers: int,
+                  csr: CSRTopology | None, owner: Tensor, row: Tensor, seed: int) -> Sampler:
+    """The sampler ``cfg.sampler`` over this rank's training nodes."""
+    own = part.global_ids.cpu()
+    train = part.train_mask.cpu()
+    seeds = own[train]
+    name = cfg.sampler
+    if name in ("neighbor", "vrgcn"):
+        if len(cfg.fanout) != layers:
+            raise ConfigError(f"minibatch.fanout has {len(cfg.fanout)} entries but the model has {layers} layers")
+        if csr is None:
+            own_csr = CSRTopology.from_edge_index(
+                torch.stack([own_in_edges(part)[0], part.edge_index[1].cpu()]), part.num_owned)
+            gen = torch.Generator().manual_seed(seed * 1_000_003 + ctx.rank + 101)
+            source = RemoteNeighbors(ctx, hooks, own_csr=own_csr, owner=owner, row=row, replace=cfg.replace,
+                                     generator=gen)
+        else:
+            source = replicated_source(csr, cfg.replace)
+        if name == "vrgcn":
+            assert csr is not None
+            return VRGCNSampler(csr, source, seeds, cfg.fanout, cfg.batch_size)
+        return NeighborSampler(source, seeds, cfg.fanout, cfg.batch_size)
+    assert csr is not None
+    if name == "cluster":
+        c = cfg.cluster
+        return ClusterSampler(csr, own, train, num_layers=layers, num_clusters=c.num_clusters,
+                              clusters_per_batch=c.clusters_per_batch, seed=seed)
+    s = cfg.saint
+    return SaintSampler(csr, own, train, kind=name.removeprefix("saint-"), num_layers=layers,  # type: ignore[arg-type]
+                        budget=s.budget, walk_length=s.walk_length, presample=s.presample, steps=s.steps,
+                        seed=seed * 1_000_003 + ctx.rank)
+
+
+def remote_candidates(part: LocalPartition, csr: CSRTopology | None, owner: Tensor, hops: int) -> Tensor:
+    """Sorted global ids of the other ranks' nodes within ``hops`` of this rank's
+    training nodes (its halo nodes when the topology is partitioned)."""
+    if csr is None:
+        return torch.sort(part.halo_global_ids.cpu()).values
+    reached = torch.zeros(csr.num_nodes, dtype=torch.bool)
+    frontier = part.global_ids.cpu()[part.train_mask.cpu()]
+    reached[frontier] = True
+    for _ in range(hops):
+        src, _ = csr.neighbours_of(frontier)
+        src = torch.unique(src)
+        frontier = src[~reached[src]]
+        reached[frontier] = True
+    return (reached & (owner != part.rank)).nonzero().flatten()
+
+
+def cache_capacity(cfg: FetchConfig, num_candidates: int, width: int, element_size: int) -> int:
+    """Rows of the cache; a cache that does not fit in available memory is refused."""
+    if cfg.cache_mb:
+        avail = psutil.virtual_memory().available
+        if cfg.cache_mb * 1e6 > avail:
+            raise ConfigError(f"fetch.cache_mb = {cfg.cache_mb:g} MB exceeds the available memory "
+                              f"({avail / 1e6:.0f} MB)")
+        return capacity_rows(cfg.cache_mb, width, element_size)
+    return int(round(cfg.cache_ratio * num_candidates))
+
+
+def build_cache(cfg: FetchConfig, *, capacity: int, candidates: Tensor, degree: Tensor, hotness: Tensor | None,
+                num_nodes: int, width: int, dtype: torch.dtype) -> RowCache:
+    """The cache of ``cfg.cache_policy`` (a static one still to be filled by the caller)."""
+    if cfg.cache_policy == "lru":
+        return LRUCache(num_nodes, capacity, width, dtype)
+    if cfg.cache_policy == "degree":
+        ids = degree_ranking(candidates, degree, capacity)
+    else:
+        assert hotness is not None
+        ids = hotness_ranking(hotness, capacity)
+    return StaticCache(num_nodes, torch.sort(ids).values, width, dtype)

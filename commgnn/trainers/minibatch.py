@@ -1,0 +1,257 @@
+"""Distributed mini-batch training: every rank samples from its own training nodes,
+fetches the remote feature rows of its batch in one round, and takes the same number of
+steps; gradients sync once per step with any ``[comm.grad]`` / ``[comm.gossip]`` strategy.
+
+**Equal steps.** ``steps = max_r num_batches_r`` (one all-reduce at set-up). Each rank cuts
+its epoch's units (seed nodes, clusters) into exactly ``steps`` near-equal chunks
+(:func:`~commgnn.sampling.base.split_evenly`): the rank with the most training nodes takes
+batches of ``batch_size``, the others smaller ones (or empty ones), so every training node
+is a seed exactly once per epoch, nothing is dropped or repeated, and every rank enters
+every collective of every step (a rank with an empty batch still fetches nothing and
+syncs zero gradients). GraphSAINT takes ``steps`` independent draws.
+
+**Loss.** Rank r's share of step s is ``scale * sum_{v in targets} w_v CE_v`` with
+``scale = steps / n_train`` (``n_train`` over all ranks) for samplers that visit every
+node once per epoch (the shares summed over ranks estimate the mean training loss), and
+``scale = 1 / n_train`` with ``w_v = 1 / p_v`` for GraphSAINT, whose one draw already
+estimates the full sum. Gradient strategies sum over ranks, as in full-graph training.
+
+**Evaluation** is the full-graph trainer's: exact, layer by layer with the halo exchange,
+on the same :class:`~commgnn.models.net.PartitionGNN` weights, so accuracies compare
+one to one with full-graph runs.
+
+Per-epoch log: steps, sampled nodes and edges per step (mean over ranks and steps), cache
+requests and hits, the hit rate and that of the offline-optimal static cache of the same
+size on the epoch's own request trace (and Belady's dynamic optimum), rows fetched, and
+the training-loop time.
+"""
+
+from __future__ import annotations
+
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any, Iterator
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from commgnn.comm.config import CommConfig
+from commgnn.dist.context import DistContext
+from commgnn.dist.events import Hooks
+from commgnn.errors import ConfigError
+from commgnn.fetch.cache import RowCache, StaticCache
+from commgnn.fetch.config import FetchConfig
+from commgnn.fetch.fetcher import FeatureFetcher
+from commgnn.fetch.optimal import belady_hit_rate, optimal_static_hit_rate
+from commgnn.models.blocks import SAMPLED_MODELS, BlockGNN, BlockGraph
+from commgnn.models.config import ModelConfig
+from commgnn.models.net import layer_dims
+from commgnn.models.vrgcn import VRGCN, History
+from commgnn.partition.local import LocalPartition
+from commgnn.sampling.base import MiniBatch
+from commgnn.sampling.config import SamplerConfig
+from commgnn.trainers.config import TrainConfig
+from commgnn.trainers.fullgraph import FullGraphTrainer
+from commgnn.trainers.mb_setup import (build_cache, build_sampler, cache_capacity, choose_topology, owner_map,
+                                       remote_candidates, replicated_topology)
+
+BELADY_LIMIT = 3_000_000
+"""Requests per epoch above which Belady's optimum (a Python-level heap walk) is skipped."""
+
+
+class MiniBatchTrainer(FullGraphTrainer):
+    """Sampled training on one rank; all ranks run it in lockstep."""
+
+    def __init__(self, ctx: DistContext, part: LocalPartition, model_cfg: ModelConfig, train_cfg: TrainConfig,
+                 hooks: Hooks, *, sampler_cfg: SamplerConfig, fetch_cfg: FetchConfig,
+                 comm_cfg: CommConfig | None = None) -> None:
+        if model_cfg.name not in SAMPLED_MODELS:
+            raise ConfigError(f"sampler '{sampler_cfg.sampler}' does not fit model '{model_cfg.name}': mini-batch "
+                              f"training runs {', '.join(SAMPLED_MODELS)} (use --model sage)")
+        self.sampler_cfg, self.fetch_cfg = sampler_cfg, fetch_cfg
+        self.vr = sampler_cfg.sampler == "vrgcn"
+        super().__init__(ctx, part, model_cfg, train_cfg, hooks, comm_cfg=comm_cfg)
+        cpu = self.part.to("cpu")
+        self.owner, self.row = owner_map(ctx, hooks, cpu)
+        edges = ctx.all_reduce(torch.tensor([float(cpu.edge_index.shape[1])], dtype=torch.float64))
+        self.topology = choose_topology(sampler_cfg, cpu.num_nodes_global, int(edges[0]), ctx.local_world_size)
+        csr = replicated_topology(ctx, hooks, cpu) if self.topology == "replicated" else None
+        layers = len(self.model.convs)
+        self.sampler = build_sampler(sampler_cfg, ctx, hooks, cpu, layers=layers, csr=csr, owner=self.owner,
+                                     row=self.row, seed=train_cfg.seed)
+        self.gen = torch.Generator().manual_seed(train_cfg.seed * 1_000_003 + ctx.rank + 7)
+        steps = ctx.all_reduce(torch.tensor([float(self.sampler.num_batches())], dtype=torch.float64), "max")
+        self.steps = max(1, int(steps[0]))
+        self.n_train = float(self.split_sizes[0])
+        table = self.x
+        if self.vr:  # [x | mean_N x]: layer 0's exact aggregate travels with the features
+            x_src = torch.cat([self.x, self.eval_halo.exchange(self.x, 0, kind="halo_setup")])
+            table = torch.cat([self.x, self.model.convs[0].precompute(x_src, self.graph)], dim=1)
+        self.cache: RowCache | None = None
+        if fetch_cfg.cached and ctx.is_distributed:
+            self.cache = self._build_cache(cpu, csr, layers, table)
+        self.fetcher = FeatureFetcher(ctx, hooks, table=table, owner=self.owner, row=self.row, cache=self.cache,
+                                      bits=fetch_cfg.bits, seed=train_cfg.seed * 1_000_003 + ctx.rank + 13)
+        if isinstance(self.cache, StaticCache):  # one set-up fetch of the chosen rows
+            self.cache.fill(self.fetcher.fetch(self.cache.ids, kind="fetch_setup", use_cache=False))
+            self.fetcher.rows_requested = self.fetcher.rows_fetched = 0
+        self.capacity = self.cache.capacity if self.cache is not None else 0
+        self.prefetch_group = None
+        if fetch_cfg.prefetch and ctx.is_distributed:
+            # Background fetches get their own communicator (created in the same order on every rank).
+            self.prefetch_group = dist.new_group(ranks=list(range(ctx.world_size)))
+        self._stats = torch.zeros(4, dtype=torch.float64)  # sampled nodes, edges, batches, train seconds
+
+    def _forward_module(self) -> nn.Module:
+        if self.vr:
+            widths = [d_in for d_in, _ in layer_dims(self.model.cfg, self.x.shape[1], self.part.num_classes)[1:]]
+            self.history = History(self.part.num_nodes_global, widths, self.x.dtype)
+            return VRGCN(self.model, self.history)
+        return BlockGNN(self.model)
+
+    def _build_cache(self, cpu: LocalPartition, csr: Any, layers: int, table: Tensor) -> RowCache:
+        cfg = self.fetch_cfg
+        candidates = remote_candidates(cpu, csr, self.owner, layers)
+        capacity = cache_capacity(cfg, int(candidates.numel()), table.shape[1], table.element_size())
+        capacity = min(capacity, int(candidates.numel()))
+        degree = csr.in_degree() if csr is not None else torch.zeros(cpu.num_nodes_global, dtype=torch.int64)
+        if csr is None:
+            degree[cpu.halo_global_ids.cpu()] = cpu.in_degree[cpu.num_owned:].cpu()
+        hotness = None
+        if cfg.cache_policy == "presample":
+            hotness = self._presample_hotness(cpu.num_nodes_global, cfg.presample_epochs)
+        return build_cache(cfg, capacity=capacity, candidates=candidates, degree=degree, hotness=hotness,
+                           num_nodes=cpu.num_nodes_global, width=table.shape[1], dtype=table.dtype)
+
+    def _presample_hotness(self, num_nodes: int, epochs: int) -> Tensor:
+        """GNNLab: how often each remote row is requested over pre-sampled epochs (a
+        generator of its own, so training's samples are not shifted)."""
+        counts = torch.zeros(num_nodes, dtype=torch.int64)
+        gen = torch.Generator().manual_seed(int(torch.randint(2**31, (1,), generator=self.gen)) + 1)
+        for _ in range(epochs):
+            for batch in self.sampler.epoch(self.steps, gen):
+                ids = batch.nodes[self.owner[batch.nodes] != self.ctx.rank]
+                counts += torch.bincount(ids, minlength=num_nodes)
+        return counts
+
+    # ------------------------------------------------------------------ training
+    def _batches(self) -> Iterator[tuple[MiniBatch, Tensor]]:
+        """This epoch's ``(batch, rows)``, sampled and fetched on this thread or, with
+        prefetch, one step ahead on a background thread with its own communicator."""
+        it = self.sampler.epoch(self.steps, self.gen)
+        if self.prefetch_group is None:
+            for _ in range(self.steps):
+                with self.hooks.timed("sample"):
+                    batch = next(it)
+                with self.hooks.timed("fetch"):
+                    rows = self.fetcher.fetch(batch.nodes)
+                yield batch, rows
+            return
+        self.fetcher.group = self.prefetch_group
+        with ThreadPoolExecutor(max_workers=1) as pool:
+            def load() -> tuple[MiniBatch, Tensor]:
+                batch = next(it)
+                return batch, self.fetcher.fetch(batch.nodes)
+
+            pending: Future[tuple[MiniBatch, Tensor]] = pool.submit(load)
+            for step in range(self.steps):
+                with self.hooks.timed("fetch"):  # only the part not hidden behind compute
+                    ready = pending.result()
+                if step + 1 < self.steps:
+                    pending = pool.submit(load)
+                yield ready
+
+    def train_step(self) -> Tensor:
+        """One epoch of ``steps`` optimiser steps; returns this rank's mean loss share."""
+        self.model.train()
+        self.net.train()
+        total = torch.zeros((), dtype=torch.float64)
+        t0 = time.perf_counter()
+        params = list(self.model.parameters())
+        for batch, rows in self._batches():
+            self.optimizer.zero_grad(set_to_none=True)
+            out = self.net(rows, batch) if self.vr else self.net(rows, batch, _graphs(batch))
+            tgt = batch.target
+            labels = self.part.y[self.row[batch.output_nodes[tgt]]]
+            ce = F.cross_entropy(out[tgt], labels, reduction="none")
+            if batch.target_weight is None:
+                loss = ce.sum() * (self.steps / self.n_train)
+            else:
+                loss = (ce * batch.target_weight.to(ce.dtype)).sum() / self.n_train
+            loss.backward()
+            self.grad_sync.set_lr(self.optimizer.param_groups[0]["lr"])
+            self.grad_sync.sync(params)
+            self.optimizer.step()
+            self.grad_sync.after_step(params)
+            total += loss.detach().to(torch.float64)
+            self._stats[:3] += torch.tensor([batch.num_sampled_nodes, batch.num_sampled_edges, 1.0],
+                                            dtype=torch.float64)
+        self._stats[3] += time.perf_counter() - t0
+        if self.scheduler is not None:
+            self.scheduler.step()
+        return total / self.steps
+
+    def epoch_log(self) -> dict[str, Any]:
+        """Sampling and cache facts of the epoch, over all ranks (one all-gather)."""
+        trace = self.fetcher.take_trace()
+        requests = float(sum(int(t.numel()) for t in trace))
+        stats = self.cache.reset_stats() if self.cache is not None else {"requests": 0, "hits": 0}
+        opt = belady = 0.0
+        if self.capacity and requests:
+            opt = optimal_static_hit_rate(trace, self.capacity) * requests
+            belady = belady_hit_rate(trace, self.capacity) * requests if requests <= BELADY_LIMIT else float("nan")
+        mine = torch.tensor([*self._stats.tolist(), requests, float(stats["hits"]), opt, belady,
+                             float(self.fetcher.rows_fetched)], dtype=torch.float64)
+        self._stats.zero_()
+        self.fetcher.rows_fetched = 0
+        rows = self.ctx.all_gather(mine)
+        s = rows.sum(0)
+        batches = max(float(s[2]), 1.0)
+        log: dict[str, Any] = {
+            "steps": self.steps, "sampled_nodes_per_step": float(s[0]) / batches,
+            "sampled_edges_per_step": float(s[1]) / batches, "train_loop_s": float(rows[:, 3].max()),
+            "remote_requests": int(s[4]), "rows_fetched": int(s[8]), "cache_hits": int(s[5]),
+        }
+        if self.capacity or self.cache is not None:
+            log["cache_rows"] = self.capacity
+            log["cache_hit_rate"] = float(s[5]) / float(s[4]) if s[4] else 0.0
+            log["cache_hit_rate_optimal"] = float(s[6]) / float(s[4]) if s[4] else 0.0
+            log["cache_hit_rate_belady"] = float(s[7]) / float(s[4]) if s[4] else 0.0
+        return log
+
+    # ------------------------------------------------------------------ state
+    def state_dict(self) -> dict[str, Any]:
+        state = super().state_dict()
+        state["minibatch"] = {"gen": self.gen.get_state(), "fetcher": self.fetcher.state_dict(),
+                              "history": self.history.state_dict() if self.vr else None,
+                              "remote_gen": _remote_gen_state(self.sampler)}
+        return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        super().load_state_dict(state)
+        mb = state["minibatch"]
+        self.gen.set_state(mb["gen"])
+        self.fetcher.load_state_dict(mb["fetcher"])
+        if self.vr and mb.get("history") is not None:
+            self.history.load_state_dict(mb["history"])
+        if mb.get("remote_gen") is not None:
+            _remote_gen(self.sampler).set_state(mb["remote_gen"])  # type: ignore[union-attr]
+
+
+def _graphs(batch: MiniBatch) -> list[BlockGraph]:
+    """One :class:`BlockGraph` per distinct block (subgraph samplers repeat one block per
+    layer: its CSR is built once)."""
+    made: dict[int, BlockGraph] = {}
+    return [made.setdefault(id(b.edge_index), BlockGraph(b)) for b in batch.blocks]
+
+
+def _remote_gen(sampler: Any) -> torch.Generator | None:
+    source = getattr(getattr(sampler, "inner", sampler), "source", None)
+    return getattr(source, "gen", None)
+
+
+def _remote_gen_state(sampler: Any) -> Tensor | None:
+    gen = _remote_gen(sampler)
+    return gen.get_state() if gen is not None else None
