@@ -1,0 +1,101 @@
+"""Functions run on gloo ranks by tests/test_minibatch.py (spawned children import them)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from commgnn.comm.config import CommConfig
+from commgnn.dist.context import DistContext
+from commgnn.dist.events import CommEvent, Hooks
+from commgnn.fetch.cache import LRUCache, StaticCache
+from commgnn.fetch.config import FetchConfig
+from commgnn.fetch.fetcher import FeatureFetcher
+from commgnn.models import ModelConfig
+from commgnn.partition import build_local_partition
+from commgnn.sampling.config import SamplerConfig
+from commgnn.sampling.csr import CSRTopology
+from commgnn.sampling.remote import RemoteNeighbors
+from commgnn.trainers import FullGraphTrainer, TrainConfig
+from commgnn.trainers.mb_setup import own_in_edges, owner_map
+from commgnn.trainers.minibatch import MiniBatchTrainer
+
+
+def _counting_hooks() -> tuple[Hooks, list[CommEvent]]:
+    hooks, events = Hooks(), []
+    hooks.subscribe(lambda ev: events.append(ev) if isinstance(ev, CommEvent) else None)
+    return hooks, events
+
+
+def fetch_rows(ctx: DistContext, data: Any, parts: torch.Tensor, bits: int, policy: str | None,
+               steps: int) -> dict[str, Any]:
+    """Fetch random id sets; return what was served and the true rows, and the bytes."""
+    part = build_local_partition(data, parts, ctx.world_size, ctx.rank)
+    hooks, events = _counting_hooks()
+    owner, row = owner_map(ctx, hooks, part)
+    N, F = data.x.shape
+    cache = None
+    if policy == "lru":
+        cache = LRUCache(N, 20, F, torch.float32)
+    elif policy == "static":
+        remote = (owner != ctx.rank).nonzero().flatten()
+        cache = StaticCache(N, remote[:15], F, torch.float32)
+    fetcher = FeatureFetcher(ctx, hooks, table=part.x, owner=owner, row=row, cache=cache, bits=bits, seed=ctx.rank)
+    if isinstance(cache, StaticCache):
+        cache.fill(fetcher.fetch(cache.ids, kind="fetch_setup", use_cache=False))
+    events.clear()
+    g = torch.Generator().manual_seed(100 + ctx.rank)
+    served, asked, n_remote = [], [], 0
+    for _ in range(steps):
+        ids = torch.randperm(N, generator=g)[: int(torch.randint(0, N // 2, (1,), generator=g))]
+        served.append(fetcher.fetch(ids))
+        asked.append(ids)
+        n_remote += int((owner[ids] != ctx.rank).sum())
+    rows_bytes = sum(e.nbytes for e in events if e.kind == "fetch_rows")
+    return {"served": served, "asked": asked, "rows_bytes": rows_bytes, "fetched": fetcher.rows_fetched,
+            "requested": fetcher.rows_requested, "n_remote": n_remote,
+            "hits": cache.reset_stats()["hits"] if cache is not None else 0}
+
+
+def remote_sampling(ctx: DistContext, data: Any, parts: torch.Tensor, fanout: int, rounds: int) -> list[Any]:
+    """Owner-side sampling of random frontiers; return (nodes, src, pos) per round."""
+    part = build_local_partition(data, parts, ctx.world_size, ctx.rank)
+    hooks = Hooks()
+    owner, row = owner_map(ctx, hooks, part)
+    own_csr = CSRTopology.from_edge_index(torch.stack([own_in_edges(part)[0], part.edge_index[1]]), part.num_owned)
+    src_of = RemoteNeighbors(ctx, hooks, own_csr=own_csr, owner=owner, row=row, replace=False,
+                             generator=torch.Generator().manual_seed(ctx.rank))
+    g = torch.Generator().manual_seed(7 + ctx.rank)
+    out = []
+    for i in range(rounds):
+        k = 0 if i == 0 else int(torch.randint(1, data.num_nodes, (1,), generator=g))  # round 0: empty on all
+        nodes = torch.randperm(data.num_nodes, generator=g)[:k]
+        src, pos = src_of(nodes, fanout, g)
+        out.append((nodes, src, pos))
+    return out
+
+
+def train_minibatch(ctx: DistContext, data: Any, parts: torch.Tensor, model_cfg: ModelConfig,
+                    train_cfg: TrainConfig, sampler_cfg: SamplerConfig, fetch_cfg: FetchConfig,
+                    epochs: int) -> dict[str, Any]:
+    """Train a few epochs; return weights, steps, the seeds each epoch's batches covered, logs."""
+    part = build_local_partition(data, parts, ctx.world_size, ctx.rank)
+    t = MiniBatchTrainer(ctx, part, model_cfg, train_cfg, Hooks(), sampler_cfg=sampler_cfg, fetch_cfg=fetch_cfg,
+                         comm_cfg=CommConfig())
+    covered = [torch.cat([b.output_nodes[b.target] for b in t.sampler.epoch(t.steps, torch.Generator().manual_seed(0))])]
+    results, logs = [], []
+    for _ in range(epochs):
+        results.append(t.step())
+        logs.append(t.epoch_log())
+    return {"state": {k: v.clone() for k, v in t.model.state_dict().items()}, "steps": t.steps,
+            "covered": covered, "own_train": part.global_ids[part.train_mask], "results": results, "logs": logs}
+
+
+def train_fullgraph(ctx: DistContext, data: Any, parts: torch.Tensor, model_cfg: ModelConfig,
+                    train_cfg: TrainConfig, epochs: int) -> dict[str, Any]:
+    part = build_local_partition(data, parts, ctx.world_size, ctx.rank)
+    t = FullGraphTrainer(ctx, part, model_cfg, train_cfg, Hooks())
+    for _ in range(epochs):
+        t.step()
+    return {"state": {k: v.clone() for k, v in t.model.state_dict().items()}}
