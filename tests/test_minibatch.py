@@ -181,3 +181,37 @@ def test_bad_minibatch_flags_exit_2_with_one_line(tmp_path, capsys, flags, messa
     assert code == 2, err
     assert err.startswith("commgnn: error:") and message in err and "\n" not in err, err
     assert not (tmp_path / "run").exists()
+
+
+def test_sparse_first_layer_equals_the_dense_one():
+    """On a mostly-zero input the first layer runs on the non-zeros; without dropout it
+    matches the dense computation (outputs and weight gradients), and with dropout its
+    mean over many draws matches too (same law)."""
+    from commgnn.models.blocks import BlockGNN
+    from commgnn.models.net import PartitionGNN
+    from commgnn.sampling.csr import CSRTopology
+    from commgnn.sampling.neighbor import NeighborSampler, replicated_source
+
+    data = small_graph(n=80, m=400, f=40)
+    data.x = data.x * (torch.rand(80, 40, generator=torch.Generator().manual_seed(1)) < 0.05)
+    csr = CSRTopology.from_edge_index(data.edge_index, 80)
+    batch = NeighborSampler(replicated_source(csr, False), torch.arange(20), [3, 3], 20).sample(
+        torch.arange(20), torch.Generator().manual_seed(0))
+    rows = data.x[batch.nodes]
+    torch.manual_seed(0)
+    gnn = PartitionGNN(ModelConfig(name="sage", hidden=16, dropout=0.0), 40, 3)
+    outs, grads = [], []
+    for sparse in (False, True):
+        gnn.zero_grad()
+        out = BlockGNN(gnn, sparse_input=sparse).train()(rows, batch)
+        out.square().sum().backward()
+        outs.append(out.detach())
+        grads.append([p.grad.clone() for p in gnn.parameters()])
+    assert torch.allclose(outs[0], outs[1], atol=1e-5)
+    for a, b in zip(*grads):
+        assert torch.allclose(a, b, atol=1e-4)
+    gnn.cfg = ModelConfig(name="sage", hidden=16, dropout=0.5)
+    with torch.no_grad():
+        means = [sum(BlockGNN(gnn, sparse_input=s).train()(rows, batch) for _ in range(400)) / 400
+                 for s in (False, True)]
+    assert (means[0] - means[1]).abs().max() < 0.15 * outs[0].abs().max()

@@ -60,11 +60,12 @@ class FeatureFetcher:
         """``[n, F]`` rows (table dtype) of the unique global ``ids [n]``. Every rank must
         call it the same number of times (it runs one request-reply round when distributed)."""
         ids = ids.to(torch.int64)
-        out = self.table.new_empty((ids.numel(), self.width))
         own = self.owner[ids] == self.ctx.rank
-        out[own] = self.table[self.row[ids[own]]]
-        if not self.ctx.is_distributed:
-            return out
+        if not self.ctx.is_distributed or bool(own.all()):
+            return self.table[self.row[ids]]
+        out = self.table.new_empty((ids.numel(), self.width))
+        opos = own.nonzero().flatten()  # positions, not masks: index_copy_ beats masked assignment
+        out.index_copy_(0, opos, self.table[self.row[ids[opos]]])
         rpos = (~own).nonzero().flatten()
         rids = ids[rpos]
         if self.record_trace and kind == "fetch_rows":
@@ -72,10 +73,10 @@ class FeatureFetcher:
         self.rows_requested += int(rids.numel())
         if self.cache is not None and use_cache:
             hit, cached = self.cache.lookup(rids)
-            out[rpos[hit]] = cached.to(out.dtype)
+            out.index_copy_(0, rpos[hit], cached.to(out.dtype))
             rpos, rids = rpos[~hit], rids[~hit]
         rows = self._remote(rids, kind)
-        out[rpos] = rows
+        out.index_copy_(0, rpos, rows.to(out.dtype))
         self.rows_fetched += int(rids.numel())
         if self.cache is not None and use_cache:
             self.cache.admit(rids, rows)

@@ -21,8 +21,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from commgnn.models.graph import CSRPair
+from commgnn.models.graph import CSRPair, spmm
 from commgnn.models.net import PartitionGNN, activation
+from commgnn.models.sparse import SparseRows
 from commgnn.sampling.base import Block, MiniBatch
 
 SAMPLED_MODELS = ("sage",)
@@ -45,14 +46,34 @@ class BlockGraph:
         return self._pair[dtype]
 
 
+def _sparse_first_layer(conv: nn.Module, x: Tensor, block: Block, graph: BlockGraph, p: float,
+                        training: bool) -> Tensor:
+    """GraphSAGE on a mostly-zero input, computed on its non-zeros (:mod:`commgnn.models.sparse`)::
+
+        v   = dropout(values of x at its pattern)      one mask per entry, as dense dropout
+        out = A (X_v W_l^T) + b_l + X_v[:num_dst] W_r^T
+
+    (``A`` is linear, so transforming before aggregating is exact.) The destination rows
+    are a prefix of the sources, so their values are a prefix of ``v``: same mask."""
+    pattern = SparseRows(x)
+    values = F.dropout(pattern.gather(x), p, training)
+    own = pattern.head(block.num_dst)
+    m = pattern.linear(values, conv.lin_l.weight)
+    out = spmm(graph.mean_adj(m.dtype), m) + conv.lin_l.bias
+    return out + own.linear(values[: own.rows.numel()], conv.lin_r.weight)
+
+
 class BlockGNN(nn.Module):
     """``model``'s layers over a batch: ``forward(x_rows, batch) -> [num_dst_last, C]``.
     A module of its own so that DDP-based gradient strategies can wrap it; its parameters
     are the partition model's."""
 
-    def __init__(self, model: PartitionGNN) -> None:
+    def __init__(self, model: PartitionGNN, *, sparse_input: bool = False) -> None:
+        """``sparse_input``: the features are mostly zeros; the first layer then computes on
+        their non-zeros (:mod:`commgnn.models.sparse`)."""
         super().__init__()
         self.gnn = model
+        self.sparse_input = sparse_input
 
     def forward(self, x: Tensor, batch: MiniBatch, graphs: list[BlockGraph] | None = None) -> Tensor:
         gnn = self.gnn
@@ -60,8 +81,11 @@ class BlockGNN(nn.Module):
         h = x
         last = len(gnn.convs) - 1
         for i, (conv, block, graph) in enumerate(zip(gnn.convs, batch.blocks, graphs)):
-            h = F.dropout(h, p=gnn.cfg.dropout, training=self.training)
-            h = conv.combine(conv.message(h), h[: block.num_dst], graph)
+            if i == 0 and self.sparse_input:
+                h = _sparse_first_layer(conv, h, block, graph, gnn.cfg.dropout, self.training)
+            else:
+                h = F.dropout(h, p=gnn.cfg.dropout, training=self.training)
+                h = conv.combine(conv.message(h), h[: block.num_dst], graph)
             if i < last:
                 h = activation(gnn.cfg, h)
         return h

@@ -57,10 +57,22 @@ class SparseRows:
     """The non-zero pattern of a constant ``[n, d]`` matrix, as CSR for it and its transpose."""
 
     def __init__(self, dense: Tensor) -> None:
-        n, d = dense.shape
+        rows, cols = dense.nonzero(as_tuple=True)  # row-major: CSR order
+        self._build(rows, cols, (dense.shape[0], dense.shape[1]))
+
+    def head(self, n: int) -> "SparseRows":
+        """The pattern of the first ``n`` rows: a prefix of the CSR arrays (its values are
+        the first ``int(crow[n])`` values of this pattern's)."""
+        nnz = int(self.crow[n])
+        out = SparseRows.__new__(SparseRows)
+        out._build(self.rows[:nnz], self.cols[:nnz], (n, self.shape[1]))
+        return out
+
+    def _build(self, rows: Tensor, cols: Tensor, shape: tuple[int, int]) -> None:
+        n, d = shape
         self.shape = (n, d)
-        self.rows, self.cols = dense.nonzero(as_tuple=True)  # row-major: CSR order
-        dev = dense.device
+        self.rows, self.cols = rows, cols
+        dev = rows.device
         zero = torch.zeros(1, dtype=torch.long, device=dev)
         self.crow = torch.cat([zero, torch.bincount(self.rows, minlength=n).cumsum(0)])
         self.col = self.cols.contiguous()
