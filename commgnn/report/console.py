@@ -126,6 +126,17 @@ def summary_table(summary: dict[str, Any]) -> Table:
         ("peak RSS (max rank)", f"{summary['peak_rss_mb']:.0f} MB"),
         ("edge cut / comm volume", f"{part['edge_cut']} / {part['comm_volume']}"),
     ]
+    if "steps_per_epoch" in summary:  # mini-batch training
+        rows[3:5] = [
+            ("steps / epoch (every rank)", str(summary["steps_per_epoch"])),
+            ("feature bytes / epoch (all ranks)", human_bytes(summary["feature_bytes_per_epoch"])),
+            ("sampled nodes / edges per step", f"{summary['sampled_nodes_per_step']:.0f} / "
+                                               f"{summary['sampled_edges_per_step']:.0f}"),
+        ]
+        if summary.get("cache_hit_rate") is not None:
+            rows.insert(6, ("cache hit rate (offline optimum)",
+                            f"{summary['cache_hit_rate']:.1%} ({summary['cache_hit_rate_optimal']:.1%})"))
+        rows.insert(-2, ("sample / fetch time", f"{summary['sample_time_frac']:.1%} / {summary['fetch_time_frac']:.1%}"))
     for k, v in rows:
         t.add_row(k, v)
     return t

@@ -1,0 +1,221 @@
+"""Distributed mini-batch training against full-graph training, on real graphs.
+
+One protocol for every entry: GraphSAGE (2 layers, hidden 64, dropout 0.5, Adam lr 0.01,
+weight decay 5e-4), the same METIS partition (seed 0), 4 ranks unless the entry says 1,
+seeds 0-2, exact full-graph evaluation after every epoch. Full-graph entries run up to
+150 epochs with patience 30; mini-batch entries a fixed budget of 12 epochs (each a pass
+over the training nodes), which the calibration run on CS showed to reach the plateau.
+
+Entries (``ENTRIES``): full-graph exact on 4 ranks and in one process; neighbour sampling
+(fan-out 15,10, batch 512) on 4 ranks with fp32 fetch and no cache, with a 10% degree
+cache and 4-bit fetch, and in one process; VR-GCN at fan-out 2,2; Cluster-GCN; the three
+GraphSAINT samplers. Columns: test accuracy at the best validation epoch, feature bytes
+per epoch, cache hit rate (and the offline-optimal one), the epoch time split, and the
+time (cumulative epoch seconds of the slowest rank) until validation accuracy reaches
+the full-graph exact run's best (mean over its seeds), and until it is within 0.5 points
+of it. Runs are resumable (a finished run directory is read, not rerun); the loop is
+seed-major so that an interrupted sweep has every entry at the same seeds.
+
+    python benchmarks/minibatch.py --datasets CS Computers Physics --seeds 0 1 2
+    python benchmarks/minibatch.py --report-only
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import datetime
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+COMMON = ["--model", "sage", "--layers", "2", "--hidden", "64", "--quiet"]
+FULL = ["--epochs", "150", "--patience", "30"]
+MB = ["--mode", "minibatch", "--epochs", "12", "--patience", "0"]
+NEIGHBOR = [*MB, "--sampler", "neighbor", "--fanout", "15,10", "--batch-size", "512"]
+
+ENTRIES: dict[str, tuple[int, list[str]]] = {
+    "full-graph exact": (4, FULL),
+    "full-graph, 1 process": (1, FULL),
+    "neighbor fp32": (4, NEIGHBOR),
+    "neighbor c10% degree + 4-bit": (4, [*NEIGHBOR, "--cache-ratio", "0.1", "--cache-policy", "degree",
+                                        "--fetch-bits", "4"]),
+    "neighbor, 1 process": (1, NEIGHBOR),
+    "vrgcn 2,2": (4, [*MB, "--sampler", "vrgcn", "--fanout", "2,2", "--batch-size", "512"]),
+    "cluster": (4, [*MB, "--sampler", "cluster"]),
+    "saint-rw": (4, [*MB, "--sampler", "saint-rw"]),
+    "saint-node": (4, [*MB, "--sampler", "saint-node"]),
+    "saint-edge": (4, [*MB, "--sampler", "saint-edge"]),
+}
+
+
+def run_dir(out: Path, dataset: str, entry: str, seed: int) -> Path:
+    slug = "".join(c if c.isalnum() else "-" for c in entry).strip("-")
+    return out / dataset / slug / f"s{seed}"
+
+
+def run_one(out: Path, root: str, dataset: str, entry: str, seed: int) -> None:
+    d = run_dir(out, dataset, entry, seed)
+    if (d / "summary.json").is_file():
+        return
+    parts, flags = ENTRIES[entry]
+    if d.exists():
+        subprocess.run(["rm", "-rf", str(d)], check=True)
+    d.parent.mkdir(parents=True, exist_ok=True)
+    cmd = ["commgnn", "train", "--dataset", dataset, "--data-root", root, "--parts", str(parts),
+           "--partition-dir", str(out / dataset / f"parts{parts}"), "--seed", str(seed), "--out", str(d),
+           *COMMON, *flags]
+    print(f"[{datetime.datetime.now():%H:%M:%S}] {dataset} / {entry} / seed {seed}", flush=True)
+    subprocess.run(cmd, check=True)
+
+
+def ensure_partition(out: Path, root: str, dataset: str, parts: int) -> None:
+    pdir = out / dataset / f"parts{parts}"
+    if not (pdir / "meta.json").is_file():
+        pdir.parent.mkdir(parents=True, exist_ok=True)
+        subprocess.run(["commgnn", "partition", "--dataset", dataset, "--data-root", root, "--parts", str(parts),
+                        "--partitioner", "metis", "--seed", "0", "--out", str(pdir)], check=True,
+                       stdout=subprocess.DEVNULL)
+
+
+def _load(d: Path) -> tuple[dict[str, Any], list[dict[str, Any]]] | None:
+    if not (d / "summary.json").is_file():
+        return None
+    rows = [json.loads(line) for line in (d / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    return json.loads((d / "summary.json").read_text()), rows
+
+
+def _time_to(rows: list[dict[str, Any]], target: float) -> float | None:
+    t = 0.0
+    for r in rows:
+        t += r["epoch_s"]
+        if r["val_acc"] >= target - 1e-12:
+            return t
+    return None
+
+
+def _ms(values: list[float], scale: float = 1.0, digits: int = 2) -> str:
+    if not values:
+        return "—"
+    if len(values) == 1:
+        return f"{values[0] * scale:.{digits}f}"
+    return f"{statistics.mean(values) * scale:.{digits}f} ± {statistics.stdev(values) * scale:.{digits}f}"
+
+
+def table(out: Path, datasets: list[str], seeds: list[int]) -> list[dict[str, Any]]:
+    rows_out = []
+    for ds in datasets:
+        ref = [_load(run_dir(out, ds, "full-graph exact", s)) for s in seeds]
+        ref_vals = [r[0]["best_val_acc"] for r in ref if r]
+        target = statistics.mean(ref_vals) if ref_vals else None
+        for entry in ENTRIES:
+            runs = [r for r in (_load(run_dir(out, ds, entry, s)) for s in seeds) if r]
+            if not runs:
+                continue
+            summ = [r[0] for r in runs]
+            split = {k: [statistics.mean(x["time_mean_s"][k] for x in r[1]) for r in runs]
+                     for k in ("sample", "fetch", "comm", "compute")}
+            reach = [_time_to(r[1], target) for r in runs] if target else []
+            near = [_time_to(r[1], target - 0.005) for r in runs] if target else []
+            hit = [s["cache_hit_rate"] for s in summ if s.get("cache_hit_rate") is not None]
+            opt = [s["cache_hit_rate_optimal"] for s in summ if s.get("cache_hit_rate_optimal") is not None]
+            rows_out.append({
+                "dataset": ds, "entry": entry, "ranks": ENTRIES[entry][0], "seeds": len(runs),
+                "test_acc": _ms([s["test_acc"] for s in summ], 100),
+                "best_val": _ms([s["best_val_acc"] for s in summ], 100),
+                "feature_MB_per_epoch": _ms([s.get("feature_bytes_per_epoch", 0.0) for s in summ], 1e-6, 1),
+                "halo_grad_MB_per_epoch": _ms([s["halo_bytes_per_epoch"] + s["grad_bytes_per_epoch"] for s in summ],
+                                              1e-6, 1),
+                "hit_rate": _ms(hit, 100, 1), "hit_rate_optimal": _ms(opt, 100, 1),
+                "epoch_s": _ms([s["epoch_time_s"] for s in summ]),
+                **{f"{k}_s": _ms(v) for k, v in split.items()},
+                "epochs": _ms([float(s["epochs_run"]) for s in summ], 1, 0),
+                "time_to_fg_best_s": (f"{sum(x for x in reach if x) / max(1, sum(1 for x in reach if x)):.0f} "
+                                      f"({sum(1 for x in reach if x)}/{len(reach)})") if reach else "—",
+                "time_to_fg_best_minus_0.5_s": (f"{sum(x for x in near if x) / max(1, sum(1 for x in near if x)):.0f} "
+                                                f"({sum(1 for x in near if x)}/{len(near)})") if near else "—",
+                "fg_target_val": f"{target * 100:.2f}" if target else "—",
+            })
+    return rows_out
+
+
+def write(rows: list[dict[str, Any]], stem: Path) -> None:
+    if not rows:
+        return
+    keys = list(rows[0])
+    with open(stem.with_suffix(".csv"), "w", newline="") as fh:
+        w = csv.DictWriter(fh, keys)
+        w.writeheader()
+        w.writerows(rows)
+    mem = psutil.virtual_memory().total / 2**30
+    lines = [f"# Distributed mini-batch vs full-graph training ({datetime.date.today()})", "",
+             f"Machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, {mem:.0f} GiB, "
+             f"Python {platform.python_version()}, gloo on CPU; ranks share the cores.", "",
+             "Protocol: see `benchmarks/minibatch.py` (GraphSAGE 2x64, METIS, exact evaluation each epoch; "
+             "mean ± std over the seeds run). Times are cumulative epoch seconds of the slowest rank "
+             "(training and evaluation); `(k/n)` = seeds that reached the target.", "",
+             "| " + " | ".join(keys) + " |", "|" + "---|" * len(keys)]
+    lines += ["| " + " | ".join(str(r[k]) for k in keys) + " |" for r in rows]
+    stem.with_suffix(".md").write_text("\n".join(lines) + "\n")
+
+
+def plot(out: Path, datasets: list[str], seeds: list[int], path: Path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(datasets), figsize=(6 * len(datasets), 4.5), squeeze=False)
+    for ax, ds in zip(axes[0], datasets):
+        for entry in ENTRIES:
+            run = _load(run_dir(out, ds, entry, seeds[0]))
+            if not run:
+                continue
+            t, xs, ys = 0.0, [], []
+            for r in run[1]:
+                t += r["epoch_s"]
+                xs.append(t)
+                ys.append(r["val_acc"] * 100)
+            ax.plot(xs, ys, label=entry, marker="." if len(xs) < 20 else None)
+        ax.set_xscale("log")
+        ax.set_title(f"{ds} (seed {seeds[0]})")
+        ax.set_xlabel("cumulative epoch time, s (slowest rank)")
+        ax.set_ylabel("validation accuracy, %")
+        ax.set_ylim(bottom=50)
+        ax.grid(alpha=0.3)
+    axes[0][0].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--datasets", nargs="+", default=["CS", "Computers", "Physics"])
+    ap.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
+    ap.add_argument("--entries", nargs="+", default=list(ENTRIES))
+    ap.add_argument("--root", default=os.environ.get("COMMGNN_DATA_ROOT", "../shared/datasets"))
+    ap.add_argument("--out", default="runs/bench-minibatch")
+    ap.add_argument("--report-only", action="store_true")
+    ns = ap.parse_args()
+    out = Path(ns.out)
+    if not ns.report_only:
+        for seed in ns.seeds:
+            for ds in ns.datasets:
+                for entry in ns.entries:
+                    ensure_partition(out, ns.root, ds, ENTRIES[entry][0])
+                    run_one(out, ns.root, ds, entry, seed)
+    stamp = datetime.date.today().isoformat()
+    res = Path(__file__).resolve().parent / "results"
+    write(table(out, ns.datasets, ns.seeds), res / f"{stamp}-minibatch")
+    plot(out, ns.datasets, ns.seeds, res / f"{stamp}-minibatch.png")
+    print((res / f"{stamp}-minibatch.md").read_text())
+
+
+if __name__ == "__main__":
+    sys.exit(main())
