@@ -5,7 +5,8 @@ it induces in the *whole* graph: every edge ``u -> v`` with ``u, v in S``. Every
 that same subgraph, so all ``num_layers`` blocks carry the same ``[2, e]`` edges with
 ``num_src = num_dst = k``. How ``S`` is drawn (``budget`` draws with replacement, kept unique):
 
-* ``node``: own nodes, ``P(v) ∝ deg_v + 1`` (the ``+1`` lets isolated nodes be drawn);
+* ``node``: the rank's *pool* (its own nodes and their in-neighbours, which may be other
+  ranks' nodes), ``P(v) ∝ deg_v + 1`` (the ``+1`` lets isolated nodes be drawn);
 * ``edge``: in-edges ``u -> v`` of own nodes ``v`` (``u`` may be another rank's node),
   ``P(u -> v) ∝ 1 / deg_u + 1 / deg_v`` (degrees clamped to >= 1); ``S`` = both endpoints;
 * ``rw``: roots uniform among own training nodes (all own nodes if none trains), each walking
@@ -26,11 +27,13 @@ node v (``[N]``), ``C_e`` the induced subgraphs holding edge e (``[E]``, e = its
 
 so ``Block.weight = w`` and ``MiniBatch.target_weight = 1 / p_v`` over the subgraph's own
 training nodes. Both identities hold over what the sampler can reach (``p_e > 0``, ``p_v > 0``):
-the node sampler draws own nodes only, so edges from other ranks' nodes never appear and its
-aggregation estimates the rank-local part ``(1 / deg_v) * sum_{own u -> v} h_u``; isolated nodes
-never enter an edge-sampler subgraph, and a walk never reaches past ``walk_length`` hops from the
-training nodes (so edges into its outermost nodes from beyond are missing). That bias comes from
-the sampler's reach, not from the weights.
+every in-edge of an own node lies in the node sampler's pool, so the own nodes' aggregation is
+unbiased, but a pooled neighbour's own in-edges from beyond the pool never appear (a deeper
+layer sees that one-hop truncation); isolated nodes never enter an edge-sampler subgraph, and a
+walk never reaches past ``walk_length`` hops from the training nodes (so edges into its outermost
+nodes from beyond are missing). That bias comes from the sampler's reach, not from the weights.
+(An own-nodes-only node sampler, tried first, drops every edge from another rank's node: its
+aggregation then only estimates the rank-local part of the mean.)
 
 Everything is vectorised (inverse-CDF sampling with ``searchsorted``, CSR gathers, ``unique``);
 the only Python loops run over draws and walk steps, never over nodes. All randomness comes
@@ -149,7 +152,8 @@ class SaintSampler:
         """Per-kind tables the draws reuse: a CDF over own nodes or own in-edges, or the roots."""
         own = self.own_nodes
         if self.kind == "node":
-            self._cdf = torch.cumsum((self.deg[own] + 1).to(torch.float64), 0)
+            self._pool = torch.unique(torch.cat([own, self.csr.neighbours_of(own)[0]]))
+            self._cdf = torch.cumsum((self.deg[self._pool] + 1).to(torch.float64), 0)
         elif self.kind == "edge":
             eid, pos = _in_edge_ids(self.csr, own)
             self._edge_ids = eid
@@ -165,7 +169,7 @@ class SaintSampler:
         if self.own_nodes.numel() == 0:
             return torch.zeros(0, dtype=torch.int64)
         if self.kind == "node":
-            return torch.unique(self.own_nodes[_draw_from_cdf(self._cdf, self.budget, generator)])
+            return torch.unique(self._pool[_draw_from_cdf(self._cdf, self.budget, generator)])
         if self.kind == "edge":
             if self._edge_ids.numel() == 0:
                 return torch.zeros(0, dtype=torch.int64)
