@@ -23,18 +23,16 @@ seed-major so that an interrupted sweep has every entry at the same seeds.
 from __future__ import annotations
 
 import argparse
-import csv
 import datetime
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
-import psutil
+from tables import write_table
 
 COMMON = ["--model", "sage", "--layers", "2", "--hidden", "64", "--quiet"]
 FULL = ["--epochs", "150", "--patience", "30"]
@@ -147,23 +145,10 @@ def table(out: Path, datasets: list[str], seeds: list[int]) -> list[dict[str, An
 
 
 def write(rows: list[dict[str, Any]], stem: Path) -> None:
-    if not rows:
-        return
-    keys = list(rows[0])
-    with open(stem.with_suffix(".csv"), "w", newline="") as fh:
-        w = csv.DictWriter(fh, keys)
-        w.writeheader()
-        w.writerows(rows)
-    mem = psutil.virtual_memory().total / 2**30
-    lines = [f"# Distributed mini-batch vs full-graph training ({datetime.date.today()})", "",
-             f"Machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, {mem:.0f} GiB, "
-             f"Python {platform.python_version()}, gloo on CPU; ranks share the cores.", "",
-             "Protocol: see `benchmarks/minibatch.py` (GraphSAGE 2x64, METIS, exact evaluation each epoch; "
-             "mean ± std over the seeds run). Times are cumulative epoch seconds of the slowest rank "
-             "(training and evaluation); `(k/n)` = seeds that reached the target.", "",
-             "| " + " | ".join(keys) + " |", "|" + "---|" * len(keys)]
-    lines += ["| " + " | ".join(str(r[k]) for k in keys) + " |" for r in rows]
-    stem.with_suffix(".md").write_text("\n".join(lines) + "\n")
+    write_table(rows, stem, f"Distributed mini-batch vs full-graph training ({datetime.date.today()})", [
+        "gloo on CPU; the ranks share the cores. Protocol: see `benchmarks/minibatch.py` (GraphSAGE 2x64, "
+        "METIS, exact evaluation each epoch; mean ± std over the seeds run). Times are cumulative epoch "
+        "seconds of the slowest rank (training and evaluation); `(k/n)` = seeds that reached the target."])
 
 
 def plot(out: Path, datasets: list[str], seeds: list[int], path: Path) -> None:

@@ -22,14 +22,10 @@ rows, all ranks) and the reduction against the uncached fp32 fetch.
 from __future__ import annotations
 
 import argparse
-import csv
 import datetime
-import os
-import platform
 from pathlib import Path
 from typing import Any
 
-import psutil
 import torch
 
 from commgnn.dist.context import LaunchInfo, RuntimeConfig, free_port, init_distributed, shutdown
@@ -41,6 +37,7 @@ from commgnn.partition import load_partition
 from commgnn.sampling.config import SamplerConfig
 from commgnn.trainers import TrainConfig
 from commgnn.trainers.minibatch import MiniBatchTrainer
+from tables import write_table
 
 SETTINGS: list[tuple[str, dict[str, Any]]] = [("none fp32", {})]
 for _policy in ("degree", "presample", "lru"):
@@ -108,20 +105,9 @@ def main() -> None:
                          "feature_MB_per_epoch": f"{r['feature_bytes'] / 1e6:.1f}",
                          "reduction_x": f"{base / max(r['feature_bytes'], 1):.2f}"})
     stem = Path(__file__).resolve().parent / "results" / f"{datetime.date.today()}-minibatch-cache"
-    keys = list(rows[0])
-    with open(stem.with_suffix(".csv"), "w", newline="") as fh:
-        w = csv.DictWriter(fh, keys)
-        w.writeheader()
-        w.writerows(rows)
-    mem = psutil.virtual_memory().total / 2**30
-    text = [f"# Remote-row cache sweep ({datetime.date.today()})", "",
-            f"Machine: {platform.machine()}, {os.cpu_count()} cores, {mem:.0f} GiB; 4 gloo ranks; "
-            f"{ns.epochs} epochs per setting (protocol in `benchmarks/minibatch_cache.py`).", "",
-            "| " + " | ".join(keys) + " |", "|" + "---|" * len(keys)]
-    text += ["| " + " | ".join(str(r[k]) for k in keys) + " |" for r in rows]
-    stem.with_suffix(".md").write_text("\n".join(text) + "\n")
-    print("\n".join(text))
-
+    write_table(rows, stem, f"Remote-row cache sweep ({datetime.date.today()})",
+                [f"4 gloo ranks; {ns.epochs} epochs per setting (protocol in `benchmarks/minibatch_cache.py`)."])
+    print(stem.with_suffix(".md").read_text())
 
 if __name__ == "__main__":
     main()

@@ -9,18 +9,15 @@ Writes a dated Markdown/CSV table to benchmarks/results/.
 from __future__ import annotations
 
 import argparse
-import csv
 import datetime
 import json
-import os
-import platform
 import resource
 import subprocess
 import tempfile
 import time
 from pathlib import Path
 
-import psutil
+from tables import write_table
 
 TOML = """
 [data.synthetic]
@@ -88,16 +85,10 @@ def main() -> None:
     }
     print(json.dumps(out, indent=1))
     stem = Path(__file__).resolve().parent / "results" / f"{datetime.date.today()}-minibatch-scale-{ns.topology}"
-    with open(stem.with_suffix(".csv"), "w", newline="") as fh:
-        w = csv.DictWriter(fh, list(out))
-        w.writeheader()
-        w.writerow(out)
-    mem = psutil.virtual_memory().total / 2**30
-    stem.with_suffix(".md").write_text(
-        f"# Mini-batch training at 1M nodes / 20M edges ({datetime.date.today()})\n\n"
-        f"Machine: {platform.machine()}, {os.cpu_count()} cores, {mem:.0f} GiB; 4 local gloo ranks.\n\n"
-        "| " + " | ".join(out) + " |\n|" + "---|" * len(out) + "\n| " + " | ".join(str(v) for v in out.values()) + " |\n")
-
+    write_table([out], stem, f"Mini-batch training at 1M nodes / 20M edges ({datetime.date.today()})",
+                ["4 local gloo ranks; synthetic CSBM (64 features, 8 classes, 10% training nodes), GraphSAGE "
+                 "2x64, neighbour sampling 15,10, batch 1024, a 5% degree cache; one epoch. Peak RSS per rank "
+                 "is Linux's VmHWM."])
 
 if __name__ == "__main__":
     main()

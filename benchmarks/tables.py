@@ -1,0 +1,36 @@
+"""Dated result tables for the benchmark scripts: one CSV and one Markdown file per table,
+the Markdown opening with a title, the machine and the protocol notes."""
+
+from __future__ import annotations
+
+import csv
+import os
+import platform
+from pathlib import Path
+from typing import Any, Sequence
+
+import psutil
+
+
+def machine() -> str:
+    """One line naming the machine the numbers come from."""
+    mem = psutil.virtual_memory().total / 2**30
+    return (f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, {mem:.0f} GiB, "
+            f"Python {platform.python_version()}")
+
+
+def write_table(rows: Sequence[dict[str, Any]], stem: Path, title: str, notes: Sequence[str] = ()) -> None:
+    """``stem.csv`` and ``stem.md`` from ``rows`` (the first row's keys are the columns)."""
+    if not rows:
+        return
+    keys = list(rows[0])
+    with open(stem.with_suffix(".csv"), "w", newline="") as fh:
+        w = csv.DictWriter(fh, keys)
+        w.writeheader()
+        w.writerows(rows)
+    lines = [f"# {title}", "", f"Machine: {machine()}.", ""]
+    for note in notes:
+        lines += [note, ""]
+    lines += ["| " + " | ".join(keys) + " |", "|" + "---|" * len(keys)]
+    lines += ["| " + " | ".join(str(r[k]) for k in keys) + " |" for r in rows]
+    stem.with_suffix(".md").write_text("\n".join(lines) + "\n")
