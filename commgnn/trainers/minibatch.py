@@ -21,9 +21,9 @@ on the same :class:`~commgnn.models.net.PartitionGNN` weights, so accuracies com
 one to one with full-graph runs.
 
 Per-epoch log: steps, sampled nodes and edges per step (mean over ranks and steps), cache
-requests and hits, the hit rate and that of the offline-optimal static cache of the same
-size on the epoch's own request trace (and Belady's dynamic optimum), rows fetched, and
-the training-loop time.
+requests and hits, the bytes the hits saved, the hit rate and that of the offline-optimal
+static cache of the same size on the epoch's own request trace (and Belady's dynamic
+optimum), rows fetched, and the training-loop time.
 """
 
 from __future__ import annotations
@@ -37,6 +37,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from commgnn.comm import quant
 from commgnn.comm.config import CommConfig
 from commgnn.dist.context import DistContext
 from commgnn.dist.events import Hooks
@@ -53,7 +54,8 @@ from commgnn.partition.local import LocalPartition
 from commgnn.sampling.base import MiniBatch
 from commgnn.sampling.config import SamplerConfig
 from commgnn.trainers.config import TrainConfig
-from commgnn.trainers.fullgraph import FullGraphTrainer
+from commgnn.comm.alltoall import AllToAllHalo
+from commgnn.trainers.fullgraph import FullGraphTrainer, halo_plan
 from commgnn.trainers.mb_setup import (build_cache, build_sampler, cache_capacity, choose_topology, owner_map,
                                        remote_candidates, replicated_topology)
 
@@ -73,6 +75,9 @@ class MiniBatchTrainer(FullGraphTrainer):
         self.sampler_cfg, self.fetch_cfg = sampler_cfg, fetch_cfg
         self.vr = sampler_cfg.sampler == "vrgcn"
         super().__init__(ctx, part, model_cfg, train_cfg, hooks, comm_cfg=comm_cfg)
+        # Evaluation's exchanges count their bytes but not their time as comm: in mini-batch
+        # logs comm_s is the gradient sync alone, and evaluation is part of compute_s.
+        self.eval_halo = AllToAllHalo(ctx, halo_plan(self.part), hooks.bytes_only())
         cpu = self.part.to("cpu")
         self.owner, self.row = owner_map(ctx, hooks, cpu)
         edges = ctx.all_reduce(torch.tensor([float(cpu.edge_index.shape[1])], dtype=torch.float64))
@@ -219,7 +224,15 @@ class MiniBatchTrainer(FullGraphTrainer):
             log["cache_hit_rate"] = float(s[5]) / float(s[4]) if s[4] else 0.0
             log["cache_hit_rate_optimal"] = float(s[6]) / float(s[4]) if s[4] else 0.0
             log["cache_hit_rate_belady"] = float(s[7]) / float(s[4]) if s[4] else 0.0
+            log["cache_bytes_saved"] = int(s[5]) * self._row_bytes()
         return log
+
+    def _row_bytes(self) -> int:
+        """Bytes one fetched row costs on the wire (its id out, its payload back)."""
+        width = self.fetcher.width
+        payload = width * self.fetcher.table.element_size() if self.fetch_cfg.bits == 32 else \
+            quant.bytes_per_row(width, self.fetch_cfg.bits)
+        return payload + 4
 
     # ------------------------------------------------------------------ state
     def state_dict(self) -> dict[str, Any]:
