@@ -53,6 +53,7 @@ from commgnn.models.vrgcn import VRGCN, History
 from commgnn.partition.local import LocalPartition
 from commgnn.sampling.base import MiniBatch
 from commgnn.sampling.config import SamplerConfig
+from commgnn.sampling.remote import RemoteNeighbors
 from commgnn.trainers.config import TrainConfig
 from commgnn.comm.alltoall import AllToAllHalo
 from commgnn.trainers.fullgraph import FullGraphTrainer, halo_plan
@@ -154,7 +155,12 @@ class MiniBatchTrainer(FullGraphTrainer):
                     rows = self.fetcher.fetch(batch.nodes)
                 yield batch, rows
             return
+        # every collective of the background thread on its own communicator: the fetch's and,
+        # with a partitioned topology, the owner-side sampling's
         self.fetcher.group = self.prefetch_group
+        remote = _remote_source(self.sampler)
+        if remote is not None:
+            remote.group = self.prefetch_group
         with ThreadPoolExecutor(max_workers=1) as pool:
             def load() -> tuple[MiniBatch, Tensor]:
                 batch = next(it)
@@ -260,9 +266,15 @@ def _graphs(batch: MiniBatch) -> list[BlockGraph]:
     return [made.setdefault(id(b.edge_index), BlockGraph(b)) for b in batch.blocks]
 
 
-def _remote_gen(sampler: Any) -> torch.Generator | None:
+def _remote_source(sampler: Any) -> RemoteNeighbors | None:
+    """The owner-side neighbour source of a sampler over a partitioned topology, if any."""
     source = getattr(getattr(sampler, "inner", sampler), "source", None)
-    return getattr(source, "gen", None)
+    return source if isinstance(source, RemoteNeighbors) else None
+
+
+def _remote_gen(sampler: Any) -> torch.Generator | None:
+    source = _remote_source(sampler)
+    return source.gen if source is not None else None
 
 
 def _remote_gen_state(sampler: Any) -> Tensor | None:
