@@ -99,3 +99,26 @@ def train_fullgraph(ctx: DistContext, data: Any, parts: torch.Tensor, model_cfg:
     for _ in range(epochs):
         t.step()
     return {"state": {k: v.clone() for k, v in t.model.state_dict().items()}}
+
+
+def fetch_adaptive(ctx: DistContext, data: Any, parts: torch.Tensor, budget: float, epochs: int,
+                   steps: int) -> dict[str, Any]:
+    """Fetch random id sets over epochs with adaptive widths; rows, bytes and widths per epoch."""
+    part = build_local_partition(data, parts, ctx.world_size, ctx.rank)
+    hooks, events = _counting_hooks()
+    owner, row = owner_map(ctx, hooks, part)
+    N = data.x.shape[0]
+    fetcher = FeatureFetcher(ctx, hooks, table=part.x, owner=owner, row=row, bits="adaptive", budget_bytes=budget,
+                             seed=ctx.rank)
+    g = torch.Generator().manual_seed(100 + ctx.rank)
+    out: dict[str, Any] = {"asked": [], "served": [], "bits": [], "received": []}
+    for _ in range(epochs):
+        events.clear()
+        out["bits"].append(list(fetcher.adaptive.bits))
+        for _ in range(steps):
+            ids = torch.randperm(N, generator=g)[: N // 2]
+            out["asked"].append(ids)
+            out["served"].append(fetcher.fetch(ids))
+        out["received"].append(sum(e.nbytes for e in events if e.kind == "fetch_rows"))  # bytes this rank sent
+        fetcher.end_epoch()
+    return out

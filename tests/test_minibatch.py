@@ -176,6 +176,8 @@ def test_vrgcn_history_holds_the_activations_each_step_computed():
      r"\[comm.halo\] levers act on full-graph training"),
     ({"minibatch": {"topology": "partitioned", "sampler": "cluster"}}, "works with sampler 'neighbor' only"),
     ({"fetch": {"cache_mb": 5, "cache_ratio": 0.1}}, "not both"),
+    ({"fetch": {"bits": "adaptive"}}, "needs fetch.budget_mb > 0"),
+    ({"fetch": {"bits": 3}}, "fetch.bits must be one of 1, 2, 4, 8, 32 or 'adaptive'"),
 ])
 def test_bad_minibatch_settings_are_config_errors(table, message):
     with pytest.raises(ConfigError, match=message):
@@ -274,3 +276,24 @@ def test_minibatch_run_records_its_summary_keys(tmp_path):
     # a static (degree) cache cannot beat the best static set of its size on the same trace
     assert 0 < summary["cache_hit_rate"] <= summary["cache_hit_rate_optimal"] + 1e-12
     assert summary["setup_bytes"]["fetch_setup"] > 0  # the static cache was filled once
+
+
+@pytest.mark.timeout(120)
+def test_adaptive_fetch_bits_fit_the_budget_and_stay_within_a_step(tmp_path):
+    """Epoch 1 fetches at 8 bits; then each asker picks per-owner widths whose bytes fit its
+    budget (the same request volume each epoch here), and every row stays within one
+    quantisation step of the owner's (or equals it at 32 bits)."""
+    data = small_graph(n=120, f=16)
+    budget = 3000.0  # bytes of rows received per epoch per rank
+    res = run_on_ranks(mb_ranks.fetch_adaptive, 3, tmp_path, data, _parts(120, 3, 5), budget, 3, 4)
+    for r in res:
+        assert r["bits"][0] == [8, 8, 8]
+        assert any(b < 8 for b in r["bits"][1]), r["bits"]
+        for ids, rows in zip(r["asked"], r["served"]):
+            truth = data.x[ids]
+            step = (truth.max(1).values - truth.min(1).values) / (2 ** 1 - 1)  # the widest step (1 bit)
+            assert ((rows - truth).abs() <= step[:, None] * (1 + 1e-5) + 1e-6).all()
+    # what the ranks received in epochs 2-3 (= what they were sent) fits their budgets in total
+    for epoch in (1, 2):
+        assert sum(r["received"][epoch] for r in res) <= 3 * budget * 1.15
+    assert sum(r["received"][0] for r in res) > 3 * budget  # 8 bits did not fit: the solver had work

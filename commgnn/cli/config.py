@@ -171,6 +171,7 @@ FLAG_KEYS: dict[str, str] = {
     "cache_ratio": "fetch.cache_ratio",
     "cache_policy": "fetch.cache_policy",
     "fetch_bits": "fetch.bits",
+    "fetch_budget_mb": "fetch.budget_mb",
     "prefetch": "fetch.prefetch",
 }
 

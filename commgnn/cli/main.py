@@ -62,6 +62,16 @@ def _fanout(text: str) -> list[int]:
         raise argparse.ArgumentTypeError(f"expected comma-separated integers such as 15,10, got {text!r}") from None
 
 
+def _fetch_bits(text: str) -> Any:
+    """``4`` -> 4, ``adaptive`` -> "adaptive"."""
+    if text == "adaptive":
+        return text
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected 1, 2, 4, 8, 32 or 'adaptive', got {text!r}") from None
+
+
 def _default_text(value: Any) -> str:
     """A config default as the help text shows it."""
     if value is None:
@@ -173,7 +183,10 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--cache-ratio", dest="cache_ratio", type=float,
                    help="remote-row cache per rank as a fraction of its remote rows")
     m.add_argument("--cache-policy", dest="cache_policy", help="degree | presample | lru")
-    m.add_argument("--fetch-bits", dest="fetch_bits", type=int, help="bits of fetched rows: 1|2|4|8|32")
+    m.add_argument("--fetch-bits", dest="fetch_bits", type=_fetch_bits,
+                   help="bits of fetched rows: 1|2|4|8|32 or adaptive (with --fetch-budget-mb)")
+    m.add_argument("--fetch-budget-mb", dest="fetch_budget_mb", type=float,
+                   help="adaptive fetch bits: MB of rows each rank may receive per epoch")
     m.add_argument("--prefetch", action="store_const", const=True,
                    help="sample and fetch the next batch while the current one computes")
 

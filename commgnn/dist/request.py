@@ -40,8 +40,10 @@ def _row_bytes(t: Tensor) -> int:
     return width
 
 
-def _all_to_all(ctx: DistContext, group: dist.ProcessGroup | None, send: Tensor, out_counts: list[int],
-                in_counts: list[int]) -> Tensor:
+def all_to_all(ctx: DistContext, group: dist.ProcessGroup | None, send: Tensor, out_counts: list[int],
+               in_counts: list[int]) -> Tensor:
+    """One ``all_to_all_single``: ``out_counts[q]`` leading rows of ``send`` to rank q, and
+    ``[sum(in_counts), ...]`` back, ``in_counts[q]`` rows from rank q (uncounted)."""
     recv = send.new_empty((sum(in_counts), *send.shape[1:]))
     dist.all_to_all_single(recv, send.contiguous(), output_split_sizes=in_counts, input_split_sizes=out_counts,
                            group=group if group is not None else ctx.group)
@@ -64,20 +66,20 @@ def request_reply(ctx: DistContext, hooks: Hooks, owners: Tensor, requests: Tens
     out_counts = counts.tolist()
     timed = hooks.timed(phase) if phase is not None else contextlib.nullcontext()
     with timed:
-        in_counts_t = _all_to_all(ctx, group, counts.to(torch.int64), [1] * P, [1] * P)
+        in_counts_t = all_to_all(ctx, group, counts.to(torch.int64), [1] * P, [1] * P)
     in_counts = in_counts_t.tolist()
     req = requests[order]
     for q in range(P):
         if q != ctx.rank:  # the count itself is sent to every peer
             hooks.sent(req_kind, -1, q, 8 + out_counts[q] * _row_bytes(req))
     with hooks.timed(phase) if phase is not None else contextlib.nullcontext():
-        got = _all_to_all(ctx, group, req, out_counts, in_counts)
+        got = all_to_all(ctx, group, req, out_counts, in_counts)
     answers = serve(got)
     for q, n in enumerate(in_counts):
         if q != ctx.rank:
             hooks.sent(rep_kind, -1, q, n * _row_bytes(answers))
     with hooks.timed(phase) if phase is not None else contextlib.nullcontext():
-        back = _all_to_all(ctx, group, answers, in_counts, out_counts)
+        back = all_to_all(ctx, group, answers, in_counts, out_counts)
     out = torch.empty_like(back)
     out[order] = back
     return out

@@ -12,7 +12,7 @@ Example::
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, Union
 
 from commgnn.config import fraction, positive
 from commgnn.errors import ConfigError
@@ -24,9 +24,12 @@ FETCH_BITS = (1, 2, 4, 8, 32)
 class FetchConfig:
     """Remote feature rows: codec, cache and overlap."""
 
-    bits: int = 32
+    bits: Union[int, Literal["adaptive"]] = 32
     """Bits per value of fetched rows: 32 = float32 as stored; 1, 2, 4, 8 = the halo
-    exchange's stochastic row codes (within one quantisation step, unbiased)."""
+    exchange's stochastic row codes (within one quantisation step, unbiased);
+    ``"adaptive"`` = widths per owner re-solved every epoch to fit ``budget_mb``."""
+    budget_mb: float = 0.0
+    """adaptive: feature-row MB (1e6 bytes) each rank may receive per epoch."""
     cache_mb: float = 0.0
     """Remote-row cache per rank in MB (1e6 bytes); 0 = no cache (unless ``cache_ratio``)."""
     cache_ratio: float = 0.0
@@ -43,8 +46,11 @@ class FetchConfig:
     the current one computes."""
 
     def __post_init__(self) -> None:
-        if self.bits not in FETCH_BITS:
-            raise ConfigError(f"fetch.bits must be one of 1, 2, 4, 8 or 32, got {self.bits!r}")
+        if self.bits != "adaptive" and self.bits not in FETCH_BITS:
+            raise ConfigError(f"fetch.bits must be one of 1, 2, 4, 8, 32 or 'adaptive', got {self.bits!r}")
+        positive("fetch.budget_mb", self.budget_mb, allow_zero=True)
+        if self.bits == "adaptive" and not self.budget_mb:
+            raise ConfigError("fetch.bits = 'adaptive' needs fetch.budget_mb > 0 (MB of rows a rank receives per epoch)")
         positive("fetch.cache_mb", self.cache_mb, allow_zero=True)
         fraction("fetch.cache_ratio", self.cache_ratio)
         if self.cache_mb and self.cache_ratio:

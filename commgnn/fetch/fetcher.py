@@ -31,21 +31,25 @@ from commgnn.comm import quant
 from commgnn.dist.context import DistContext
 from commgnn.dist.events import Hooks, TrafficClass
 from commgnn.fetch.cache import RowCache
-from commgnn.dist.request import request_reply
+from commgnn.dist.request import all_to_all, request_reply
+from commgnn.fetch.adaptive import AdaptiveBits, decode_rows, encode_rows, row_bytes
 
 
 class FeatureFetcher:
     """Reads ``[n, F]`` rows for global ids from this rank's table, a cache and the owners."""
 
     def __init__(self, ctx: DistContext, hooks: Hooks, *, table: Tensor, owner: Tensor, row: Tensor,
-                 cache: RowCache | None = None, bits: int = 32, seed: int = 0,
+                 cache: RowCache | None = None, bits: int | str = 32, budget_bytes: float = 0.0, seed: int = 0,
                  group: dist.ProcessGroup | None = None, record_trace: bool = True) -> None:
         """``table [n_own, F]``: this rank's rows; ``owner [N]`` / ``row [N]``: every node's
-        owner rank and row there; ``group``: the communicator (a background prefetch
-        gets its own); ``record_trace``: keep the epoch's request trace."""
+        owner rank and row there; ``bits``: 32, 1, 2, 4, 8 or ``"adaptive"`` (widths per
+        owner within ``budget_bytes`` of rows received per epoch, :mod:`commgnn.fetch.adaptive`);
+        ``group``: the communicator (a background prefetch gets its own); ``record_trace``:
+        keep the epoch's request trace."""
         self.ctx, self.hooks, self.group = ctx, hooks, group
         self.table, self.owner, self.row = table, owner.to(torch.int16 if ctx.world_size < 2**15 else torch.int32), row
         self.cache, self.bits = cache, bits
+        self.adaptive = AdaptiveBits(ctx.world_size, int(table.shape[1]), budget_bytes) if bits == "adaptive" else None
         self.gen = torch.Generator().manual_seed(seed)
         self.record_trace = record_trace
         self.trace: list[Tensor] = []
@@ -75,7 +79,7 @@ class FeatureFetcher:
             hit, cached = self.cache.lookup(rids)
             out.index_copy_(0, rpos[hit], cached.to(out.dtype))
             rpos, rids = rpos[~hit], rids[~hit]
-        rows = self._remote(rids, kind)
+        rows = self._remote(rids, kind) if self.adaptive is None else self._remote_adaptive(rids, kind)
         out.index_copy_(0, rpos, rows.to(out.dtype))
         self.rows_fetched += int(rids.numel())
         if self.cache is not None and use_cache:
@@ -95,6 +99,45 @@ class FeatureFetcher:
                             req_kind="fetch_ids", rep_kind=kind, group=self.group)
         return got if bits == 32 else quant.decode(got, bits, width, dtype)
 
+    def _remote_adaptive(self, rids: Tensor, kind: TrafficClass) -> Tensor:
+        """One round with per-owner widths: the counts go out with the widths this rank
+        wants from each owner, the replies come back as one byte buffer split by peer."""
+        ctx, P, d, dtype = self.ctx, self.ctx.world_size, self.width, self.table.dtype
+        assert self.adaptive is not None
+        bits = self.adaptive.bits
+        owners = self.owner[rids].to(torch.int64)
+        order = torch.sort(owners, stable=True).indices
+        counts = torch.bincount(owners, minlength=P)
+        header = all_to_all(ctx, self.group, torch.stack([counts, torch.tensor(bits)], dim=1), [1] * P, [1] * P)
+        in_counts, asked = header[:, 0].tolist(), header[:, 1].tolist()
+        ids = self.row[rids[order]].to(torch.int32 if self.table.shape[0] < 2**31 else torch.int64)
+        got = all_to_all(ctx, self.group, ids, counts.tolist(), in_counts)
+        payloads, out_bytes = [], []
+        for q, part in enumerate(torch.split(got, in_counts)):  # a loop over peers, not rows
+            pay = encode_rows(self.table[part.to(torch.int64)], int(asked[q]), self.gen)
+            payloads.append(pay)
+            out_bytes.append(int(pay.numel()))
+        in_bytes = [c * row_bytes(d, bits[o], self.table.element_size()) for o, c in enumerate(counts.tolist())]
+        for q in range(P):
+            if q != ctx.rank:
+                self.hooks.sent("fetch_ids", -1, q, 16 + int(counts[q]) * ids.element_size())  # count, width, ids
+                self.hooks.sent(kind, -1, q, out_bytes[q])
+        back = all_to_all(ctx, self.group, torch.cat(payloads), out_bytes, in_bytes)
+        rows = []
+        for o, (seg, c) in enumerate(zip(torch.split(back, in_bytes), counts.tolist())):
+            r, r2 = decode_rows(seg, c, d, bits[o], dtype)
+            if c:
+                self.adaptive.observe(o, r2)
+            rows.append(r)
+        out = torch.empty((rids.numel(), d), dtype=dtype)
+        out[order] = torch.cat(rows)
+        return out
+
+    def end_epoch(self) -> None:
+        """Epoch boundary: an adaptive codec re-solves its widths."""
+        if self.adaptive is not None:
+            self.adaptive.end_epoch()
+
     def take_trace(self) -> list[Tensor]:
         """The recorded per-step remote requests since the last call (then forgotten)."""
         trace, self.trace = self.trace, []
@@ -102,9 +145,12 @@ class FeatureFetcher:
 
     def state_dict(self) -> dict[str, Any]:
         return {"gen": self.gen.get_state(),
-                "cache": self.cache.state_dict() if self.cache is not None else None}
+                "cache": self.cache.state_dict() if self.cache is not None else None,
+                "adaptive": self.adaptive.state_dict() if self.adaptive is not None else None}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.gen.set_state(state["gen"])
         if self.cache is not None and state.get("cache") is not None:
             self.cache.load_state_dict(state["cache"])
+        if self.adaptive is not None and state.get("adaptive") is not None:
+            self.adaptive.load_state_dict(state["adaptive"])

@@ -37,12 +37,12 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from commgnn.comm import quant
 from commgnn.comm.config import CommConfig
 from commgnn.dist.context import DistContext
 from commgnn.dist.events import Hooks
 from commgnn.errors import ConfigError
 from commgnn.fetch.cache import RowCache, StaticCache
+from commgnn.fetch.adaptive import row_bytes
 from commgnn.fetch.config import FetchConfig
 from commgnn.fetch.fetcher import FeatureFetcher
 from commgnn.fetch.optimal import belady_hit_rate, optimal_static_hit_rate
@@ -99,7 +99,8 @@ class MiniBatchTrainer(FullGraphTrainer):
         if fetch_cfg.cached and ctx.is_distributed:
             self.cache = self._build_cache(cpu, csr, layers, table)
         self.fetcher = FeatureFetcher(ctx, hooks, table=table, owner=self.owner, row=self.row, cache=self.cache,
-                                      bits=fetch_cfg.bits, seed=train_cfg.seed * 1_000_003 + ctx.rank + 13)
+                                      bits=fetch_cfg.bits, budget_bytes=fetch_cfg.budget_mb * 1e6,
+                                      seed=train_cfg.seed * 1_000_003 + ctx.rank + 13)
         if isinstance(self.cache, StaticCache):  # one set-up fetch of the chosen rows
             self.cache.fill(self.fetcher.fetch(self.cache.ids, kind="fetch_setup", use_cache=False))
             self.fetcher.rows_requested = self.fetcher.rows_fetched = 0
@@ -200,6 +201,7 @@ class MiniBatchTrainer(FullGraphTrainer):
             self._stats[:3] += torch.tensor([batch.num_sampled_nodes, batch.num_sampled_edges, 1.0],
                                             dtype=torch.float64)
         self._stats[3] += time.perf_counter() - t0
+        self.fetcher.end_epoch()  # an adaptive codec re-solves its widths
         if self.scheduler is not None:
             self.scheduler.step()
         return total / self.steps
@@ -236,8 +238,12 @@ class MiniBatchTrainer(FullGraphTrainer):
     def _row_bytes(self) -> int:
         """Bytes one fetched row costs on the wire (its id out, its payload back)."""
         width = self.fetcher.width
-        payload = width * self.fetcher.table.element_size() if self.fetch_cfg.bits == 32 else \
-            quant.bytes_per_row(width, self.fetch_cfg.bits)
+        bits = self.fetch_cfg.bits
+        if bits == "adaptive":  # the widths now in force, averaged over the owners
+            bits_list = [b for o, b in enumerate(self.fetcher.adaptive.bits) if o != self.ctx.rank]  # type: ignore[union-attr]
+            return sum(row_bytes(width, b, self.fetcher.table.element_size()) for b in bits_list) // max(
+                len(bits_list), 1) + 4
+        payload = row_bytes(width, int(bits), self.fetcher.table.element_size())
         return payload + 4
 
     # ------------------------------------------------------------------ state
