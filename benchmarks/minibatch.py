@@ -7,7 +7,7 @@ seeds 0-2, exact full-graph evaluation after every epoch. Full-graph entries run
 over the training nodes), which the calibration run on CS showed to reach the plateau.
 
 Entries (``ENTRIES``): full-graph exact on 4 ranks and in one process; neighbour sampling
-(fan-out 15,10, batch 512) on 4 ranks with fp32 fetch and no cache, with a 10% degree
+(fan-out 15,10, batch 512) on 4 ranks with fp32 fetch and no cache, with a 25% degree
 cache and 4-bit fetch, and in one process; VR-GCN at fan-out 2,2; Cluster-GCN; the three
 GraphSAINT samplers. Columns: test accuracy at the best validation epoch, feature bytes
 per epoch, cache hit rate (and the offline-optimal one), the epoch time split, and the
@@ -43,7 +43,7 @@ ENTRIES: dict[str, tuple[int, list[str]]] = {
     "full-graph exact": (4, FULL),
     "full-graph, 1 process": (1, FULL),
     "neighbor fp32": (4, NEIGHBOR),
-    "neighbor c10% degree + 4-bit": (4, [*NEIGHBOR, "--cache-ratio", "0.1", "--cache-policy", "degree",
+    "neighbor c25% degree + 4-bit": (4, [*NEIGHBOR, "--cache-ratio", "0.25", "--cache-policy", "degree",
                                         "--fetch-bits", "4"]),
     "neighbor, 1 process": (1, NEIGHBOR),
     "vrgcn 2,2": (4, [*MB, "--sampler", "vrgcn", "--fanout", "2,2", "--batch-size", "512"]),
