@@ -9,7 +9,8 @@ over the training nodes), which the calibration run on CS showed to reach the pl
 Entries (``ENTRIES``): full-graph exact on 4 ranks and in one process; neighbour sampling
 (fan-out 15,10, batch 512) on 4 ranks with fp32 fetch and no cache, with a 25% degree
 cache and 4-bit fetch, and in one process; VR-GCN at fan-out 2,2; Cluster-GCN; the three
-GraphSAINT samplers. Columns: test accuracy at the best validation epoch, feature bytes
+GraphSAINT samplers; full-graph exact and neighbour sampling (fan-out 15,10,5) with
+3 layers, and both on 8 ranks. Columns: test accuracy at the best validation epoch, feature bytes
 per epoch, cache hit rate (and the offline-optimal one), the epoch time split, and the
 time (cumulative epoch seconds of the slowest rank) until validation accuracy reaches
 the full-graph exact run's best (mean over its seeds), and until it is within 0.5 points
@@ -51,6 +52,11 @@ ENTRIES: dict[str, tuple[int, list[str]]] = {
     "saint-rw": (4, [*MB, "--sampler", "saint-rw"]),
     "saint-node": (4, [*MB, "--sampler", "saint-node"]),
     "saint-edge": (4, [*MB, "--sampler", "saint-edge"]),
+    # Depth and width: the same protocol with a third layer, and on 8 ranks.
+    "full-graph exact, 3 layers": (4, [*FULL, "--layers", "3"]),
+    "neighbor fp32, 3 layers": (4, [*NEIGHBOR, "--layers", "3", "--fanout", "15,10,5"]),
+    "full-graph exact, 8 ranks": (8, FULL),
+    "neighbor fp32, 8 ranks": (8, NEIGHBOR),
 }
 
 

@@ -35,6 +35,7 @@ bits = 8
 """
 
 
+@pytest.mark.slow  # trains a small grid; the report-only tests below cover the tables in CI
 def test_bench_grid_writes_tables_with_ratios_to_exact(tmp_path):
     grid = tmp_path / "g.toml"
     grid.write_text(GRID)

@@ -113,7 +113,7 @@ def _mk(path):
 
 
 @pytest.mark.timeout(180)
-@pytest.mark.parametrize("sampler", ["neighbor", "cluster", "saint-rw"])
+@pytest.mark.parametrize("sampler", ["neighbor", "cluster", pytest.param("saint-rw", marks=pytest.mark.slow)])
 def test_uneven_training_nodes_take_equal_steps_without_hanging(tmp_path, sampler):
     """Rank 0 holds 10x the training nodes of rank 1: both take the same number of steps
     (the collective time-out stays short, 20 s, so a hang would fail the test), and the

@@ -79,7 +79,7 @@ def _crash_then_resume(tmp_path: Path, capfd: pytest.CaptureFixture, levers: lis
 @pytest.mark.timeout(180)
 @pytest.mark.parametrize("levers", [
     ["--grad", "topk", "--ratio", "0.1"],
-    ["--bits", "4"],
+    pytest.param(["--bits", "4"], marks=pytest.mark.slow),
     ["--staleness", "pipeline"],
     pytest.param(["--bits", "adaptive", "--budget-mb", "0.05"], marks=pytest.mark.slow),
     pytest.param(["--sample-rate", "0.5"], marks=pytest.mark.slow),
