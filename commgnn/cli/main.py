@@ -1,4 +1,5 @@
-"""The ``commgnn`` command: ``train``, ``partition``, ``bench`` and ``datasets``.
+"""The ``commgnn`` command: ``train``, ``partition``, ``bench``, ``predict``, ``report``,
+``cluster`` and ``datasets``.
 
 User errors (bad flags, config, data, partition directories, a busy port) print one
 line, ``commgnn: error: ...``, and exit with code 2, without a traceback. A rank that dies
@@ -217,6 +218,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="run directories (`commgnn train --out`) or `commgnn bench` output folders")
     r.add_argument("--out", default="report.html", help="HTML file to write (default: report.html)")
     r.add_argument("--title", help="page title (default: the directories' names)")
+
+    from commgnn.cli.cluster import add_parser as add_cluster_parser
+
+    add_cluster_parser(sub)
     return parser
 
 
@@ -302,6 +307,12 @@ def cmd_report(ns: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_cluster(ns: argparse.Namespace) -> int:
+    from commgnn.cli.cluster import cmd_cluster as run
+
+    return run(ns)
+
+
 def cmd_datasets(_: argparse.Namespace) -> int:
     from commgnn.data import dataset_names
 
@@ -320,7 +331,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help()
         return 2
     handler = {"train": cmd_train, "partition": cmd_partition, "bench": cmd_bench,
-               "datasets": cmd_datasets, "predict": cmd_predict, "report": cmd_report}[ns.command]
+               "datasets": cmd_datasets, "predict": cmd_predict, "report": cmd_report, "cluster": cmd_cluster}[ns.command]
     # SIGTERM ends a run like Ctrl-C: ranks stopped, run directory marked interrupted.
     previous = signal.signal(signal.SIGTERM, _on_sigterm) if _main_thread() else None
     try:

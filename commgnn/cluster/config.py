@@ -1,0 +1,103 @@
+"""``commgnn cluster``: the shape of an emulated multi-host cluster on one Linux machine.
+
+Units follow ``tc``: rates as ``100mbit``, ``1gbit``, ``25gbit``, ``500kbit`` (bits per
+second, SI prefixes), times as ``5ms``, ``200us``, ``1s``, loss as ``0.1%``.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from commgnn.errors import ConfigError
+
+_RATE_UNITS = {"bit": 1.0, "kbit": 1e3, "mbit": 1e6, "gbit": 1e9, "tbit": 1e12}
+_TIME_UNITS = {"s": 1.0, "ms": 1e-3, "us": 1e-6}
+
+
+def parse_rate(text: str) -> float:
+    """``'100mbit'`` -> 1e8 bits per second."""
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]+)\s*", str(text))
+    if not m or m.group(2).lower() not in _RATE_UNITS:
+        raise ConfigError(f"a rate is a number and one of {', '.join(_RATE_UNITS)} (e.g. 100mbit), got {text!r}")
+    value = float(m.group(1)) * _RATE_UNITS[m.group(2).lower()]
+    if value < 8e3:
+        raise ConfigError(f"a rate must be at least 8kbit, got {text!r}")
+    return value
+
+
+def parse_time(text: str) -> float:
+    """``'5ms'`` -> 0.005 seconds."""
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*(s|ms|us)\s*", str(text))
+    if not m:
+        raise ConfigError(f"a time is a number and s, ms or us (e.g. 5ms), got {text!r}")
+    return float(m.group(1)) * _TIME_UNITS[m.group(2)]
+
+
+def parse_percent(text: str) -> float:
+    """``'0.1%'`` -> 0.001."""
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*%\s*", str(text))
+    if not m or float(m.group(1)) >= 100:
+        raise ConfigError(f"a loss is a percentage below 100 (e.g. 0.1%), got {text!r}")
+    return float(m.group(1)) / 100
+
+
+@dataclass(frozen=True, kw_only=True)
+class ClusterConfig:
+    """H hosts of R ranks each, every host one network namespace behind one shaped link."""
+
+    hosts: int = 2
+    """Emulated machines (network namespaces), 2 to 64."""
+    ranks_per_host: int = 1
+    """torchrun processes per host (``--nproc-per-node``)."""
+    rate_bps: float = 1e9
+    """Each host's link rate in bits per second, in each direction (tbf on both ends of
+    its veth, like a full-duplex NIC port)."""
+    delay_s: float = 0.0
+    """One-way delay added to every packet a host sends (netem); a round trip between two
+    hosts takes twice this."""
+    jitter_s: float = 0.0
+    """netem jitter around ``delay_s`` (needs a delay)."""
+    loss: float = 0.0
+    """Fraction of the packets a host sends that netem drops (TCP retransmits them)."""
+    rdzv_port: int = 29400
+    """Port of torchrun's c10d rendezvous store on host 0."""
+
+    def __post_init__(self) -> None:
+        if not 2 <= self.hosts <= 64:
+            raise ConfigError(f"--hosts must be between 2 and 64, got {self.hosts}")
+        if not 1 <= self.ranks_per_host <= 64:
+            raise ConfigError(f"--ranks-per-host must be between 1 and 64, got {self.ranks_per_host}")
+        if self.rate_bps < 8e3:
+            raise ConfigError(f"--rate must be at least 8kbit, got {self.rate_bps:g} bit/s")
+        if self.delay_s < 0 or self.delay_s > 10:
+            raise ConfigError(f"--delay must be between 0 and 10s, got {self.delay_s:g}s")
+        if self.jitter_s < 0 or (self.jitter_s and not self.delay_s) or self.jitter_s > self.delay_s:
+            raise ConfigError("--jitter needs a --delay at least as large")
+        if not 0 <= self.loss < 1:
+            raise ConfigError(f"--loss must be below 100%, got {self.loss:.2%}")
+        if not 1024 <= self.rdzv_port <= 65535:
+            raise ConfigError(f"--rdzv-port must be between 1024 and 65535, got {self.rdzv_port}")
+
+    @property
+    def world_size(self) -> int:
+        return self.hosts * self.ranks_per_host
+
+    @property
+    def needs_netem(self) -> bool:
+        return bool(self.delay_s or self.loss)
+
+    def address(self, host: int) -> str:
+        """Host ``host``'s address in 198.18.0.0/15 (RFC 2544's benchmarking range)."""
+        return f"198.18.{(host + 1) // 256}.{(host + 1) % 256}"
+
+    def describe(self) -> str:
+        rate = self.rate_bps
+        text = f"{rate / 1e9:g} Gbit/s" if rate >= 1e9 else f"{rate / 1e6:g} Mbit/s"
+        if self.delay_s:
+            text += f", {self.delay_s * 1e3:g} ms delay"
+            if self.jitter_s:
+                text += f" ± {self.jitter_s * 1e3:g} ms"
+        if self.loss:
+            text += f", {self.loss:.2%} loss"
+        return f"{self.hosts} hosts x {self.ranks_per_host} ranks, {text}"

@@ -1,0 +1,197 @@
+"""Emulated hosts: Linux network namespaces on one bridge, each link shaped with ``tc``.
+
+Written by hand (no maintained Python library builds namespaces and qdiscs): it calls the
+``ip`` and ``tc`` tools of iproute2. The layout for a cluster made by process ``PID``::
+
+    root namespace:   bridge cg<PID>br
+                        |-- veth cg<PID>v0  <->  eth0 in namespace commgnn-<PID>-h0  (198.18.0.1/15)
+                        |-- veth cg<PID>v1  <->  eth0 in namespace commgnn-<PID>-h1  (198.18.0.2/15)
+                        ...
+
+Shaping, per host, like a full-duplex NIC port of rate ``r``: ``tbf rate r`` on ``eth0``
+(what the host sends) and on ``cg<PID>v<i>`` (what it receives). A delay or loss puts
+``netem delay d [jitter j] loss p rate r`` on ``eth0`` instead of the tbf there, so a
+packet between two hosts is delayed once (one-way ``d``, round trip ``2d``). Many kernels
+built for containers lack ``sch_netem``; then ``--delay``/``--loss`` are refused up front
+and ``--rate`` still works.
+
+Everything made is recorded as it is made and removed by :meth:`EmulatedNetwork.close`
+(on success, error and Ctrl-C); :func:`remove_stale` removes what a killed process left.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Sequence
+
+from commgnn.cluster.config import ClusterConfig
+from commgnn.errors import UserError
+
+CAP_NET_ADMIN, CAP_SYS_ADMIN = 12, 21
+_NS_RE = re.compile(r"^commgnn-(\d+)-h\d+$")
+
+
+def check_rights(status_text: str | None = None) -> None:
+    """Refuse (one line) unless this process may make namespaces, links and qdiscs."""
+    if status_text is None:
+        status_text = Path("/proc/self/status").read_text()
+    m = re.search(r"^CapEff:\s*([0-9a-fA-F]+)$", status_text, re.M)
+    caps = int(m.group(1), 16) if m else 0
+    missing = [name for bit, name in ((CAP_NET_ADMIN, "CAP_NET_ADMIN"), (CAP_SYS_ADMIN, "CAP_SYS_ADMIN"))
+               if not caps >> bit & 1]
+    if missing:
+        raise UserError(f"commgnn cluster needs root (or {' and '.join(missing)}) to build network namespaces, "
+                        "veth links and tc qdiscs; run it as root, or run the ranks on real machines with torchrun")
+    for tool in ("ip", "tc"):
+        if shutil.which(tool) is None:
+            raise UserError(f"commgnn cluster needs the '{tool}' tool (iproute2); install it, e.g. "
+                            "apt-get install iproute2")
+
+
+def _run(args: Sequence[str], *, check: bool = True) -> subprocess.CompletedProcess[str]:
+    res = subprocess.run(list(args), capture_output=True, text=True)
+    if check and res.returncode != 0:
+        raise OSError(f"{' '.join(args)}: {res.stderr.strip() or f'exit {res.returncode}'}")
+    return res
+
+
+def netem_available() -> bool:
+    """Whether this kernel has the netem qdisc (tried on the loopback of a scratch namespace)."""
+    ns = f"commgnn-{os.getpid()}-probe"
+    try:
+        _run(["ip", "netns", "add", ns])
+        return _run(["ip", "netns", "exec", ns, "tc", "qdisc", "add", "dev", "lo", "root", "netem", "delay", "1ms"],
+                    check=False).returncode == 0
+    finally:
+        _run(["ip", "netns", "del", ns], check=False)
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def remove_stale() -> list[str]:
+    """Remove the namespaces and bridges of clusters whose process is gone; their names."""
+    removed = []
+    names = _run(["ip", "netns", "list"], check=False).stdout.split()
+    for name in names:
+        m = _NS_RE.match(name)
+        if m and not _pid_alive(int(m.group(1))):
+            _run(["ip", "netns", "del", name], check=False)
+            removed.append(name)
+    for line in _run(["ip", "-o", "link", "show", "type", "bridge"], check=False).stdout.splitlines():
+        m = re.match(r"^\d+:\s+cg(\d+)br[:@]", line)
+        if m and not _pid_alive(int(m.group(1))):
+            _run(["ip", "link", "del", f"cg{m.group(1)}br"], check=False)
+            removed.append(f"cg{m.group(1)}br")
+    return removed
+
+
+class EmulatedNetwork:
+    """H namespaces on a bridge with shaped links; a context manager that always cleans up.
+
+    ``cfg.hosts`` namespaces ``commgnn-<pid>-h<i>`` each hold ``eth0`` with address
+    ``cfg.address(i)``; :meth:`prefix` is the command prefix that runs a program on host i.
+    """
+
+    def __init__(self, cfg: ClusterConfig, *, owner_pid: int | None = None) -> None:
+        self.cfg = cfg
+        self.pid = os.getpid() if owner_pid is None else owner_pid
+        self.bridge = f"cg{self.pid}br"
+        self.namespaces = [f"commgnn-{self.pid}-h{i}" for i in range(cfg.hosts)]
+        self.host_links = [f"cg{self.pid}v{i}" for i in range(cfg.hosts)]
+        self._made: list[tuple[str, str]] = []  # ("ns"|"link", name), in creation order
+
+    def __enter__(self) -> "EmulatedNetwork":
+        try:
+            self.build()
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def prefix(self, host: int) -> list[str]:
+        """Command prefix that runs a program inside host ``host``'s namespace."""
+        return ["ip", "netns", "exec", self.namespaces[host]]
+
+    def build(self) -> None:
+        check_rights()
+        cfg = self.cfg
+        if cfg.needs_netem and not netem_available():
+            raise UserError("this kernel has no netem qdisc (sch_netem), so --delay and --loss cannot be "
+                            "emulated here; --rate alone works (tbf)")
+        _run(["ip", "link", "add", self.bridge, "type", "bridge"])
+        self._made.append(("link", self.bridge))
+        _run(["ip", "link", "set", self.bridge, "up"])
+        for i, (ns, hv) in enumerate(zip(self.namespaces, self.host_links)):
+            _run(["ip", "netns", "add", ns])
+            self._made.append(("ns", ns))
+            _run(["ip", "link", "add", hv, "type", "veth", "peer", "name", f"cg{self.pid}p{i}"])
+            self._made.append(("link", hv))
+            _run(["ip", "link", "set", f"cg{self.pid}p{i}", "netns", ns])
+            _run(["ip", "-n", ns, "link", "set", f"cg{self.pid}p{i}", "name", "eth0"])
+            _run(["ip", "-n", ns, "addr", "add", f"{cfg.address(i)}/15", "dev", "eth0"])
+            _run(["ip", "-n", ns, "link", "set", "eth0", "up"])
+            _run(["ip", "-n", ns, "link", "set", "lo", "up"])
+            _run(["ip", "link", "set", hv, "master", self.bridge])
+            _run(["ip", "link", "set", hv, "up"])
+            self._shape(ns, hv)
+
+    def _tbf(self) -> list[str]:
+        rate = self.cfg.rate_bps
+        # burst: 5 ms at line rate, at least two 64 KiB GSO super-packets (a smaller bucket
+        # than one packet would drop it); queue: 100 ms at line rate, as a switch port holds.
+        burst = max(int(rate / 8 * 0.005), 131072)
+        return ["tbf", "rate", f"{int(rate)}bit", "burst", str(burst), "latency", "100ms"]
+
+    def _shape(self, ns: str, hv: str) -> None:
+        cfg = self.cfg
+        _run(["tc", "qdisc", "add", "dev", hv, "root", *self._tbf()])  # what the host receives
+        if not cfg.needs_netem:
+            _run(["ip", "netns", "exec", ns, "tc", "qdisc", "add", "dev", "eth0", "root", *self._tbf()])
+            return
+        netem = ["netem", "delay", f"{cfg.delay_s * 1e6:.0f}us"]
+        if cfg.jitter_s:
+            netem += [f"{cfg.jitter_s * 1e6:.0f}us"]
+        if cfg.loss:
+            netem += ["loss", f"{cfg.loss * 100:g}%"]
+        # The queue must hold a bandwidth-delay product of packets, or netem drops them.
+        limit = max(1000, int(cfg.rate_bps / 8 * (cfg.delay_s + cfg.jitter_s + 0.1) / 1000))
+        netem += ["rate", f"{int(cfg.rate_bps)}bit", "limit", str(limit)]
+        _run(["ip", "netns", "exec", ns, "tc", "qdisc", "add", "dev", "eth0", "root", *netem])
+
+    def qdiscs(self, host: int) -> str:
+        """``tc qdisc show`` of both ends of host ``host``'s link (for reports and tests)."""
+        inside = _run(["ip", "netns", "exec", self.namespaces[host], "tc", "qdisc", "show", "dev", "eth0"]).stdout
+        outside = _run(["tc", "qdisc", "show", "dev", self.host_links[host]]).stdout
+        return inside + outside
+
+    def close(self) -> None:
+        """Remove everything made, newest first; deleting a namespace deletes its veth pair."""
+        while self._made:
+            kind, name = self._made.pop()
+            if kind == "ns":
+                _run(["ip", "netns", "del", name], check=False)
+            else:
+                _run(["ip", "link", "del", name], check=False)
+
+    def leftovers(self) -> list[str]:
+        """Objects of this cluster that still exist (empty after :meth:`close`)."""
+        names = set(_run(["ip", "netns", "list"], check=False).stdout.split())
+        links = _run(["ip", "-o", "link", "show"], check=False).stdout
+        left = [ns for ns in self.namespaces if ns in names]
+        left += [ln for ln in [self.bridge, *self.host_links] if re.search(rf"^\d+:\s+{ln}[:@]", links, re.M)]
+        return left
