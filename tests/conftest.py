@@ -10,6 +10,10 @@ import pytest
 SHARED_DATASETS = Path(__file__).resolve().parents[2] / "shared" / "datasets"
 """The staged real datasets beside the clone (``<checkout>/../shared/datasets``); may be absent."""
 
+# CodeCarbon's per-rank start-up (~0.7 s of CPU) would add minutes over the suite's runs;
+# tests/test_energy.py measures with it on.
+os.environ.setdefault("COMMGNN_ENERGY", "0")
+
 DATA_ROOT_ENV = "COMMGNN_DATA_ROOT"
 """Environment variable naming a data root; tried before :data:`SHARED_DATASETS`."""
 

@@ -31,6 +31,7 @@ from commgnn.dist.context import RuntimeConfig
 from commgnn.dist.faults import FaultConfig
 from commgnn.errors import ConfigError, PartitionError
 from commgnn.fetch.config import FetchConfig
+from commgnn.metrics.energy import EnergyConfig
 from commgnn.sampling.config import SamplerConfig
 from commgnn.models import ModelConfig
 from commgnn.partition import PartitionConfig, load_meta
@@ -74,6 +75,8 @@ class RunConfig:
     """``[minibatch]``: the sampler of ``train.mode = "minibatch"``."""
     fetch: FetchConfig = field(default_factory=FetchConfig)
     """``[fetch]``: remote feature rows in mini-batch training (codec, cache, prefetch)."""
+    energy: EnergyConfig = field(default_factory=EnergyConfig)
+    """``[energy]``: CPU/RAM energy (CodeCarbon, offline) and the network's J per byte."""
     output: OutputConfig = field(default_factory=OutputConfig)
     """``[output]``: run directory, console output, embeddings."""
     fault: FaultConfig | None = None
@@ -173,6 +176,9 @@ FLAG_KEYS: dict[str, str] = {
     "fetch_bits": "fetch.bits",
     "fetch_budget_mb": "fetch.budget_mb",
     "prefetch": "fetch.prefetch",
+    "country": "energy.country_iso_code",
+    "energy_track": "energy.track",
+    "network_j_per_byte": "energy.network_j_per_byte",
 }
 
 

@@ -190,6 +190,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="adaptive fetch bits: MB of rows each rank may receive per epoch")
     m.add_argument("--prefetch", action="store_const", const=True,
                    help="sample and fetch the next batch while the current one computes")
+    e = t.add_argument_group("energy")
+    e.add_argument("--country", help="ISO 3166-1 alpha-3 code of where the run's machines are (grid CO2)")
+    e.add_argument("--no-energy", dest="energy_track", action="store_const", const=False,
+                   help="do not measure CPU/RAM energy (set COMMGNN_ENERGY=0 for the same)")
+    e.add_argument("--network-j-per-byte", dest="network_j_per_byte", type=float,
+                   help="joules per byte sent between ranks (network energy model)")
 
     p = sub.add_parser("partition", help="partition a graph, print its quality report, save it")
     _add_common(p)

@@ -27,6 +27,7 @@ from commgnn.dist.events import Hooks
 from commgnn.dist.faults import FaultInjector
 from commgnn.errors import UserError
 from commgnn.metrics import Meter
+from commgnn.metrics.energy import EnergyMeter, energy_summary
 from commgnn.models.byo import message_passing_layers
 from commgnn.partition import LocalPartition
 from commgnn.report import EpochProgress, MetricsLog, print_summary, summarise, write_json
@@ -72,6 +73,8 @@ def run_rank(ctx: DistContext, cfg: RunConfig, part: LocalPartition, out: Path, 
              fingerprint: str, resume: bool = False, attempt: int = 0, module: nn.Module | None = None) -> None:
     """Train on this rank's partition (all ranks call it together); ``module``: the user's
     own PyG model instead of the built-in ``cfg.model``."""
+    energy = EnergyMeter(cfg.energy)
+    energy.start()  # first: CodeCarbon's hardware probe takes seconds (in its own thread)
     hooks = Hooks()
     meter = Meter(ctx, len(message_passing_layers(module)) if module is not None else cfg.model.layers)
     hooks.subscribe(meter)
@@ -115,6 +118,7 @@ def run_rank(ctx: DistContext, cfg: RunConfig, part: LocalPartition, out: Path, 
     finally:
         if log:
             log.close()
+    readings = _gather_energy(ctx, energy.stop())
     assert best is not None  # run() yields at least one epoch (epochs > 0)
     _export(ctx, trainer, hooks, part, out, best["state"], cfg.output.embeddings_layer)
     totals = meter.totals()
@@ -122,9 +126,22 @@ def run_rank(ctx: DistContext, cfg: RunConfig, part: LocalPartition, out: Path, 
         name = type(module).__name__ if module is not None else cfg.model.name
         summary = summarise(dataset=cfg.data.dataset, model=name, parts=ctx.world_size,
                             rows=rows, totals=totals, partition=report)
+        summary.update(energy_summary(readings, summary["total_bytes"], cfg.energy, len(rows)))
         write_json(out / "summary.json", summary)
         if show:
             print_summary(summary, str(out))
+
+
+_ENERGY_KEYS = ("cpu_kwh", "ram_kwh", "co2_g", "kg_per_kwh", "measured_s")
+
+
+def _gather_energy(ctx: DistContext, mine: dict[str, Any] | None) -> list[dict[str, Any] | None]:
+    """Every rank's energy reading (None where it was not measured); the method is rank 0's."""
+    vec = torch.tensor([float(mine is not None), *((mine or {}).get(k, 0.0) for k in _ENERGY_KEYS)],
+                       dtype=torch.float64)
+    got = ctx.all_gather(vec)
+    method = (mine or {}).get("cpu_method", "")
+    return [dict(zip(_ENERGY_KEYS, row[1:].tolist()), cpu_method=method) if row[0] else None for row in got]
 
 
 def _export(ctx: DistContext, trainer: FullGraphTrainer, hooks: Hooks, part: LocalPartition, out: Path,

@@ -339,6 +339,8 @@ def train_command(cfg: RunConfig, env: Mapping[str, str], *, resume: bool = Fals
                   graph: Any = None, module: nn.Module | None = None) -> dict[str, Any] | None:
     """Train as ``cfg`` says: under torchrun when its variables are in ``env``, else with
     local ranks. Rank 0 (and the local launcher) returns the summary, other ranks None."""
+    if env.get("COMMGNN_ENERGY") == "0":  # e.g. CI: skip CodeCarbon's per-rank start-up
+        cfg = replace(cfg, energy=replace(cfg.energy, track=False))
     info = launch_info_from_env(env)
     if info is not None:
         return train_torchrun(cfg, info, graph, module)

@@ -137,6 +137,10 @@ def summary_table(summary: dict[str, Any]) -> Table:
             rows.insert(6, ("cache hit rate (offline optimum)",
                             f"{summary['cache_hit_rate']:.1%} ({summary['cache_hit_rate_optimal']:.1%})"))
         rows.insert(-2, ("sample / fetch time", f"{summary['sample_time_frac']:.1%} / {summary['fetch_time_frac']:.1%}"))
+    e = summary.get("energy")
+    if e and e.get("measured"):
+        rows.append(("energy: CPU+RAM / network", f"{(e['cpu_kwh'] + e['ram_kwh']) * 1e3:.3g} Wh / "
+                                                 f"{e['network_kwh'] * 1e3:.3g} Wh ({summary['co2_g']:.3g} g CO2)"))
     for k, v in rows:
         t.add_row(k, v)
     return t
