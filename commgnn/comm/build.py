@@ -34,9 +34,10 @@ def build_halo(ctx: DistContext, plan: HaloPlan, hooks: Hooks, cfg: HaloConfig, 
     pipelined = st.mode == "pipeline" and ctx.is_distributed
     if pipelined:
         # Background exchanges get their own communicator (every rank creates it, in the
-        # same order) and report bytes only: their time overlaps compute.
+        # same order); the meter books their time, reported from the background thread, as
+        # overlap, and Pipelined times what the training thread waits for them as comm.
         group = dist.new_group(ranks=list(range(ctx.world_size)))
-        ex: RowExchange = AllToAllHalo(ctx, plan, hooks.bytes_only(), group=group)
+        ex: RowExchange = AllToAllHalo(ctx, plan, hooks, group=group)
     else:
         ex = AllToAllHalo(ctx, plan, hooks)
     rank_seed = seed * 1_000_003 + ctx.rank

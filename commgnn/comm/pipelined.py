@@ -36,7 +36,9 @@ class Pipelined(Wrapper):
         key = (layer, kind)
         if kind not in ("halo_fwd", "halo_bwd") or self.exact_now or key not in self.cache:
             # synchronous, but still on the pool's thread: one thread owns the pipeline's group
-            fresh = self.pool.submit(self.inner.move, rows, list(out_counts), list(in_counts), layer, kind).result()
+            with self.hooks.timed("comm"):  # the training thread is blocked for all of it
+                fresh = self.pool.submit(self.inner.move, rows, list(out_counts), list(in_counts), layer,
+                                         kind).result()
             if kind in ("halo_fwd", "halo_bwd"):
                 self.cache[key] = fresh.detach().clone()
             return fresh

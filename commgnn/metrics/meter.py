@@ -18,10 +18,12 @@ to rank ``(r + 1) % P``, so rank r's collective bytes go to pair ``(r, (r + 1) %
 every class's ``bytes_by_pair`` sums to its total, and a row sums to what that rank sent;
 the ring pairs are the counting model's, not necessarily the links the backend used.
 
-Time: ``comm`` is wall time inside collectives, ``wait`` is time in the barrier before
-gradient sync (waiting for the slowest rank), ``sample`` and ``fetch`` the mini-batch
-sampler's and the feature fetch's time (0 in full-graph training); ``compute`` is the rest
-of the epoch, per rank.
+Time: ``comm`` is wall time the training thread spends blocked in collectives, ``wait`` is
+time in the barrier before gradient sync (idle, waiting for the slowest rank), ``sample``
+and ``fetch`` the mini-batch sampler's and the feature fetch's time on the training thread
+(0 in full-graph training); ``compute`` is the rest of the epoch, per rank. ``overlap`` is
+time other threads (a pipelined halo exchange, a prefetch) spent in any of those phases:
+communication that ran beside compute, so it is not taken out of the epoch.
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ from commgnn.dist.events import CommEvent, Event, TimeEvent, TrafficClass
 
 CLASSES: tuple[str, ...] = get_args(TrafficClass)
 PHASES = ("comm", "wait", "sample", "fetch")
-TIMES = (*PHASES, "compute", "epoch")
+TIMES = (*PHASES, "compute", "epoch", "overlap")
 
 
 def peak_rss_mb() -> float:
@@ -71,6 +73,8 @@ class EpochTraffic:
     """Slowest rank's seconds per phase (``comm``, ``wait``, ``compute``, ``epoch``)."""
     time_mean: dict[str, float]
     """Mean over ranks of the seconds per phase."""
+    time_busiest: dict[str, float]
+    """The seconds per phase of the rank with the most compute this epoch."""
 
     @property
     def halo_bytes(self) -> int:
@@ -86,7 +90,7 @@ class EpochTraffic:
                 "halo_bytes": self.halo_bytes, "grad_bytes": self.bytes_sum["grad_sync"],
                 "total_bytes": self.total_bytes,
                 **{f"{k}_s": v for k, v in self.time_max.items()},
-                "time_mean_s": self.time_mean}
+                "time_mean_s": self.time_mean, "time_busiest_s": self.time_busiest}
 
 
 class Meter:
@@ -97,6 +101,8 @@ class Meter:
         P = ctx.world_size
         self._epoch = torch.zeros(len(CLASSES), dtype=torch.float64)
         self._time = dict.fromkeys(PHASES, 0.0)
+        self._overlap = 0.0
+        self._owner = threading.get_ident()  # the training thread; others overlap it
         # cumulative: [class, receiver] bytes this rank sent, and [class, layer (+ other)]
         self._by_peer = torch.zeros(len(CLASSES), P, dtype=torch.float64)
         self._by_layer = torch.zeros(len(CLASSES), num_layers + 1, dtype=torch.float64)
@@ -110,6 +116,7 @@ class Meter:
         self.setup = {c: int(v) for c, v in zip(CLASSES, rows.sum(0))}
         self._epoch.zero_()
         self._time = dict.fromkeys(PHASES, 0.0)
+        self._overlap = 0.0
 
     def __call__(self, ev: Event) -> None:
         with self._lock:  # pipelined exchanges report from a background thread
@@ -124,22 +131,28 @@ class Meter:
             self._by_peer[k, peer] += ev.nbytes
             self._by_layer[k, ev.layer if ev.layer >= 0 else self.num_layers] += ev.nbytes
         elif isinstance(ev, TimeEvent):
-            self._time[ev.phase] += ev.seconds
+            if threading.get_ident() == self._owner:
+                self._time[ev.phase] += ev.seconds
+            else:
+                self._overlap += ev.seconds
 
     def end_epoch(self, epoch_s: float) -> EpochTraffic:
         """Gather this epoch's counters from all ranks (all ranks call it), then reset them."""
         phases = [self._time[k] for k in PHASES]
-        times = [*phases, max(0.0, epoch_s - sum(phases)), epoch_s]
+        times = [*phases, max(0.0, epoch_s - sum(phases)), epoch_s, self._overlap]
         rows = self.ctx.all_gather(torch.cat([self._epoch, torch.tensor(times, dtype=torch.float64)]))
         n = len(CLASSES)
         b_sum, b_max = rows[:, :n].sum(0), rows[:, :n].max(0).values
         t_max, t_mean = rows[:, n:].max(0).values, rows[:, n:].mean(0)
+        busiest = rows[int(rows[:, n + TIMES.index("compute")].argmax()), n:]
         self._epoch.zero_()
         self._time = dict.fromkeys(PHASES, 0.0)
+        self._overlap = 0.0
         return EpochTraffic(bytes_sum={c: int(b_sum[i]) for i, c in enumerate(CLASSES)},
                             bytes_max={c: int(b_max[i]) for i, c in enumerate(CLASSES)},
                             time_max={k: float(t_max[i]) for i, k in enumerate(TIMES)},
-                            time_mean={k: float(t_mean[i]) for i, k in enumerate(TIMES)})
+                            time_mean={k: float(t_mean[i]) for i, k in enumerate(TIMES)},
+                            time_busiest={k: float(busiest[i]) for i, k in enumerate(TIMES)})
 
     def totals(self) -> dict[str, Any]:
         """Whole-run bytes by class x (sender, receiver) and by class x layer, and peak

@@ -123,6 +123,9 @@ def summary_table(summary: dict[str, Any]) -> Table:
         ("total bytes", human_bytes(summary["total_bytes"])),
         ("epoch time (median)", f"{summary['epoch_time_s'] * 1000:.1f} ms"),
         ("comm / wait time", f"{summary['comm_time_frac']:.1%} / {summary['wait_time_frac']:.1%}"),
+        *([("busiest rank, s/epoch: compute / comm / idle (overlap)",
+            "{compute:.3g} / {comm:.3g} / {idle:.3g} ({overlap:.3g})".format(**summary["time_split"]))]
+          if "time_split" in summary else []),
         ("peak RSS (max rank)", f"{summary['peak_rss_mb']:.0f} MB"),
         ("edge cut / comm volume", f"{part['edge_cut']} / {part['comm_volume']}"),
     ]

@@ -161,7 +161,9 @@ def summarise(*, dataset: str, model: str, parts: int, rows: Iterable[dict[str, 
     best validation epoch), ``halo_bytes_per_epoch`` and ``grad_bytes_per_epoch`` (means over
     epochs, summed over ranks), ``halo_bytes_per_epoch_max_rank``, ``total_bytes`` (all
     classes, all epochs, all ranks), ``epoch_time_s`` (median of the slowest rank's epoch),
-    ``comm_time_frac``, ``wait_time_frac`` (of the mean rank's epoch time), ``peak_rss_mb`` (max over ranks),
+    ``comm_time_frac``, ``wait_time_frac`` (of the mean rank's epoch time), ``time_split``
+    (:func:`time_split`), ``time_to_best_val_s`` (the slowest rank's epoch seconds summed up
+    to the best validation epoch), ``peak_rss_mb`` (max over ranks),
     ``peak_rss_mb_sum`` (summed over ranks) and
     ``peak_rss_mb_by_rank``, ``partition``
     (edge_cut, comm_volume, max_rank_halo), the byte breakdowns by pair and layer, and in
@@ -191,6 +193,8 @@ def summarise(*, dataset: str, model: str, parts: int, rows: Iterable[dict[str, 
         # fractions of the mean rank's time
         "comm_time_frac": _frac(rows, "comm"),
         "wait_time_frac": _frac(rows, "wait"),
+        "time_split": time_split(rows),
+        "time_to_best_val_s": sum(r["epoch_s"] for r in rows if r["epoch"] <= best["epoch"]),
         "setup_bytes": totals["setup_bytes"],
         "peak_rss_mb": totals["peak_rss_mb"],
         "peak_rss_mb_sum": sum(totals["peak_rss_mb_by_rank"]),
@@ -203,6 +207,20 @@ def summarise(*, dataset: str, model: str, parts: int, rows: Iterable[dict[str, 
                           "rank, all-gather = (P-1) x payload; in bytes_by_pair each rank r's collective "
                           "bytes are attributed to the ring pair (r, (r+1) % P)"),
     }
+
+
+def time_split(rows: list[dict[str, Any]]) -> dict[str, float]:
+    """Seconds per epoch of the busiest rank (most compute in that epoch), mean over epochs:
+    ``compute`` (with sampling), ``comm`` (blocked in collectives, with the feature fetch),
+    ``idle`` (waiting for the slowest rank before gradient sync) and ``overlap``
+    (communication on other threads, beside compute; not part of the epoch's sum)."""
+    n = len(rows)
+    busy = [r.get("time_busiest_s") or {k[:-2]: r[k] for k in r if k.endswith("_s") and k[:-2] in
+                                        ("comm", "wait", "sample", "fetch", "compute")} for r in rows]
+    def mean(*keys: str) -> float:
+        return sum(b.get(k, 0.0) for b in busy for k in keys) / n
+    return {"compute": mean("compute", "sample"), "comm": mean("comm", "fetch"), "idle": mean("wait"),
+            "overlap": mean("overlap")}
 
 
 def minibatch_summary(rows: list[dict[str, Any]]) -> dict[str, Any]:

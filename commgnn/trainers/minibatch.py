@@ -164,8 +164,11 @@ class MiniBatchTrainer(FullGraphTrainer):
             remote.group = self.prefetch_group
         with ThreadPoolExecutor(max_workers=1) as pool:
             def load() -> tuple[MiniBatch, Tensor]:
-                batch = next(it)
-                return batch, self.fetcher.fetch(batch.nodes)
+                # timed on this thread, the meter books it as overlap, not as the epoch's
+                with self.hooks.timed("sample"):
+                    batch = next(it)
+                with self.hooks.timed("fetch"):
+                    return batch, self.fetcher.fetch(batch.nodes)
 
             pending: Future[tuple[MiniBatch, Tensor]] = pool.submit(load)
             for step in range(self.steps):
