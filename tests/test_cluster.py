@@ -82,7 +82,7 @@ def test_the_command_without_rights_exits_2_and_builds_nothing():
     assert res.stderr.count("\n") == 1 and "CAP_NET_ADMIN" in res.stderr and "Traceback" not in res.stderr
 
 
-def test_bad_train_arguments_stop_before_any_namespace(capsys):
+def test_bad_job_arguments_stop_before_any_namespace(capsys):
     from commgnn.cli.main import main
 
     assert main(["cluster", "--hosts", "2", "--", "train", "--parts", "3"]) == 2
@@ -176,3 +176,19 @@ def test_a_job_on_two_hosts_matches_the_local_run_and_ctrl_c_cleans_up(tmp_path)
     assert proc.returncode == 130, err[-2000:]
     assert f"commgnn-{proc.pid}-" not in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
     assert f"cg{proc.pid}" not in subprocess.run(["ip", "link", "show"], capture_output=True, text=True).stdout
+
+
+@needs_netns
+@pytest.mark.timeout(150)
+def test_calibration_on_the_cluster_recovers_the_shaped_rate(tmp_path):
+    from commgnn.netmodel import ClusterModel
+
+    out = tmp_path / "net.json"
+    res = subprocess.run([sys.executable, "-m", "commgnn", "cluster", "--hosts", "2", "--rate", "50mbit", "--",
+                          "calibrate", "--sizes", "1000,100000,1000000", "--out", str(out)],
+                         capture_output=True, text=True, timeout=140)
+    assert res.returncode == 0, res.stderr[-2000:]
+    m = ClusterModel.from_dict(json.loads(out.read_text()))
+    assert (m.hosts, m.ranks_per_host) == (2, 1)
+    # TCP/IP headers take ~4% of the wire; within 15% of the configured rate
+    assert abs(m.inter.rate_bps - 50e6) / 50e6 < 0.15, m.inter

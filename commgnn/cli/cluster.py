@@ -34,11 +34,11 @@ def add_parser(sub: Any) -> None:
     c.add_argument("--rdzv-port", dest="rdzv_port", type=int, default=29400, help="rendezvous port on host 0")
     c.add_argument("--cleanup", action="store_true",
                    help="only remove namespaces and bridges left by killed `commgnn cluster` runs")
-    c.add_argument("train_args", nargs=argparse.REMAINDER, help="-- train ARGS... (the job to run)")
+    c.add_argument("train_args", nargs=argparse.REMAINDER, help="-- train ARGS... or -- calibrate ARGS... (the job to run)")
 
 
-def _train_args(ns: argparse.Namespace, world: int) -> tuple[list[str], Path]:
-    """The job's train arguments (checked, with ``--out``) and its run directory."""
+def _job_args(ns: argparse.Namespace, world: int) -> tuple[list[str], Path | None]:
+    """The job's command line (checked; a train job gains ``--out``) and its run directory."""
     from commgnn.cli.config import resolve_config
     from commgnn.cli.main import _flags, build_parser
     from commgnn.cli.run import default_out_dir
@@ -46,8 +46,12 @@ def _train_args(ns: argparse.Namespace, world: int) -> tuple[list[str], Path]:
     args = list(ns.train_args)
     if args[:1] == ["--"]:
         args = args[1:]
+    if args[:1] == ["calibrate"]:
+        build_parser().parse_args(args)  # a bad flag stops here, one line
+        return args, None
     if args[:1] != ["train"]:
-        raise UserError("give the job after --, e.g. `commgnn cluster --hosts 2 -- train --dataset CS`")
+        raise UserError("give the job after --: train ARGS or calibrate ARGS, e.g. "
+                        "`commgnn cluster --hosts 2 -- train --dataset CS`")
     args = args[1:]
     tns = build_parser().parse_args(["train", *args])
     flags = _flags(tns)
@@ -58,9 +62,9 @@ def _train_args(ns: argparse.Namespace, world: int) -> tuple[list[str], Path]:
     flags["parts"] = world
     cfg = resolve_config(tns.config, flags, os.environ)  # a bad flag or key stops here, one line
     if cfg.output.out:
-        return args, Path(cfg.output.out)
+        return ["train", *args], Path(cfg.output.out)
     out = default_out_dir(replace(cfg, runtime=replace(cfg.runtime, parts=world)))
-    return [*args, "--out", str(out)], out
+    return ["train", *args, "--out", str(out)], out
 
 
 def cmd_cluster(ns: argparse.Namespace) -> int:
@@ -76,9 +80,9 @@ def cmd_cluster(ns: argparse.Namespace) -> int:
     cfg = ClusterConfig(hosts=ns.hosts, ranks_per_host=ns.ranks_per_host, rate_bps=parse_rate(ns.rate),
                         delay_s=parse_time(ns.delay), jitter_s=parse_time(ns.jitter), loss=parse_percent(ns.loss),
                         rdzv_port=ns.rdzv_port)
-    args, out = _train_args(ns, cfg.world_size)
+    args, out = _job_args(ns, cfg.world_size)
     check_rights()
     code = run_cluster(cfg, args)
-    if code == 0 and out.is_dir():  # the network the run saw, beside its records
+    if code == 0 and out is not None and out.is_dir():  # the network the run saw, beside its records
         (out / "cluster.json").write_text(json.dumps({**asdict(cfg), "describe": cfg.describe()}, indent=1) + "\n")
     return code

@@ -228,6 +228,9 @@ def build_parser() -> argparse.ArgumentParser:
     from commgnn.cli.cluster import add_parser as add_cluster_parser
 
     add_cluster_parser(sub)
+    from commgnn.cli.calibrate import add_parser as add_calibrate_parser
+
+    add_calibrate_parser(sub)
     return parser
 
 
@@ -319,6 +322,12 @@ def cmd_cluster(ns: argparse.Namespace) -> int:
     return run(ns)
 
 
+def cmd_calibrate(ns: argparse.Namespace) -> int:
+    from commgnn.cli.calibrate import cmd_calibrate as run
+
+    return run(ns)
+
+
 def cmd_datasets(_: argparse.Namespace) -> int:
     from commgnn.data import dataset_names
 
@@ -337,7 +346,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help()
         return 2
     handler = {"train": cmd_train, "partition": cmd_partition, "bench": cmd_bench,
-               "datasets": cmd_datasets, "predict": cmd_predict, "report": cmd_report, "cluster": cmd_cluster}[ns.command]
+               "datasets": cmd_datasets, "predict": cmd_predict, "report": cmd_report, "cluster": cmd_cluster,
+               "calibrate": cmd_calibrate}[ns.command]
     # SIGTERM ends a run like Ctrl-C: ranks stopped, run directory marked interrupted.
     previous = signal.signal(signal.SIGTERM, _on_sigterm) if _main_thread() else None
     try:

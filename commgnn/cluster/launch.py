@@ -25,7 +25,7 @@ from commgnn.cluster.config import ClusterConfig
 from commgnn.cluster.netns import EmulatedNetwork, _run
 
 
-def torchrun_command(cfg: ClusterConfig, host: int, run_id: str, train_args: Sequence[str]) -> list[str]:
+def torchrun_command(cfg: ClusterConfig, host: int, run_id: str, job_args: Sequence[str]) -> list[str]:
     """The torchrun command line of host ``host`` (run inside its namespace)."""
     return [sys.executable, "-m", "torch.distributed.run",
             "--nnodes", str(cfg.hosts), "--nproc-per-node", str(cfg.ranks_per_host),
@@ -35,7 +35,7 @@ def torchrun_command(cfg: ClusterConfig, host: int, run_id: str, train_args: Seq
             # does not resolve to the veth address, so torchrun cannot find that out itself.
             "--rdzv-conf", f"is_host={1 if host == 0 else 0},join_timeout=120",
             "--local-addr", cfg.address(host), "--max-restarts", "0",
-            "-m", "commgnn", "train", *train_args]
+            "-m", "commgnn", *job_args]
 
 
 def _kill_namespace_processes(net: EmulatedNetwork) -> None:
@@ -63,9 +63,10 @@ def _wait_all(procs: list[subprocess.Popen[bytes]], timeout_s: float) -> None:
         time.sleep(0.1)
 
 
-def run_cluster(cfg: ClusterConfig, train_args: Sequence[str], *, env: Mapping[str, str] | None = None,
+def run_cluster(cfg: ClusterConfig, job_args: Sequence[str], *, env: Mapping[str, str] | None = None,
                 grace_s: float = 30.0) -> int:
-    """Build the cluster, run ``commgnn train train_args`` on it, tear it down; the exit code.
+    """Build the cluster, run ``commgnn *job_args`` (a train or calibrate job) on it, tear it
+    down; the exit code.
 
     The code is 0 when every host's agent succeeded, else the first non-zero code seen
     (2 for a user error the ranks reported, 130 after Ctrl-C, 143 after SIGTERM).
@@ -82,7 +83,7 @@ def run_cluster(cfg: ClusterConfig, train_args: Sequence[str], *, env: Mapping[s
         run_id = f"commgnn-{net.pid}"
         try:
             for host in range(cfg.hosts):
-                procs.append(subprocess.Popen([*net.prefix(host), *torchrun_command(cfg, host, run_id, train_args)],
+                procs.append(subprocess.Popen([*net.prefix(host), *torchrun_command(cfg, host, run_id, job_args)],
                                               env=base_env, start_new_session=True))
             failed_at: float | None = None
             code = 0

@@ -152,9 +152,10 @@ class EmulatedNetwork:
 
     def _tbf(self) -> list[str]:
         rate = self.cfg.rate_bps
-        # burst: 5 ms at line rate, at least two 64 KiB GSO super-packets (a smaller bucket
-        # than one packet would drop it); queue: 100 ms at line rate, as a switch port holds.
-        burst = max(int(rate / 8 * 0.005), 131072)
+        # burst: 1 ms at line rate (at least two frames), so even small messages see the
+        # rate, as on a real port (tbf splits GSO super-packets larger than the bucket into
+        # frames); queue: 100 ms at line rate, as a switch port holds.
+        burst = max(int(rate / 8 * 0.001), 3028)
         return ["tbf", "rate", f"{int(rate)}bit", "burst", str(burst), "latency", "100ms"]
 
     def _shape(self, ns: str, hv: str) -> None:

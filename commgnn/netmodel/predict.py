@@ -1,0 +1,70 @@
+"""Predict a finished run's epoch time on a cluster model, from what the run recorded.
+
+Inputs, all from the run directory: ``bytes_by_pair`` (``[P, P]`` per traffic class, the
+whole run), ``bytes_by_layer`` (how many collectives per epoch carry each class: one per
+layer with bytes), the epochs' byte totals (to take set-up traffic out), and each epoch's
+busiest-rank compute (``time_busiest_s``). Gradient sync and control traffic are ring
+all-reduces (``grad_sync``: one per epoch; ``control``: the loss and accuracy reductions,
+three per epoch). The comparison skips the first epoch (connections open, caches warm).
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from commgnn.netmodel.model import ClusterModel
+
+ALLREDUCE_CALLS = {"grad_sync": 1, "control": 3}
+
+
+def _rows(run_dir: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+
+
+def per_epoch_traffic(run_dir: Path) -> tuple[dict[str, torch.Tensor], dict[str, float]]:
+    """``[P, P]`` bytes per class in one (mean) epoch, and collectives per class per epoch
+    (negative: ring all-reduces)."""
+    summary = json.loads((run_dir / "summary.json").read_text())
+    rows = _rows(run_dir)
+    n = len(rows)
+    pairs, calls = {}, {}
+    for c, mat in summary["bytes_by_pair"].items():
+        B = torch.tensor(mat, dtype=torch.float64)
+        total = float(B.sum())
+        if total == 0:
+            continue
+        in_epochs = sum(r["bytes"].get(c, 0) for r in rows)
+        pairs[c] = B * (in_epochs / total) / n  # set-up traffic is not an epoch's
+        if c in ALLREDUCE_CALLS:
+            calls[c] = -ALLREDUCE_CALLS[c]
+        else:
+            layers = summary["bytes_by_layer"][c]
+            calls[c] = float(sum(1 for k, v in layers.items() if k != "other" and v > 0) or 1)
+    return pairs, calls
+
+
+def predict_run(run_dir: Path | str, model: ClusterModel) -> dict[str, Any]:
+    """Measured and predicted seconds per epoch (means over epochs 2..n) for ``run_dir``."""
+    run_dir = Path(run_dir)
+    rows = _rows(run_dir)
+    if len(rows) < 2:
+        raise ValueError(f"{run_dir}: the comparison needs at least 2 epochs")
+    P = len(json.loads((run_dir / "summary.json").read_text())["peak_rss_mb_by_rank"])
+    if P != model.world_size:
+        raise ValueError(f"{run_dir} ran {P} ranks; the model has {model.world_size}")
+    pairs, calls = per_epoch_traffic(run_dir)
+    later = rows[1:]
+    compute = statistics.mean(r["time_busiest_s"]["compute"] + r["time_busiest_s"].get("sample", 0.0) for r in later)
+    pred = model.predict_epoch(compute, pairs, calls)
+    measured = statistics.mean(r["epoch_s"] for r in later)
+    comm_measured = statistics.mean(r["time_busiest_s"]["comm"] + r["time_busiest_s"].get("fetch", 0.0)
+                                    for r in later)
+    return {"measured_epoch_s": measured, "predicted_epoch_s": pred["epoch"], "compute_s": compute,
+            "predicted_comm_s": pred["comm"], "measured_comm_s": comm_measured,
+            "error": (pred["epoch"] - measured) / measured,
+            "by_class_s": {c: v for c, v in pred.items() if c not in ("compute", "comm", "epoch")}}

@@ -1,0 +1,82 @@
+"""The alpha-beta cost model: arithmetic, fits, prediction from a run's records, calibration."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from commgnn.netmodel import ClusterModel, Link, fit_link
+
+INTER = Link(alpha_s=1e-4, beta_s=8e-8)  # 100 Mbit/s
+INTRA = Link(alpha_s=1e-5, beta_s=8e-10)  # 10 Gbit/s
+
+
+def model(hosts=2, r=2, factor=1.0) -> ClusterModel:
+    return ClusterModel(hosts=hosts, ranks_per_host=r, intra=INTRA, inter=INTER, collective_factor=factor)
+
+
+def test_a_collective_is_priced_at_the_busiest_host_port():
+    B = torch.zeros(4, 4)
+    B[0, 2] = 1e6  # host 0 -> host 1
+    B[1, 3] = 2e6  # host 0 -> host 1: shares host 0's port with the first
+    B[3, 0] = 5e5  # host 1 -> host 0
+    B[0, 1] = 9e6  # inside host 0
+    m = model()
+    expect = INTER.alpha_s + max(3e6 * INTER.beta_s, 9e6 * INTRA.beta_s)
+    assert m.collective_s(B) == pytest.approx(expect)
+    assert model(factor=1.5).collective_s(B) == pytest.approx(INTER.alpha_s + 1.5 * 3e6 * INTER.beta_s)
+    # two ring all-reduce steps per rank: 2 (P - 1) latencies
+    assert m.collective_s(B, steps=6) == pytest.approx(6 * INTER.alpha_s + 3e6 * INTER.beta_s)
+
+
+def test_ring_pairs_price_an_all_reduce_like_the_ring_formula():
+    m, n, P = model(hosts=4, r=1), 4e6, 4
+    ring = torch.zeros(P, P)
+    ring[torch.arange(P), (torch.arange(P) + 1) % P] = 2 * (P - 1) / P * n  # how runs record it
+    assert m.collective_s(ring, steps=2 * (P - 1)) == pytest.approx(m.allreduce_s(n))
+    # hierarchical: the slow links carry a ring over hosts only
+    h = model(hosts=2, r=4)
+    assert h.allreduce_s(n, hierarchical=True) == pytest.approx(
+        6 * INTRA.alpha_s + 1.5 * n * INTRA.beta_s + 2 * INTER.alpha_s + n * INTER.beta_s)
+    assert h.allreduce_s(n, hierarchical=True) < h.allreduce_s(n)
+
+
+def test_an_epoch_is_compute_plus_each_class_collectives():
+    m = model()
+    B = torch.full((4, 4), 1e5).fill_diagonal_(0)
+    pred = m.predict_epoch(0.5, {"halo_fwd": B * 2, "grad_sync": B}, {"halo_fwd": 2, "grad_sync": -1})
+    assert pred["halo_fwd"] == pytest.approx(2 * m.collective_s(B))
+    assert pred["grad_sync"] == pytest.approx(m.collective_s(B, steps=6))
+    assert pred["epoch"] == pytest.approx(0.5 + pred["halo_fwd"] + pred["grad_sync"])
+
+
+def test_the_fit_recovers_a_links_alpha_and_beta():
+    sizes = [1e3, 1e4, 1e5, 1e6, 4e6]
+    link, resid = fit_link(sizes, [INTER.time(n) for n in sizes])
+    assert link.alpha_s == pytest.approx(INTER.alpha_s, rel=1e-6) and link.beta_s == pytest.approx(INTER.beta_s)
+    assert resid < 1e-9 and link.rate_bps == pytest.approx(1e8)
+    burst = [INTER.time(n) * (0.3 if n <= 1e4 else 1.0) for n in sizes]  # a shaper's bucket lends a burst
+    assert fit_link(sizes, burst)[0].beta_s == pytest.approx(INTER.beta_s)
+
+
+def test_a_written_model_round_trips_through_json():
+    m = ClusterModel.written(8, 4, 10e9, delay_s=5e-3)
+    again = ClusterModel.from_dict(json.loads(json.dumps(m.to_dict())))
+    assert again == m and m.inter.alpha_s > 5e-3 and m.inter.rate_bps == pytest.approx(10e9)
+
+
+@pytest.mark.timeout(120)
+def test_calibration_on_local_ranks_writes_a_model(tmp_path):
+    out = tmp_path / "net.json"
+    subprocess.run([sys.executable, "-m", "commgnn", "calibrate", "--parts", "2", "--sizes", "1000,100000,1000000",
+                    "--out", str(out)], check=True, capture_output=True, timeout=100)
+    m = ClusterModel.from_dict(json.loads(out.read_text()))
+    assert (m.hosts, m.ranks_per_host, m.source) == (1, 2, "calibrated")
+    fit = m.fits["intra"]
+    assert len(fit["one_way_s"]) == 3 and all(t > 0 for t in fit["one_way_s"])
+    a2a = m.fits["all_to_all"]
+    assert a2a["predicted_s"][-1] == pytest.approx(a2a["measured_s"][-1], rel=1e-6)  # what the factor fits
