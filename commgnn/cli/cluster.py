@@ -60,6 +60,9 @@ def _job_args(ns: argparse.Namespace, world: int) -> tuple[list[str], Path | Non
     if flags.get("parts") not in (None, world):
         raise UserError(f"--parts {flags['parts']} differs from --hosts x --ranks-per-host = {world}")
     flags["parts"] = world
+    if "place_hosts" not in flags and not flags.get("partition_dir") and ns.ranks_per_host > 1:
+        flags["place_hosts"] = ns.hosts  # heavy halo pairs on one host (partition.hosts)
+        args += ["--place-hosts", str(ns.hosts)]
     cfg = resolve_config(tns.config, flags, os.environ)  # a bad flag or key stops here, one line
     if cfg.output.out:
         return ["train", *args], Path(cfg.output.out)

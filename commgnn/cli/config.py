@@ -130,6 +130,7 @@ FLAG_KEYS: dict[str, str] = {
     "partitioner": "partition.method",
     "objective": "partition.objective",
     "partition_dir": "partition.dir",
+    "place_hosts": "partition.hosts",
     "epochs": "train.epochs",
     "lr": "train.lr",
     "optimizer": "train.optimizer",
@@ -207,7 +208,7 @@ def resolve_config(toml_path: str | None, flags: Mapping[str, Any],
 
 
 
-PARTITION_META_KEYS = ("method", "objective", "seed")
+PARTITION_META_KEYS = ("method", "objective", "seed", "hosts")
 """``[partition]`` keys a saved partition directory's ``meta.json`` records."""
 
 

@@ -28,6 +28,8 @@ def _add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--parts", type=int, help="number of partitions / ranks P")
     p.add_argument("--partitioner", help="metis | random | contiguous")
     p.add_argument("--objective", help="METIS objective: cut | vol")
+    p.add_argument("--place-hosts", dest="place_hosts", type=int,
+                   help="place partitions on H hosts of P/H ranks, heaviest halo pairs together")
     p.add_argument("--normalize-features", dest="normalize_features", action="store_const", const=True,
                    help="scale each feature row to sum 1 (PyG's NormalizeFeatures)")
 

@@ -38,6 +38,7 @@ from commgnn.dist.launch import first_line, is_collective_failure, spawn_ranks
 from commgnn.errors import PartitionError, RankFailure, UserError
 from commgnn.partition import (LocalPartition, build_local_partition, build_local_partitions, load_meta,
                                load_partition, partition_graph, partition_report, save_partitions)
+from commgnn.partition.placement import place_partitions
 from commgnn.report import (commit_out_dir, git_commit, host_info, library_versions, prepare_out_dir,
                             read_json, write_json, write_status)
 from commgnn.report.records import STATUS
@@ -70,7 +71,8 @@ def _manifest(cfg: RunConfig, data: Any, fp: str, report: dict[str, Any], torchr
 def partition_meta(cfg: RunConfig, fp: str, report: dict[str, Any]) -> dict[str, Any]:
     """``meta.json`` content of a partition directory made for this run."""
     return {"graph_fingerprint": fp, "dataset": cfg.data.dataset, "method": cfg.partition.method,
-            "objective": cfg.partition.objective, "seed": cfg.partition.seed, "report": report}
+            "objective": cfg.partition.objective, "seed": cfg.partition.seed, "hosts": cfg.partition.hosts,
+            "report": report}
 
 
 def partition_for_run(cfg: RunConfig, data: Any, fp: str) -> tuple[torch.Tensor | None, dict[str, Any]]:
@@ -84,7 +86,14 @@ def partition_for_run(cfg: RunConfig, data: Any, fp: str) -> tuple[torch.Tensor 
     if P > data.num_nodes:
         raise PartitionError(f"cannot split {data.num_nodes} nodes into {P} partitions")
     parts = partition_graph(data.edge_index, data.num_nodes, P, cfg.partition)
+    placement = None
+    if cfg.partition.hosts > 1:
+        if P % cfg.partition.hosts:
+            raise PartitionError(f"partition.hosts = {cfg.partition.hosts} does not divide {P} ranks evenly")
+        parts, placement = place_partitions(data.edge_index, parts, P, cfg.partition.hosts)
     report = partition_report(data.edge_index, parts, P, data.train_mask).to_dict()
+    if placement is not None:
+        report["placement"] = placement
     return parts, report
 
 

@@ -29,6 +29,10 @@ class PartitionConfig:
     volume C = sum of halo sizes (what the exchange actually moves). Ignored by the others."""
     seed: int = 0
     """Seed of METIS and of the random strategy; the same seed gives the same partition."""
+    hosts: int = 1
+    """Place the partitions on this many hosts of ``P / hosts`` consecutive ranks so that
+    the pairs exchanging the most halo rows share a host (``partition.placement``); 1 =
+    ranks in the partitioner's order. ``commgnn cluster`` sets it to its ``--hosts``."""
     dir: str | None = None
     """A saved partition directory (``commgnn partition`` output) to load instead of
     partitioning; ``None`` partitions in memory."""
@@ -43,5 +47,7 @@ class PartitionConfig:
             raise ConfigError(f"seed must be an int >= 0, got {self.seed!r:.40}")
         if self.seed >= 2**63:  # METIS and torch.manual_seed take 64-bit seeds
             raise ConfigError(f"seed must be below 2**63, got {self.seed:.3e}")
+        if isinstance(self.hosts, bool) or not isinstance(self.hosts, int) or self.hosts < 1:
+            raise ConfigError(f"hosts must be an int >= 1, got {self.hosts!r:.40}")
         if self.dir is not None and (not isinstance(self.dir, str) or not self.dir.strip()):
             raise ConfigError(f"dir must be a non-empty path or unset, got {self.dir!r}")

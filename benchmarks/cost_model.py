@@ -1,0 +1,97 @@
+"""Validate the alpha-beta cost model against runs on the emulated cluster.
+
+For each (hosts, rate): build the cluster (`commgnn cluster`), calibrate it (`commgnn
+calibrate`: ping-pong slope and all-to-all factor), train on it (exact full-graph GCN,
+2 layers, hidden 64, Coauthor CS, METIS, `--epochs` epochs, no early stop), and predict the
+run's epoch time from its recorded per-pair bytes and its busiest rank's measured compute
+(`commgnn.netmodel.predict.predict_run`). Error = (predicted - measured) / measured, mean
+epoch time over epochs 2..n. Needs root (network namespaces); 100 Mbit/s + 5 ms needs the
+kernel's netem qdisc and is reported as not run where it is missing.
+
+    sudo python benchmarks/cost_model.py --hosts 2 4 --ranks-per-host 2 --rates 1gbit 100mbit
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from commgnn.cluster.netns import netem_available
+from commgnn.netmodel import ClusterModel
+from commgnn.netmodel.predict import predict_run
+from tables import write_table
+
+
+def _cluster(hosts: int, r: int, rate: str, delay: str | None, job: list[str]) -> None:
+    cmd = [sys.executable, "-m", "commgnn", "cluster", "--hosts", str(hosts), "--ranks-per-host", str(r),
+           "--rate", rate, *(["--delay", delay] if delay else []), "--", *job]
+    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--hosts", nargs="+", type=int, default=[2, 4])
+    ap.add_argument("--ranks-per-host", type=int, default=2)
+    ap.add_argument("--rates", nargs="+", default=["1gbit", "100mbit", "100mbit+5ms"])
+    ap.add_argument("--dataset", default="CS")
+    ap.add_argument("--root", default=os.environ.get("COMMGNN_DATA_ROOT", "../shared/datasets"))
+    ap.add_argument("--epochs", type=int, default=6)
+    ap.add_argument("--out", default="runs/bench-cost-model")
+    ns = ap.parse_args()
+    out = Path(ns.out)
+    out.mkdir(parents=True, exist_ok=True)
+    rows = []
+    netem = netem_available()
+    for hosts in ns.hosts:
+        P = hosts * ns.ranks_per_host
+        pdir = out / f"parts{P}"
+        if not (pdir / "meta.json").is_file():
+            subprocess.run(["commgnn", "partition", "--dataset", ns.dataset, "--data-root", ns.root, "--parts", str(P),
+                            "--partitioner", "metis", "--out", str(pdir)], check=True, stdout=subprocess.DEVNULL)
+        for spec in ns.rates:
+            rate, _, delay = spec.partition("+")
+            tag = f"h{hosts}-{spec.replace('+', '-')}"
+            row = {"hosts": hosts, "ranks_per_host": ns.ranks_per_host, "link": spec}
+            if delay and not netem:
+                rows.append({**row, "note": "not run: this kernel has no netem qdisc (delay cannot be emulated)"})
+                continue
+            net = out / f"{tag}-net.json"
+            if not net.is_file():
+                _cluster(hosts, ns.ranks_per_host, rate, delay or None, ["calibrate", "--out", str(net)])
+            run = out / f"{tag}-run"
+            if not (run / "summary.json").is_file():
+                subprocess.run(["rm", "-rf", str(run)], check=True)
+                _cluster(hosts, ns.ranks_per_host, rate, delay or None,
+                         ["train", "--dataset", ns.dataset, "--data-root", ns.root, "--partition-dir", str(pdir),
+                          "--model", "gcn", "--layers", "2", "--hidden", "64", "--epochs", str(ns.epochs),
+                          "--patience", "0", "--quiet", "--no-energy", "--out", str(run)])
+            model = ClusterModel.from_dict(json.loads(net.read_text()))
+            p = predict_run(run, model)
+            rows.append({**row, "calibrated_inter_Mbit_s": f"{model.inter.rate_bps / 1e6:.1f}",
+                         "inter_alpha_us": f"{model.inter.alpha_s * 1e6:.0f}",
+                         "a2a_factor": f"{model.collective_factor:.2f}",
+                         "measured_epoch_s": f"{p['measured_epoch_s']:.3f}",
+                         "predicted_epoch_s": f"{p['predicted_epoch_s']:.3f}",
+                         "error_%": f"{100 * p['error']:+.1f}",
+                         "compute_s": f"{p['compute_s']:.3f}",
+                         "comm_measured_s": f"{p['measured_comm_s']:.3f}",
+                         "comm_predicted_s": f"{p['predicted_comm_s']:.3f}", "note": ""})
+            print(rows[-1], flush=True)
+    cols = list(dict.fromkeys(k for r in rows for k in r))
+    rows = [{k: r.get(k, "—") for k in cols} for r in rows]
+    stamp = datetime.date.today().isoformat()
+    stem = Path(__file__).resolve().parent / "results" / f"{stamp}-cost-model"
+    write_table(rows, stem, f"Cost model: prediction against emulated-cluster runs ({stamp})", [
+        "All emulated hosts share this machine's cores; links shaped with tbf in network namespaces (`commgnn cluster`). GCN 2x64 exact on "
+        f"{ns.dataset}, METIS, {ns.epochs} epochs; mean over epochs 2..n. Predicted = busiest rank's measured "
+        "compute + the calibrated model's price of the run's recorded per-pair bytes."])
+    print(stem.with_suffix(".md").read_text())
+
+
+if __name__ == "__main__":
+    main()
