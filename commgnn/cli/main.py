@@ -233,6 +233,9 @@ def build_parser() -> argparse.ArgumentParser:
     from commgnn.cli.calibrate import add_parser as add_calibrate_parser
 
     add_calibrate_parser(sub)
+    from commgnn.cli.plan import add_parser as add_plan_parser
+
+    add_plan_parser(sub)
     return parser
 
 
@@ -330,6 +333,12 @@ def cmd_calibrate(ns: argparse.Namespace) -> int:
     return run(ns)
 
 
+def cmd_plan(ns: argparse.Namespace) -> int:
+    from commgnn.cli.plan import cmd_plan as run
+
+    return run(ns)
+
+
 def cmd_datasets(_: argparse.Namespace) -> int:
     from commgnn.data import dataset_names
 
@@ -349,7 +358,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     handler = {"train": cmd_train, "partition": cmd_partition, "bench": cmd_bench,
                "datasets": cmd_datasets, "predict": cmd_predict, "report": cmd_report, "cluster": cmd_cluster,
-               "calibrate": cmd_calibrate}[ns.command]
+               "calibrate": cmd_calibrate, "plan": cmd_plan}[ns.command]
     # SIGTERM ends a run like Ctrl-C: ranks stopped, run directory marked interrupted.
     previous = signal.signal(signal.SIGTERM, _on_sigterm) if _main_thread() else None
     try:

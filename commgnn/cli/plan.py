@@ -1,0 +1,83 @@
+"""``commgnn plan``: probe communication plans, rank them for a cluster, write the best.
+
+    commgnn plan --dataset CS --model gcn --layers 3 --hosts 2 --ranks-per-host 2 \\
+        --rate 50mbit [--delay 5ms | --net calibrated.json] --tolerance 0.5 --out plan.toml
+    commgnn train --config plan.toml ...
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from commgnn.errors import UserError
+
+
+def add_parser(sub: Any) -> None:
+    p = sub.add_parser("plan", help="rank communication plans by predicted time to accuracy on a cluster")
+    p.add_argument("--config", help="TOML file to start from")
+    p.add_argument("--dataset", help="dataset name, 'synthetic' or a .pt graph")
+    p.add_argument("--data-root", dest="data_root", help="folder with staged datasets")
+    p.add_argument("--model", help="gcn | sage | gat")
+    p.add_argument("--layers", type=int)
+    p.add_argument("--hidden", type=int)
+    p.add_argument("--lr", type=float)
+    p.add_argument("--seed", type=int)
+    p.add_argument("--epochs", type=int, help="epochs of the planned run (written to the plan)")
+    p.add_argument("--hosts", type=int, default=2)
+    p.add_argument("--ranks-per-host", dest="ranks_per_host", type=int, default=1)
+    p.add_argument("--rate", default="1gbit", help="each host's link rate (written cluster model)")
+    p.add_argument("--delay", default="0ms", help="one-way delay between hosts (written cluster model)")
+    p.add_argument("--net", help="a calibrated model (`commgnn calibrate --out`) instead of --rate/--delay")
+    p.add_argument("--tolerance", type=float, default=0.5, help="accuracy points below exact allowed (default 0.5)")
+    p.add_argument("--probe-epochs", dest="probe_epochs", type=int, default=30, help="epochs per probe (default 30)")
+    p.add_argument("--compute-scale", dest="compute_scale", type=float,
+                   help="factor on the probes' compute (default: cores / ranks when ranks outnumber cores)")
+    p.add_argument("--plans", nargs="+", help="only these candidate names (exact is always probed)")
+    p.add_argument("--workdir", help="keep the probe runs here (reruns reuse finished probes)")
+    p.add_argument("--out", required=True, help="TOML file for the chosen plan")
+
+
+def cmd_plan(ns: argparse.Namespace) -> int:
+    from commgnn.cli.config import resolve_config
+    from commgnn.cluster.config import parse_rate, parse_time
+    from commgnn.netmodel import ClusterModel
+    from commgnn.planner import plan, plan_config
+
+    if ns.tolerance < 0:
+        raise UserError(f"--tolerance must be >= 0 points, got {ns.tolerance}")
+    if ns.probe_epochs < 2:
+        raise UserError(f"--probe-epochs must be at least 2, got {ns.probe_epochs}")
+    out = Path(ns.out)
+    if not out.parent.is_dir():
+        raise UserError(f"--out {out}: folder {out.parent} does not exist")
+    flags = {k: getattr(ns, k) for k in ("dataset", "data_root", "model", "layers", "hidden", "lr", "seed", "epochs")
+             if getattr(ns, k) is not None}
+    base = resolve_config(ns.config, flags, os.environ)
+    if ns.net:
+        try:
+            model = ClusterModel.from_dict(json.loads(Path(ns.net).read_text()))
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise UserError(f"--net {ns.net}: not a calibrated model ({exc})") from None
+    else:
+        if ns.hosts < 1 or ns.ranks_per_host < 1 or ns.hosts * ns.ranks_per_host < 2:
+            raise UserError("the cluster needs at least 2 ranks (--hosts x --ranks-per-host)")
+        model = ClusterModel.written(ns.hosts, ns.ranks_per_host, parse_rate(ns.rate), delay_s=parse_time(ns.delay))
+    workdir = Path(ns.workdir) if ns.workdir else None
+    if workdir is not None:
+        workdir.mkdir(parents=True, exist_ok=True)
+    ranked = plan(base, model, tolerance=ns.tolerance, probe_epochs=ns.probe_epochs, compute_scale=ns.compute_scale,
+                  workdir=workdir, names=ns.plans)
+    print(f"{'plan':40s} {'best val':>8s} {'s/epoch':>8s} {'comm s':>8s} {'MB/epoch':>9s} {'to target':>10s}")
+    for r in ranked:
+        reach = f"{r.time_to_target_s:.1f} s" if r.time_to_target_s is not None else "not reached"
+        print(f"{r.name:40s} {r.best_val:8.4f} {r.epoch_s:8.3f} {r.comm_s:8.3f} {r.bytes_per_epoch / 1e6:9.2f} "
+              f"{reach:>10s}")
+    best = ranked[0]
+    out.write_text(plan_config(base, best, model))
+    (out.with_suffix(".json")).write_text(json.dumps([r.__dict__ for r in ranked], indent=1) + "\n")
+    print(f"chosen: {best.name} -> {out}")
+    return 0

@@ -1,0 +1,55 @@
+"""commgnn plan: probes, ranking by predicted time to accuracy, a config train accepts."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from commgnn.cli.config import resolve_config
+from commgnn.cli.main import main
+from commgnn.netmodel import ClusterModel
+from commgnn.planner import candidates, plan
+
+
+def test_the_grid_fits_the_model():
+    gcn = candidates(resolve_config(None, {"model": "gcn"}, {}))
+    assert "precompute + transform-first" in gcn and "mini-batch neighbour" not in gcn
+    sage = candidates(resolve_config(None, {"model": "sage", "layers": 3}, {}))
+    assert sage["mini-batch neighbour"]["minibatch.fanout"] == [15, 10, 5]
+    assert "precompute + transform-first" not in sage
+
+
+@pytest.mark.timeout(240)
+def test_plans_are_ranked_by_predicted_time_to_target_and_the_best_is_a_train_config(tmp_path, capsys):
+    toml = tmp_path / "small.toml"
+    toml.write_text("[data.synthetic]\nnum_nodes = 1500\n")
+    base = resolve_config(str(toml), {}, {})
+    slow = ClusterModel.written(2, 1, 10e6)  # 10 Mbit/s: bytes dominate
+    ranked = plan(base, slow, tolerance=2.0, probe_epochs=6, workdir=tmp_path / "wd", names=["4-bit halo"],
+                  log=lambda *_: None)
+    by = {r.name: r for r in ranked}
+    assert set(by) == {"exact", "4-bit halo"}
+    # training halos shrink 8x; evaluation stays exact
+    assert by["4-bit halo"].bytes_per_epoch < by["exact"].bytes_per_epoch / 1.5
+    assert by["4-bit halo"].comm_s < by["exact"].comm_s
+    reached = [r.time_to_target_s for r in ranked if r.time_to_target_s is not None]
+    assert reached == sorted(reached) and by["exact"].time_to_target_s is not None
+    # the CLI reuses the probes in --workdir and writes a config train accepts
+    out = tmp_path / "plan.toml"
+    assert main(["plan", "--config", str(toml), "--hosts", "2", "--rate", "10mbit", "--tolerance", "2",
+                 "--probe-epochs", "6", "--plans", "4-bit halo", "--workdir", str(tmp_path / "wd"),
+                 "--out", str(out)]) == 0
+    chosen = json.loads(out.with_suffix(".json").read_text())[0]["name"]
+    cfg = resolve_config(str(out), {}, {})
+    assert cfg.runtime.parts == 2 and (cfg.comm.halo.bits != 32) == (chosen == "4-bit halo")
+    assert f"chosen: {chosen}" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--tolerance", "-1"], "--tolerance"), (["--probe-epochs", "1"], "--probe-epochs"),
+    (["--hosts", "1"], "at least 2 ranks"), (["--plans", "warp drive"], "unknown plan"),
+])
+def test_bad_plan_requests_are_one_line(tmp_path, capsys, argv, message):
+    code = main(["plan", "--out", str(tmp_path / "p.toml"), "--probe-epochs", "2", *argv])
+    assert code == 2 and message in capsys.readouterr().err
