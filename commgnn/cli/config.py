@@ -152,6 +152,7 @@ FLAG_KEYS: dict[str, str] = {
     "transform_first": "comm.halo.transform_first",
     "bits": "comm.halo.bits",
     "budget_mb": "comm.halo.budget_mb",
+    "budget_s": "comm.halo.budget_s",
     "sample_rate": "comm.halo.sample_rate",
     "staleness": "comm.halo.staleness.mode",
     "stale_threshold": "comm.halo.staleness.threshold",

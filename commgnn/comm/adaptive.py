@@ -13,10 +13,17 @@ forward rows 8 on Computers). It then minimises ``sum V_rel`` subject to
 cut per extra byte is taken while it fits (greedy on a convex-ish front). Receivers learn
 the chosen widths through one small all-to-all of the bit table (counted as control).
 Until the first solve every block uses 8 bits.
+
+With a time budget ``budget_s`` (seconds of training halo exchange per epoch) the byte
+budget of each solve is ``budget_s x`` the rate this rank's exchanges achieved since the
+previous solve (bytes it sent over the wall time of its exchanges, stalls included): a
+feedback loop on the measured network, not on a model of it. Each solve's byte budget and
+the widths are in the epoch log (``metrics.jsonl``).
 """
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import torch
@@ -30,6 +37,7 @@ from commgnn.dist.events import Hooks
 
 _DIRS = ("halo_fwd", "halo_bwd")
 _STATE = ("send_bits", "recv_bits", "r2", "n2", "rows", "width")
+_TIMING = ("move_s", "move_bytes", "budget")
 
 
 def solve_bits(stats: dict[tuple[int, int, int], tuple[float, int, int]], budget: float) -> dict:
@@ -84,10 +92,14 @@ def relative_stats(r2: Tensor, n2: Tensor, rows: Tensor, width: Tensor,
 
 class AdaptiveQuantized(Wrapper):
     def __init__(self, inner: RowExchange, *, ctx: DistContext, hooks: Hooks, num_layers: int,
-                 budget_bytes: float, every: int, seed: int) -> None:
+                 budget_bytes: float | None, every: int, seed: int, budget_s: float | None = None) -> None:
         super().__init__(inner)
+        if (budget_bytes is None) == (budget_s is None):
+            raise ValueError("give budget_bytes or budget_s")
         self.ctx, self.hooks, self.num_layers = ctx, hooks, num_layers
-        self.budget, self.every = budget_bytes, every
+        self.budget, self.every, self.budget_s = budget_bytes or 0.0, every, budget_s
+        self.move_s = 0.0       # wall time of training exchanges since the last solve
+        self.move_bytes = 0.0   # bytes this rank sent in them
         self.gen = torch.Generator().manual_seed(seed)
         P = ctx.world_size
         K = 2 * num_layers
@@ -107,6 +119,9 @@ class AdaptiveQuantized(Wrapper):
         super().set_epoch(epoch, exact)
 
     def _resolve(self) -> None:
+        if self.budget_s is not None and self.move_s > 0:
+            self.budget = self.budget_s * self.move_bytes / self.move_s
+        self.move_s = self.move_bytes = 0.0
         stats = relative_stats(self.r2, self.n2, self.rows, self.width, self.epochs_seen)
         for (layer, d, q), b in solve_bits(stats, self.budget).items():
             self.send_bits[layer * 2 + d, q] = b
@@ -144,7 +159,10 @@ class AdaptiveQuantized(Wrapper):
             payloads.append(quant.encode(block, b, self.gen).reshape(-1))
             out_bytes.append(payloads[-1].numel())
         in_bytes = [c * quant.bytes_per_row(d, int(self.recv_bits[k, q])) for q, c in enumerate(in_counts)]
+        t0 = time.perf_counter()
         got = self.inner.move(torch.cat(payloads).to(rows.device), out_bytes, in_bytes, layer, kind)
+        self.move_s += time.perf_counter() - t0
+        self.move_bytes += sum(out_bytes)
         blocks = []
         for q, (chunk, c) in enumerate(zip(torch.split(got.cpu(), in_bytes), in_counts)):
             b = int(self.recv_bits[k, q])
@@ -154,14 +172,18 @@ class AdaptiveQuantized(Wrapper):
     def epoch_log(self) -> dict[str, Any]:
         table = {f"{k // 2}.{'fwd' if k % 2 == 0 else 'bwd'}": self.send_bits[k].tolist()
                  for k in range(self.send_bits.shape[0]) if self.width[k] > 0}
-        return {**super().epoch_log(), "bits": table}
+        return {**super().epoch_log(), "bits": table, "bits_budget_bytes": self.budget}
 
     def own_state(self) -> dict[str, Any]:
         return {name: getattr(self, name).clone() for name in _STATE} | {
-            "epochs_seen": self.epochs_seen, "gen": self.gen.get_state()}
+            "epochs_seen": self.epochs_seen, "gen": self.gen.get_state()} | {
+            name: getattr(self, name) for name in _TIMING}
 
     def load_own_state(self, state: dict[str, Any]) -> None:
         for name in _STATE:
             setattr(self, name, state[name].clone())
         self.epochs_seen = state["epochs_seen"]
         self.gen.set_state(state["gen"])
+        for name in _TIMING:
+            if name in state:
+                setattr(self, name, state[name])

@@ -43,7 +43,8 @@ def build_halo(ctx: DistContext, plan: HaloPlan, hooks: Hooks, cfg: HaloConfig, 
     rank_seed = seed * 1_000_003 + ctx.rank
     if cfg.bits == "adaptive":
         ex = AdaptiveQuantized(ex, ctx=ctx, hooks=hooks, num_layers=num_layers,
-                               budget_bytes=cfg.budget_mb * 1e6, every=cfg.adapt_every, seed=rank_seed)
+                               budget_bytes=cfg.budget_mb * 1e6 if cfg.budget_mb is not None else None,
+                               budget_s=cfg.budget_s, every=cfg.adapt_every, seed=rank_seed)
     elif isinstance(cfg.bits, BitsConfig) and cfg.bits != BitsConfig():
         ex = Quantized(ex, forward_bits=cfg.bits.forward, backward_bits=cfg.bits.backward, seed=rank_seed)
     if cfg.sample_rate < 1.0:

@@ -81,6 +81,11 @@ class HaloConfig:
     ``"adaptive"`` (per layer and peer, from message variance and ``budget_mb``)."""
     budget_mb: float | None = None
     """adaptive: halo megabytes (1e6) each rank may send per epoch."""
+    budget_s: float | None = None
+    """adaptive: seconds each rank may spend in training halo exchanges per epoch (a time
+    budget, instead of ``budget_mb``): at each re-solve the byte budget becomes this times
+    the rate the rank's exchanges achieved since the last one (stalls on slow peers
+    included), so the widths follow the network actually seen."""
     adapt_every: int = 10
     """adaptive: re-solve the bit-widths every this many epochs."""
     sample_rate: float = 1.0
@@ -101,11 +106,15 @@ class HaloConfig:
             _check_bits("comm.halo.bits", self.bits)
             object.__setattr__(self, "bits", BitsConfig(forward=self.bits, backward=self.bits))
         if self.bits == "adaptive":
-            if self.budget_mb is None:
-                raise ConfigError("comm.halo.bits = 'adaptive' needs comm.halo.budget_mb (MB per rank per epoch)")
-            positive("comm.halo.budget_mb", self.budget_mb)
-        elif self.budget_mb is not None:
-            raise ConfigError("comm.halo.budget_mb is only used with bits = 'adaptive'")
+            if (self.budget_mb is None) == (self.budget_s is None):
+                raise ConfigError("comm.halo.bits = 'adaptive' needs one budget: comm.halo.budget_mb (MB per rank "
+                                  "per epoch) or comm.halo.budget_s (halo seconds per rank per epoch)")
+            if self.budget_mb is not None:
+                positive("comm.halo.budget_mb", self.budget_mb)
+            else:
+                positive("comm.halo.budget_s", self.budget_s)
+        elif self.budget_mb is not None or self.budget_s is not None:
+            raise ConfigError("comm.halo.budget_mb and budget_s are only used with bits = 'adaptive'")
         positive("comm.halo.adapt_every", self.adapt_every)
         fraction("comm.halo.sample_rate", self.sample_rate, open_low=True)
         positive("comm.halo.exact_every", self.exact_every, allow_zero=True)
