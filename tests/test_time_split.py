@@ -59,3 +59,45 @@ def test_the_split_is_the_busiest_ranks_and_time_to_best_sums_the_epochs_up_to_i
     s = summarise(dataset="d", model="m", parts=2, rows=rows, totals=totals, partition={})
     assert s["best_epoch"] == 2 and s["time_to_best_val_s"] == pytest.approx(6.0)
     assert s["time_split"] == pytest.approx(split)
+
+
+# ---- compute alone: the replayed step does the same work as the real one
+
+def alone_rank(ctx, data, parts):
+    from commgnn.models import ModelConfig
+    from commgnn.partition import build_local_partition
+    from commgnn.trainers import FullGraphTrainer, TrainConfig
+    from commgnn.trainers import solo
+
+    part = build_local_partition(data, parts, ctx.world_size, ctx.rank)
+    t = FullGraphTrainer(ctx, part, ModelConfig(name="gcn", hidden=8, dropout=0.0), TrainConfig(epochs=1), Hooks())
+    rec = solo._Recorder(solo.AllToAllHalo(ctx, solo.halo_plan(t.part), Hooks()))
+    grads = []
+    for halo in (rec, None):
+        if halo is None:
+            halo = solo._Replay(rec.inner, rec.got)  # no collective: ranks need not be in step
+        logits = t.model(t.x, t.graph, halo)
+        loss = torch.nn.functional.cross_entropy(logits[t.part.train_mask], t.part.y[t.part.train_mask])
+        loss.backward()
+        grads.append(torch.cat([p.grad.flatten() for p in t.model.parameters()]))
+        t.model.zero_grad(set_to_none=True)
+    before = torch.get_rng_state()
+    alone = solo.compute_alone(t, repeats=2)
+    return {"same": bool(torch.equal(grads[0], grads[1])), "moves": len(rec.got), "alone": alone,
+            "rng_kept": bool(torch.equal(before, torch.get_rng_state())),
+            "grads_cleared": all(p.grad is None for p in t.model.parameters())}
+
+
+@pytest.mark.timeout(120)
+def test_compute_alone_replays_the_same_step_and_leaves_training_untouched(tmp_path):
+    from helpers import run_on_ranks, small_graph
+    from commgnn.partition import partition_graph
+    from commgnn.partition.config import PartitionConfig
+
+    data = small_graph(n=120, m=480)
+    parts = partition_graph(data.edge_index, data.num_nodes, 2, PartitionConfig(method="random"))
+    res = run_on_ranks(alone_rank, 2, tmp_path, data, parts, timeout_s=90)
+    for r in res:
+        assert r["same"] and r["moves"] >= 3  # 2 forward exchanges and at least one backward
+        assert r["rng_kept"] and r["grads_cleared"]
+        assert len(r["alone"]) == 2 and all(a > 0 for a in r["alone"]) and r["alone"] == res[0]["alone"]

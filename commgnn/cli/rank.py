@@ -34,6 +34,7 @@ from commgnn.report import EpochProgress, MetricsLog, print_summary, summarise, 
 from commgnn.trainers import FullGraphTrainer
 from commgnn.trainers.minibatch import MiniBatchTrainer
 from commgnn.trainers import checkpoint
+from commgnn.trainers.solo import alone_summary, compute_alone
 
 
 def _logged_rows(path: Path, upto: int) -> list[dict[str, Any]]:
@@ -120,6 +121,9 @@ def run_rank(ctx: DistContext, cfg: RunConfig, part: LocalPartition, out: Path, 
             log.close()
     readings = _gather_energy(ctx, energy.stop())
     assert best is not None  # run() yields at least one epoch (epochs > 0)
+    alone = None
+    if cfg.runtime.compute_alone and not isinstance(trainer, MiniBatchTrainer):
+        alone = compute_alone(trainer)
     _export(ctx, trainer, hooks, part, out, best["state"], cfg.output.embeddings_layer)
     totals = meter.totals()
     if log:
@@ -127,6 +131,8 @@ def run_rank(ctx: DistContext, cfg: RunConfig, part: LocalPartition, out: Path, 
         summary = summarise(dataset=cfg.data.dataset, model=name, parts=ctx.world_size,
                             rows=rows, totals=totals, partition=report)
         summary.update(energy_summary(readings, summary["total_bytes"], cfg.energy, len(rows)))
+        if alone is not None:
+            summary.update(alone_summary(alone, rows))
         write_json(out / "summary.json", summary)
         if show:
             print_summary(summary, str(out))

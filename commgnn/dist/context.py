@@ -46,6 +46,10 @@ class RuntimeConfig:
     0 = the machine's available memory at start."""
     force: bool = False
     """Start more local ranks than 8 per core (refused otherwise: they would only thrash)."""
+    compute_alone: bool = True
+    """After full-graph training, time each rank's forward and backward with the machine to
+    itself, one rank at a time (``compute_alone_s`` in ``summary.json``): the ranks of one
+    machine share its cores, a cluster's hosts do not."""
     checkpoint_every: int = 0
     """Write an atomic checkpoint of every rank's state every k epochs (0 = never); a
     resumed or elastically restarted run continues from the newest complete one."""

@@ -1,0 +1,96 @@
+"""Each rank's compute alone: the ranks run one training step's work one at a time.
+
+The ranks of a local run (and of the emulated cluster) share this machine's cores, which no
+real cluster does, so the compute a run records is inflated by its neighbours. After
+training, :func:`compute_alone` measures every rank's forward and backward pass with the
+machine to itself: one step through a recording exchange captures the halo rows each
+layer receives (uncounted: a measurement, not training traffic), then rank 0, 1, ... in
+turn, each while the others wait at a barrier, repeats the step ``repeats`` times with the
+recorded rows replayed instead of exchanged, and takes the median. Written by hand.
+
+What it measures is the exact model's forward and backward (what every lever's compute is
+built on); a lever's encode and decode, the optimiser step and the gradient sync are not in
+it. The model's gradients are cleared afterwards, so training is unaffected.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from commgnn.comm.alltoall import AllToAllHalo
+from commgnn.comm.exchange import RowExchange, Wrapper
+from commgnn.dist.events import Hooks
+from commgnn.trainers.fullgraph import FullGraphTrainer, halo_plan
+
+
+class _Recorder(Wrapper):
+    """Passes every move through and keeps what came back, in call order."""
+
+    def __init__(self, inner: RowExchange) -> None:
+        super().__init__(inner)
+        self.got: list[Tensor] = []
+
+    def move(self, rows: Tensor, out_counts: list[int], in_counts: list[int], layer: int, kind: str) -> Tensor:
+        out = self.inner.move(rows, out_counts, in_counts, layer, kind)
+        self.got.append(out.detach().clone())
+        return out
+
+
+class _Replay(Wrapper):
+    """Returns the recorded rows of each call instead of communicating."""
+
+    def __init__(self, inner: RowExchange, got: list[Tensor]) -> None:
+        super().__init__(inner)
+        self.got, self.i = got, 0
+
+    def move(self, rows: Tensor, out_counts: list[int], in_counts: list[int], layer: int, kind: str) -> Tensor:
+        out = self.got[self.i % len(self.got)]
+        self.i += 1
+        return out.clone()
+
+
+def _step(trainer: FullGraphTrainer, halo: RowExchange) -> None:
+    trainer.model.train()
+    logits = trainer.model(trainer.x, trainer.graph, halo)
+    mask = trainer.part.train_mask
+    loss = F.cross_entropy(logits[mask], trainer.part.y[mask], reduction="sum") / trainer.split_sizes[0]
+    loss.backward()
+    trainer.model.zero_grad(set_to_none=True)
+
+
+def compute_alone(trainer: FullGraphTrainer, repeats: int = 3) -> list[float]:
+    """Every rank's median seconds of one forward and backward with the machine to itself
+    (all ranks call it; every rank gets the list, in rank order)."""
+    ctx = trainer.ctx
+    rec = _Recorder(AllToAllHalo(ctx, halo_plan(trainer.part), Hooks()))
+    cpu_state = torch.get_rng_state()  # dropout draws here must not shift training's stream
+    _step(trainer, rec)
+    replay = _Replay(rec.inner, rec.got)
+    mine = 0.0
+    for r in range(ctx.world_size):
+        ctx.barrier()
+        if ctx.rank == r:
+            times = []
+            for _ in range(repeats):
+                t0 = time.perf_counter()
+                _step(trainer, replay)
+                times.append(time.perf_counter() - t0)
+            mine = statistics.median(times)
+        ctx.barrier()
+    torch.set_rng_state(cpu_state)
+    return ctx.all_gather(torch.tensor([mine], dtype=torch.float64))[:, 0].tolist()
+
+
+def alone_summary(alone: list[float], rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """``summary.json`` keys: each rank's compute alone and the shared/alone ratio of the
+    busiest rank (how much the shared cores slowed compute)."""
+    busiest = max(alone)
+    shared = statistics.mean(r["time_busiest_s"]["compute"] for r in rows) if rows else 0.0
+    return {"compute_alone_s_by_rank": alone, "compute_alone_s": busiest,
+            "compute_shared_over_alone": shared / busiest if busiest > 0 else None}
