@@ -80,3 +80,19 @@ def test_calibration_on_local_ranks_writes_a_model(tmp_path):
     assert len(fit["one_way_s"]) == 3 and all(t > 0 for t in fit["one_way_s"])
     a2a = m.fits["all_to_all"]
     assert a2a["predicted_s"][-1] == pytest.approx(a2a["measured_s"][-1], rel=1e-6)  # what the factor fits
+
+
+def test_projected_traffic_counts_each_layers_rows_at_its_width():
+    from commgnn.netmodel.project import Levers, epoch_traffic
+
+    V = torch.tensor([[0, 3], [5, 0]])
+    F, h, L = 100, 16, 2
+    t = epoch_traffic(V, F=F, h=h, L=L, params=1000, levers=Levers())
+    assert t["halo_fwd"][0, 1] == 3 * 4 * (F + h) and t["halo_fwd"][1, 0] == 5 * 4 * (F + h)
+    assert t["halo_bwd"][1, 0] == 3 * 4 * h  # layer 1's gradients go back to the owner
+    assert t["halo_eval"][0, 1] == 3 * 4 * (F + h)
+    assert float(t["grad_sync"].sum()) == pytest.approx(2 * 1 / 2 * 1000 * 4 * 2)  # two ranks' ring shares
+    pre = epoch_traffic(V, F=F, h=h, L=L, params=1000, levers=Levers(precompute=True, transform_first=True))
+    assert pre["halo_fwd"][0, 1] == 3 * 4 * h and pre["halo_eval"][0, 1] == 3 * 4 * h
+    tf = epoch_traffic(V, F=F, h=h, L=L, params=1000, levers=Levers(transform_first=True))
+    assert tf["halo_fwd"][0, 1] == 3 * 4 * (h + h)
