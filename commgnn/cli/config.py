@@ -89,6 +89,10 @@ class RunConfig:
                               f"(0 to {self.model.layers - 1})")
         if self.train.mode == "minibatch":
             self._check_minibatch()
+        halo = self.comm.halo
+        if self.model.act == "maxk" and (halo.sample_rate < 1 or halo.staleness.mode != "none"):
+            raise ConfigError("model.activation = 'maxk' sends halo rows as (index, value) pairs, which do not "
+                              "yet combine with comm.halo.sample_rate < 1 or staleness; drop one of them")
         # A strategy that owns the momentum (DGC's momentum correction, QG-DSGDm) replaces
         # SGD's heavy ball; under Adam it would stack a second, unrelated momentum on top.
         gossip = self.comm.gossip
@@ -126,6 +130,8 @@ FLAG_KEYS: dict[str, str] = {
     "hidden": "model.hidden",
     "dropout": "model.dropout",
     "heads": "model.heads",
+    "activation": "model.activation",
+    "maxk_k": "model.maxk_k",
     "parts": "runtime.parts",
     "partitioner": "partition.method",
     "objective": "partition.objective",

@@ -124,6 +124,8 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--hidden", type=int, help="hidden width")
     t.add_argument("--dropout", type=float, help="dropout rate")
     t.add_argument("--heads", type=int, help="GAT heads")
+    t.add_argument("--activation", help="auto | relu | elu | maxk (MaxK-GNN: k largest per row)")
+    t.add_argument("--maxk-k", dest="maxk_k", type=int, help="maxk: entries kept per row")
     t.add_argument("--epochs", type=int, help="maximum epochs")
     t.add_argument("--lr", type=float, help="learning rate")
     t.add_argument("--optimizer", help="adam | sgd (with momentum 0.9)")

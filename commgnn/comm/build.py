@@ -19,6 +19,7 @@ from commgnn.comm.alltoall import AllToAllHalo
 from commgnn.comm.config import BitsConfig, CommConfig, HaloConfig
 from commgnn.comm.exchange import RowExchange
 from commgnn.comm.halo import HaloPlan
+from commgnn.comm.maxk_rows import MaxKRows
 from commgnn.comm.pipelined import Pipelined
 from commgnn.comm.quantized import Quantized
 from commgnn.comm.sampled import Sampled
@@ -28,7 +29,7 @@ from commgnn.dist.events import Hooks
 
 
 def build_halo(ctx: DistContext, plan: HaloPlan, hooks: Hooks, cfg: HaloConfig, *, num_layers: int,
-               seed: int) -> RowExchange:
+               seed: int, maxk: tuple[int, set[int]] | None = None) -> RowExchange:
     """The composed training-time exchange (evaluation always uses a plain AllToAllHalo)."""
     st = cfg.staleness
     pipelined = st.mode == "pipeline" and ctx.is_distributed
@@ -47,6 +48,11 @@ def build_halo(ctx: DistContext, plan: HaloPlan, hooks: Hooks, cfg: HaloConfig, 
                                budget_s=cfg.budget_s, every=cfg.adapt_every, seed=rank_seed)
     elif isinstance(cfg.bits, BitsConfig) and cfg.bits != BitsConfig():
         ex = Quantized(ex, forward_bits=cfg.bits.forward, backward_bits=cfg.bits.backward, seed=rank_seed)
+    if maxk is not None and maxk[1] and ctx.is_distributed:
+        # above the quantizer: sparse layers go as (index, value) payloads it passes through
+        k, layers = maxk
+        fb, bb = (cfg.bits.forward, cfg.bits.backward) if isinstance(cfg.bits, BitsConfig) else (32, 32)
+        ex = MaxKRows(ex, k=k, sparse_layers=layers, forward_bits=fb, backward_bits=bb, seed=rank_seed + 29)
     if cfg.sample_rate < 1.0:
         ex = Sampled(ex, rate=cfg.sample_rate, seed=seed, rank=ctx.rank)
     if pipelined:

@@ -26,6 +26,18 @@ class ModelConfig:
     """GAT attention heads of hidden layers (the output layer has one head)."""
     attn_dropout: float = 0.0
     """GAT dropout on attention coefficients."""
+    activation: Literal["auto", "relu", "elu", "maxk"] = "auto"
+    """Between layers: ``auto`` = ReLU (ELU for GAT); ``maxk`` keeps each row's ``maxk_k``
+    largest entries (MaxK-GNN), and then halo rows travel as k (index, value) pairs."""
+    maxk_k: int = 32
+    """maxk: entries kept per row (at most ``hidden``)."""
+
+    @property
+    def act(self) -> str:
+        """The activation in force (``auto`` resolved)."""
+        if self.activation == "auto":
+            return "elu" if self.name == "gat" else "relu"
+        return self.activation
 
     def __post_init__(self) -> None:
         positive("model.layers", self.layers)
@@ -33,6 +45,11 @@ class ModelConfig:
         positive("model.heads", self.heads)
         fraction("model.dropout", self.dropout, open_high=True)
         fraction("model.attn_dropout", self.attn_dropout, open_high=True)
+        if self.activation not in ("auto", "relu", "elu", "maxk"):
+            raise ConfigError(f"model.activation must be 'auto', 'relu', 'elu' or 'maxk', got {self.activation!r}")
+        positive("model.maxk_k", self.maxk_k)
+        if self.activation == "maxk" and self.maxk_k > self.hidden:
+            raise ConfigError(f"model.maxk_k ({self.maxk_k}) cannot exceed model.hidden ({self.hidden})")
         if self.name == "gat" and self.hidden % self.heads:
             raise ConfigError(f"model.hidden ({self.hidden}) must be divisible by model.heads "
                               f"({self.heads}) for GAT")

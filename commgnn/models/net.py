@@ -24,6 +24,7 @@ from commgnn.models.config import ModelConfig
 from commgnn.models.gat import GATLayer
 from commgnn.models.gcn import GCNLayer
 from commgnn.models.graph import LocalGraph
+from commgnn.models.maxk import maxk
 from commgnn.models.sage import SAGELayer
 from commgnn.models.sparse import SparseProj, SparseRows, dense_proj
 
@@ -47,7 +48,19 @@ def layer_specs(cfg: ModelConfig, in_dim: int, num_classes: int) -> list[tuple[i
 
 
 def activation(cfg: ModelConfig, h: Tensor) -> Tensor:
-    return F.elu(h) if cfg.name == "gat" else F.relu(h)
+    act = cfg.act
+    if act == "maxk":
+        return maxk(h, cfg.maxk_k)
+    return F.elu(h) if act == "elu" else F.relu(h)
+
+
+def maxk_message_layers(cfg: ModelConfig, in_dim: int, num_classes: int, transform_first: bool) -> set[int]:
+    """Layers whose halo message is a MaxK output (hence k-sparse): every layer after the
+    first, unless transform-first sends its narrower product instead (GAT always does)."""
+    if cfg.act != "maxk" or cfg.name == "gat":
+        return set()
+    dims = layer_dims(cfg, in_dim, num_classes)
+    return {i for i in range(1, len(dims)) if not (transform_first and dims[i][1] < dims[i][0])}
 
 
 class PartitionGNN(nn.Module):

@@ -26,14 +26,16 @@ from commgnn.comm.alltoall import AllToAllHalo
 from commgnn.comm.build import build_grad_sync, build_halo
 from commgnn.comm.config import CommConfig
 from commgnn.comm.grad_sync import GradSync
+from commgnn.comm.exchange import RowExchange
 from commgnn.comm.halo import HaloExchange, HaloPlan
+from commgnn.comm.maxk_rows import MaxKRows
 from commgnn.dist.context import DistContext
 from commgnn.dist.events import Hooks
 from commgnn.errors import ConfigError
 from commgnn.models.config import ModelConfig
 from commgnn.models.graph import LocalGraph
 from commgnn.models.byo import DistributedModel
-from commgnn.models.net import PartitionGNN
+from commgnn.models.net import PartitionGNN, maxk_message_layers
 from commgnn.partition.local import LocalPartition
 from commgnn.trainers.config import TrainConfig
 
@@ -99,10 +101,15 @@ class FullGraphTrainer:
                                   "commgnn's built-in first layer); drop it")
             byo = DistributedModel(module, transform_first=halo_cfg.transform_first).to(ctx.device, dtype)
         layers = byo.num_layers if byo is not None else model_cfg.layers
+        sparse = (set() if byo is not None else
+                  maxk_message_layers(model_cfg, part.x.shape[1], part.num_classes, halo_cfg.transform_first))
+        maxk = (model_cfg.maxk_k, sparse) if sparse else None
         self.halo = halo if halo is not None else build_halo(ctx, plan, hooks, halo_cfg, num_layers=layers,
-                                                             seed=train_cfg.seed)
-        # Evaluation stays exact whatever lossy lever trains.
-        self.eval_halo = AllToAllHalo(ctx, plan, hooks)
+                                                             seed=train_cfg.seed, maxk=maxk)
+        # Evaluation stays exact whatever lossy lever trains (MaxK's pairs are exact in fp32).
+        self.eval_halo: RowExchange = AllToAllHalo(ctx, plan, hooks)
+        if maxk is not None and ctx.is_distributed:
+            self.eval_halo = MaxKRows(self.eval_halo, k=maxk[0], sparse_layers=sparse)
         self.grad_sync = grad_sync if grad_sync is not None else build_grad_sync(ctx, hooks, comm_cfg,
                                                                                  seed=train_cfg.seed)
         torch.manual_seed(train_cfg.seed)  # identical initial weights on every rank

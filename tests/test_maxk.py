@@ -1,0 +1,109 @@
+"""MaxK: the activation, its sparse halo messages, their bytes, and training with them."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from commgnn.comm.alltoall import AllToAllHalo
+from commgnn.comm.halo import HaloPlan
+from commgnn.comm.maxk_rows import MaxKRows
+from commgnn.dist.events import CommEvent, Hooks
+from commgnn.errors import ConfigError
+from commgnn.models.config import ModelConfig
+from commgnn.models.maxk import maxk
+
+
+def test_maxk_keeps_the_k_largest_and_passes_gradients_only_there():
+    g = torch.Generator().manual_seed(0)
+    h = torch.randn(50, 20, generator=g, requires_grad=True)
+    out = maxk(h, 4)
+    ref_idx = h.detach().topk(4, dim=1).indices
+    mask = torch.zeros(50, 20, dtype=torch.bool).scatter_(1, ref_idx, True)
+    assert torch.equal(out, torch.where(mask, h, torch.zeros_like(h)))
+    assert ((out != 0).sum(1) <= 4).all()
+    w = torch.randn(50, 20, generator=g)
+    (out * w).sum().backward()
+    assert torch.equal(h.grad, torch.where(mask, w, torch.zeros_like(w)))  # straight-through on kept entries
+    assert maxk(h, 20) is h
+
+
+def test_maxk_settings_are_checked():
+    with pytest.raises(ConfigError, match="maxk_k"):
+        ModelConfig(activation="maxk", hidden=16, maxk_k=32)
+    with pytest.raises(ConfigError, match="activation"):
+        ModelConfig(activation="gelu")
+    assert ModelConfig(name="gat").act == "elu" and ModelConfig(activation="maxk").act == "maxk"
+
+
+def exchange_rank(ctx, k: int, bits: int):
+    """Dense and sparse exchange of the same MaxK rows on every rank: values and gradients."""
+    g = torch.Generator().manual_seed(10 + ctx.rank)
+    P, n, d = ctx.world_size, 30, 64
+    counts = [0 if q == ctx.rank else 7 + q for q in range(P)]
+    recv = [0 if q == ctx.rank else 7 + ctx.rank for q in range(P)]
+    plan = HaloPlan(send_index=torch.randint(0, n, (sum(counts),), generator=g), send_counts=counts,
+                    recv_counts=recv)
+    raw = torch.randn(n, d, generator=g)
+    w = torch.randn(sum(recv), d, generator=g)
+    out = {}
+    for name in ("dense", "sparse"):
+        hooks, sent = Hooks(), {}
+        hooks.subscribe(lambda ev: isinstance(ev, CommEvent) and sent.__setitem__(ev.kind, sent.get(ev.kind, 0)
+                                                                                  + ev.nbytes))
+        ex = AllToAllHalo(ctx, plan, hooks)
+        if name == "sparse":
+            ex = MaxKRows(ex, k=k, sparse_layers={1}, forward_bits=bits, backward_bits=bits)
+        x = raw.clone().requires_grad_(True)
+        halo = ex.exchange(maxk(x, k), 1, kind="halo_fwd")
+        (halo * w).sum().backward()
+        out[name] = {"halo": halo.detach(), "grad": x.grad.clone(), "sent": sent}
+    return out
+
+
+@pytest.mark.timeout(120)
+def test_the_sparse_exchange_equals_the_dense_exchange_of_the_masked_rows(tmp_path):
+    from helpers import run_on_ranks
+
+    k, d = 8, 64
+    for r, res in enumerate(run_on_ranks(exchange_rank, 3, tmp_path, k, 32, timeout_s=90)):
+        dense, sparse = res["dense"], res["sparse"]
+        assert torch.equal(sparse["halo"], dense["halo"])  # exact in fp32
+        assert torch.equal(sparse["grad"], dense["grad"])  # after MaxK's backward mask: the same gradient
+        rows_out = sum(7 + q for q in range(3) if q != r)
+        assert sparse["sent"]["halo_fwd"] == rows_out * (k * 1 + 4 * k)  # uint8 index + fp32 value
+        assert dense["sent"]["halo_fwd"] == rows_out * 4 * d
+        rows_back = 2 * (7 + r)  # the gradients of the rows it received, k values each
+        assert sparse["sent"]["halo_bwd"] == rows_back * 4 * k and dense["sent"]["halo_bwd"] == rows_back * 4 * d
+
+
+@pytest.mark.timeout(120)
+def test_quantized_values_stay_within_one_step(tmp_path):
+    from helpers import run_on_ranks
+
+    for res in run_on_ranks(exchange_rank, 2, tmp_path, 8, 8, timeout_s=90):
+        dense, sparse = res["dense"]["halo"], res["sparse"]["halo"]
+        assert torch.equal(sparse != 0, dense != 0) or ((sparse != 0) <= (dense != 0)).all()
+        rng = (dense.max(1).values - dense.min(1).values).clamp_min(1e-12)  # a row's value range bounds a step
+        assert ((sparse - dense).abs().max(1).values <= rng / 255 + 1e-6).all()
+
+
+@pytest.mark.slow  # two 20-epoch runs; the exchange tests above cover values, gradients and bytes
+@pytest.mark.timeout(180)
+def test_a_maxk_model_trains_with_fewer_halo_bytes(tmp_path):
+    toml = tmp_path / "s.toml"
+    toml.write_text("[data.synthetic]\nnum_nodes = 2000\n")
+    runs = {}
+    for act in ("relu", "maxk"):
+        out = tmp_path / act
+        subprocess.run([sys.executable, "-m", "commgnn", "train", "--config", str(toml), "--parts", "2", "--epochs",
+                        "20", "--hidden", "128", "--activation", act, "--maxk-k", "16", "--quiet", "--out", str(out)],
+                       check=True, capture_output=True, timeout=150)
+        runs[act] = json.loads((out / "summary.json").read_text())
+    relu, mk = runs["relu"], runs["maxk"]
+    assert mk["halo_bytes_per_epoch"] < 0.75 * relu["halo_bytes_per_epoch"]  # layer 1 rows: 80 B instead of 512 B
+    assert mk["best_val_acc"] > relu["best_val_acc"] - 0.05
