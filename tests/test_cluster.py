@@ -192,3 +192,19 @@ def test_calibration_on_the_cluster_recovers_the_shaped_rate(tmp_path):
     assert (m.hosts, m.ranks_per_host) == (2, 1)
     # TCP/IP headers take ~4% of the wire; within 15% of the configured rate
     assert abs(m.inter.rate_bps - 50e6) / 50e6 < 0.15, m.inter
+
+
+def test_a_train_job_gets_an_out_dir_and_host_placement_when_hosts_hold_several_ranks(tmp_path):
+    import argparse
+
+    from commgnn.cli.cluster import _job_args
+
+    ns = argparse.Namespace(hosts=2, ranks_per_host=2, train_args=["--", "train", "--epochs", "1"])
+    args, out = _job_args(ns, 4)
+    assert args[0] == "train" and args[args.index("--place-hosts") + 1] == "2"
+    assert args[args.index("--out") + 1] == str(out)
+    one = argparse.Namespace(hosts=2, ranks_per_host=1, train_args=["train", "--out", str(tmp_path / "r")])
+    args, out = _job_args(one, 2)
+    assert "--place-hosts" not in args and out == tmp_path / "r"
+    cal = argparse.Namespace(hosts=2, ranks_per_host=1, train_args=["calibrate", "--out", "x.json"])
+    assert _job_args(cal, 2) == (["calibrate", "--out", "x.json"], None)
