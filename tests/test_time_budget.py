@@ -63,3 +63,43 @@ def test_one_budget_only():
     with pytest.raises(ConfigError, match="only used with"):
         HaloConfig(bits=8, budget_s=0.1)
     assert HaloConfig(bits="adaptive", budget_s=0.1).budget_s == 0.1
+
+
+# ---- staleness control: exact epochs when the measured staleness error is too large
+
+class DriftingLink(RowExchange):
+    """Returns, for every move, rows that drift by ``drift[epoch]`` (relative) per epoch."""
+
+    def __init__(self, drift: list[float]) -> None:
+        self.plan, self.is_distributed = None, True  # type: ignore[assignment]
+        self.drift, self.epoch, self.calls = drift, 0, 0
+        self.base = torch.ones(5, 4)
+
+    def move(self, rows, out_counts, in_counts, layer, kind):
+        self.calls += 1
+        return self.base * (1 + sum(self.drift[: self.epoch + 1]))
+
+
+def test_the_staleness_controller_orders_an_exact_epoch_when_stale_rows_drift_too_far():
+    from commgnn.comm.pipelined import Pipelined
+
+    drift = [0.0, 0.01, 0.01, 0.5, 0.01, 0.01, 0.01]
+    link = DriftingLink(drift)
+    ex = Pipelined(link, smoothing=0.0, hooks=Hooks(), max_error=0.1)
+    logs = []
+    for epoch in range(len(drift)):
+        link.epoch = epoch
+        ex.set_epoch(epoch, exact=epoch == 0)
+        calls = link.calls
+        ex.move(torch.zeros(5, 4), [5], [5], 0, "halo_fwd")
+        synchronous = ex.pending == {} and link.calls == calls + 1
+        ex.flush()
+        logs.append((ex.epoch_log(), synchronous))
+    # epoch 3's rows jumped 50%: its stale rows were ~33% off, so epoch 4 is exact (and logged)
+    assert logs[3][0]["stale_error"] > 0.1 and not logs[3][0]["exact_by_controller"]
+    assert logs[4][0]["exact_by_controller"] and logs[4][1]
+    # small drifts stay stale
+    assert not any(log["exact_by_controller"] for log, _ in logs[1:4] + logs[5:])
+    assert logs[5][0]["stale_error"] < 0.1
+    state = ex.state_dict()
+    assert "exact_next" in state and state["error"] == pytest.approx(logs[-1][0]["stale_error"])

@@ -163,6 +163,7 @@ FLAG_KEYS: dict[str, str] = {
     "staleness": "comm.halo.staleness.mode",
     "stale_threshold": "comm.halo.staleness.threshold",
     "max_age": "comm.halo.staleness.max_age",
+    "max_error": "comm.halo.staleness.max_error",
     "exact_every": "comm.halo.exact_every",
     "grad": "comm.grad.strategy",
     "ratio": "comm.grad.ratio",

@@ -164,6 +164,8 @@ def build_parser() -> argparse.ArgumentParser:
     h.add_argument("--staleness", help="none | pipeline | skip")
     h.add_argument("--stale-threshold", dest="stale_threshold", type=float, help="skip: relative change to resend")
     h.add_argument("--max-age", dest="max_age", type=int, help="skip: oldest a cached row may be (epochs)")
+    h.add_argument("--max-error", dest="max_error", type=float,
+                   help="pipeline: run the next epoch exact when stale rows were off by more than this (relative)")
     h.add_argument("--exact-every", dest="exact_every", type=int, help="exact refresh every k epochs (0 = never)")
     g = t.add_argument_group("gradient sync ([comm.grad], [comm.gossip])")
     g.add_argument("--grad", help="allreduce | fp16 | bf16 | powersgd | localsgd | topk | cltk | qsgd | signsgd")

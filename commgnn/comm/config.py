@@ -57,12 +57,17 @@ class StalenessConfig:
     """skip: a row older than this many epochs is resent whatever its change (the bound)."""
     residual_bits: int = 32
     """skip: send ``x - x_cached`` quantized to this many bits instead of ``x`` (32 = off)."""
+    max_error: float = 0.0
+    """pipeline: when the stale rows or gradients an epoch used were off by more than this
+    (``||fresh - stale|| / ||fresh||``, measured when the fresh ones arrive, largest over
+    layers and directions), the next epoch is exact; 0 = never. Logged per epoch."""
 
     def __post_init__(self) -> None:
         fraction("comm.halo.staleness.smoothing", self.smoothing, open_high=True)
         positive("comm.halo.staleness.threshold", self.threshold, allow_zero=True)
         positive("comm.halo.staleness.max_age", self.max_age)
         _check_bits("comm.halo.staleness.residual_bits", self.residual_bits)
+        positive("comm.halo.staleness.max_error", self.max_error, allow_zero=True)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -8,6 +8,11 @@ background collectives run on their own process group, so they never interleave 
 the main thread's collectives. Only the wait in ``flush`` counts as communication time:
 the rest overlapped with compute. Optional EMA smoothing of the stale rows and gradients:
 ``cache = g cache + (1 - g) fresh``. The first epoch, and every guard epoch, is exact.
+
+Staleness control (``max_error``): when the fresh rows arrive, their relative distance
+from the stale ones the epoch computed with, ``||fresh - stale|| / ||fresh||`` (largest over
+layers and directions), is the staleness error actually incurred; above ``max_error`` the
+next epoch runs exact. The error and the decision are in the epoch log.
 """
 
 from __future__ import annotations
@@ -22,9 +27,12 @@ from commgnn.dist.events import Hooks
 
 
 class Pipelined(Wrapper):
-    def __init__(self, inner: RowExchange, *, smoothing: float, hooks: Hooks) -> None:
+    def __init__(self, inner: RowExchange, *, smoothing: float, hooks: Hooks, max_error: float = 0.0) -> None:
         super().__init__(inner)
-        self.smoothing, self.hooks = smoothing, hooks
+        self.smoothing, self.hooks, self.max_error = smoothing, hooks, max_error
+        self.error = 0.0          # the last stale epoch's measured error
+        self.exact_next = False   # the controller asks for an exact epoch
+        self.controlled = False   # this epoch is exact because the controller asked
         self.cache: dict[tuple[int, str], Tensor] = {}
         self.pending: dict[tuple[int, str], Future] = {}
         self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="commgnn-pipe")
@@ -49,21 +57,40 @@ class Pipelined(Wrapper):
         self.max_staleness = max(self.max_staleness, 1)
         return self.cache[key].clone()  # a fresh tensor: autograd must not attach to the cache
 
+    def set_epoch(self, epoch: int, exact: bool) -> None:
+        self.controlled = self.exact_next and not exact
+        super().set_epoch(epoch, exact or self.exact_next)
+        self.exact_next = False
+
     def flush(self) -> None:
+        errors = []
         with self.hooks.timed("comm"):  # only the part that did not overlap
             for key, fut in self.pending.items():
                 fresh = fut.result().detach()
+                if self.max_error:
+                    norm = float(fresh.float().norm())
+                    errors.append(float((fresh.float() - self.cache[key].float()).norm()) / max(norm, 1e-30))
                 g = self.smoothing
                 self.cache[key] = fresh if g == 0 else g * self.cache[key] + (1 - g) * fresh
         self.pending.clear()
+        if errors:
+            self.error = max(errors)
+            self.exact_next = self.error > self.max_error
         super().flush()
+
+    def epoch_log(self) -> dict[str, Any]:
+        if not self.max_error:
+            return super().epoch_log()
+        return {**super().epoch_log(), "stale_error": self.error, "exact_by_controller": self.controlled}
 
     def own_state(self) -> dict[str, Any]:
         if self.pending:
             raise RuntimeError("state_dict() of a pipelined exchange while exchanges are in flight; call flush()")
         return {"cache": {f"{layer}:{kind}": t.detach().clone() for (layer, kind), t in self.cache.items()},
-                "max_staleness": self.max_staleness}
+                "max_staleness": self.max_staleness, "error": self.error, "exact_next": self.exact_next}
 
     def load_own_state(self, state: dict[str, Any]) -> None:
         self.cache = {(int(k.split(":")[0]), k.split(":")[1]): t.clone() for k, t in state["cache"].items()}
         self.max_staleness = state["max_staleness"]
+        self.error = state.get("error", 0.0)
+        self.exact_next = state.get("exact_next", False)
