@@ -12,6 +12,7 @@ import torch
 from commgnn.comm.alltoall import AllToAllHalo
 from commgnn.comm.halo import HaloPlan
 from commgnn.comm.maxk_rows import MaxKRows
+from commgnn.comm.sampled import Sampled
 from commgnn.dist.events import CommEvent, Hooks
 from commgnn.errors import ConfigError
 from commgnn.models.config import ModelConfig
@@ -40,7 +41,7 @@ def test_maxk_settings_are_checked():
     assert ModelConfig(name="gat").act == "elu" and ModelConfig(activation="maxk").act == "maxk"
 
 
-def exchange_rank(ctx, k: int, bits: int):
+def exchange_rank(ctx, k: int, bits: int, rate: float = 1.0):
     """Dense and sparse exchange of the same MaxK rows on every rank: values and gradients."""
     g = torch.Generator().manual_seed(10 + ctx.rank)
     P, n, d = ctx.world_size, 30, 64
@@ -58,6 +59,9 @@ def exchange_rank(ctx, k: int, bits: int):
         ex = AllToAllHalo(ctx, plan, hooks)
         if name == "sparse":
             ex = MaxKRows(ex, k=k, sparse_layers={1}, forward_bits=bits, backward_bits=bits)
+        if rate < 1:  # boundary sampling on top: the same seeded sample both ways
+            ex = Sampled(ex, rate=rate, seed=5, rank=ctx.rank)
+            ex.set_epoch(1, exact=False)
         x = raw.clone().requires_grad_(True)
         halo = ex.exchange(maxk(x, k), 1, kind="halo_fwd")
         (halo * w).sum().backward()
@@ -79,6 +83,16 @@ def test_the_sparse_exchange_equals_the_dense_exchange_of_the_masked_rows(tmp_pa
         assert dense["sent"]["halo_fwd"] == rows_out * 4 * d
         rows_back = 2 * (7 + r)  # the gradients of the rows it received, k values each
         assert sparse["sent"]["halo_bwd"] == rows_back * 4 * k and dense["sent"]["halo_bwd"] == rows_back * 4 * d
+
+
+@pytest.mark.timeout(120)
+def test_maxk_messages_compose_with_boundary_sampling(tmp_path):
+    from helpers import run_on_ranks
+
+    for res in run_on_ranks(exchange_rank, 2, tmp_path, 8, 32, 0.5, timeout_s=90):
+        dense, sparse = res["dense"], res["sparse"]
+        assert torch.equal(sparse["halo"], dense["halo"]) and torch.equal(sparse["grad"], dense["grad"])
+        assert 0 < sparse["sent"]["halo_fwd"] < dense["sent"]["halo_fwd"] / 5
 
 
 @pytest.mark.timeout(120)

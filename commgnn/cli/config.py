@@ -90,9 +90,9 @@ class RunConfig:
         if self.train.mode == "minibatch":
             self._check_minibatch()
         halo = self.comm.halo
-        if self.model.act == "maxk" and (halo.sample_rate < 1 or halo.staleness.mode != "none"):
+        if self.model.act == "maxk" and halo.staleness.mode != "none":
             raise ConfigError("model.activation = 'maxk' sends halo rows as (index, value) pairs, which do not "
-                              "yet combine with comm.halo.sample_rate < 1 or staleness; drop one of them")
+                              "yet combine with comm.halo.staleness; drop one of them")
         # A strategy that owns the momentum (DGC's momentum correction, QG-DSGDm) replaces
         # SGD's heavy ball; under Adam it would stack a second, unrelated momentum on top.
         gossip = self.comm.gossip
