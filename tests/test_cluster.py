@@ -179,6 +179,7 @@ def test_a_job_on_two_hosts_matches_the_local_run_and_ctrl_c_cleans_up(tmp_path)
 
 
 @needs_netns
+@pytest.mark.slow  # torchrun on two namespaces; the shaping test covers the rate in CI
 @pytest.mark.timeout(150)
 def test_calibration_on_the_cluster_recovers_the_shaped_rate(tmp_path):
     from commgnn.netmodel import ClusterModel

@@ -95,6 +95,7 @@ def test_maxk_messages_compose_with_boundary_sampling(tmp_path):
         assert 0 < sparse["sent"]["halo_fwd"] < dense["sent"]["halo_fwd"] / 5
 
 
+@pytest.mark.slow  # the fp32 and sampling exchange tests run in CI
 @pytest.mark.timeout(120)
 def test_quantized_values_stay_within_one_step(tmp_path):
     from helpers import run_on_ranks

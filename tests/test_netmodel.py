@@ -79,7 +79,9 @@ def test_calibration_on_local_ranks_writes_a_model(tmp_path):
     fit = m.fits["intra"]
     assert len(fit["one_way_s"]) == 3 and all(t > 0 for t in fit["one_way_s"])
     a2a = m.fits["all_to_all"]
-    assert a2a["predicted_s"][-1] == pytest.approx(a2a["measured_s"][-1], rel=1e-6)  # what the factor fits
+    assert m.collective_factor >= 0.1
+    if m.collective_factor > 0.1:  # not at its floor: the factor fits the largest all-to-all exactly
+        assert a2a["predicted_s"][-1] == pytest.approx(a2a["measured_s"][-1], rel=1e-6)
 
 
 def test_projected_traffic_counts_each_layers_rows_at_its_width():

@@ -20,6 +20,7 @@ def test_the_grid_fits_the_model():
     assert "precompute + transform-first" not in sage
 
 
+@pytest.mark.slow  # two probe runs; the grid and argument tests run in CI
 @pytest.mark.timeout(240)
 def test_plans_are_ranked_by_predicted_time_to_target_and_the_best_is_a_train_config(tmp_path, capsys):
     toml = tmp_path / "small.toml"

@@ -84,7 +84,7 @@ def _crash_then_resume(tmp_path: Path, capfd: pytest.CaptureFixture, levers: lis
     pytest.param(["--bits", "adaptive", "--budget-mb", "0.05"], marks=pytest.mark.slow),
     pytest.param(["--sample-rate", "0.5"], marks=pytest.mark.slow),
     pytest.param(["--staleness", "skip", "--stale-threshold", "0.05"], marks=pytest.mark.slow),
-    ["--grad", "powersgd", "--powersgd-rank", "1"],
+    pytest.param(["--grad", "powersgd", "--powersgd-rank", "1"], marks=pytest.mark.slow),
     pytest.param(["--gossip", "ring"], marks=pytest.mark.slow),
 ], ids=["topk-error-feedback", "4-bit-halo", "pipelined-halo", "adaptive-bits", "sampled-halo",
         "skip-unchanged", "powersgd", "gossip-dpsgd"])
