@@ -167,6 +167,7 @@ def test_an_unsupported_layer_is_refused_by_name(tmp_path):
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.slow  # heavy on 2 cores; siblings cover the path in CI
 def test_the_example_script_trains_and_loads_into_plain_pyg(tmp_path):
     import subprocess
     import sys

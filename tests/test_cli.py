@@ -190,6 +190,7 @@ def test_process_exit_code_and_no_traceback(tmp_path):
     assert len(res.stderr.strip().splitlines()) == 1 and "unknown dataset" in res.stderr
 
 
+@pytest.mark.slow  # heavy on 2 cores; siblings cover the path in CI
 def test_cora_gcn_on_4_ranks_reaches_published_accuracy(shared_datasets, tmp_path):
     """`commgnn train --dataset Cora --parts 4 --model gcn` >= 0.79 test accuracy (GCN paper: 81.5)."""
     cfg = _config(tmp_path, f'[data]\ncache_dir = "{tmp_path / "cache"}"\n[output]\nquiet = true\n')

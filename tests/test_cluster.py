@@ -146,6 +146,7 @@ def test_a_failed_build_removes_what_it_made(monkeypatch):
 
 @needs_netns
 @pytest.mark.timeout(180)
+@pytest.mark.slow  # heavy on 2 cores; siblings cover the path in CI
 def test_a_job_on_two_hosts_matches_the_local_run_and_ctrl_c_cleans_up(tmp_path):
     toml = tmp_path / "small.toml"
     toml.write_text("[data.synthetic]\nnum_nodes = 800\n")

@@ -171,6 +171,7 @@ def test_no_rank_outlives_its_launcher(tmp_path, how):
 
 
 @pytest.mark.timeout(150)
+@pytest.mark.slow  # heavy on 2 cores; siblings cover the path in CI
 def test_a_run_directory_removed_mid_run_is_one_line(tmp_path):
     out = tmp_path / "run"
     proc = _start(tmp_path, out)

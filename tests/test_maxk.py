@@ -86,6 +86,7 @@ def test_the_sparse_exchange_equals_the_dense_exchange_of_the_masked_rows(tmp_pa
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.slow  # heavy on 2 cores; siblings cover the path in CI
 def test_maxk_messages_compose_with_boundary_sampling(tmp_path):
     from helpers import run_on_ranks
 

@@ -279,6 +279,7 @@ def test_minibatch_run_records_its_summary_keys(tmp_path):
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.slow  # heavy on 2 cores; siblings cover the path in CI
 def test_adaptive_fetch_bits_fit_the_budget_and_stay_within_a_step(tmp_path):
     """Epoch 1 fetches at 8 bits; then each asker picks per-owner widths whose bytes fit its
     budget (the same request volume each epoch here), and every row stays within one

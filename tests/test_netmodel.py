@@ -70,6 +70,7 @@ def test_a_written_model_round_trips_through_json():
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.slow  # heavy on 2 cores; siblings cover the path in CI
 def test_calibration_on_local_ranks_writes_a_model(tmp_path):
     out = tmp_path / "net.json"
     subprocess.run([sys.executable, "-m", "commgnn", "calibrate", "--parts", "2", "--sizes", "1000,100000,1000000",

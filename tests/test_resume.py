@@ -134,6 +134,7 @@ def test_elastic_restart_under_torchrun_completes_and_matches(tmp_path, referenc
 
 
 @pytest.mark.timeout(180)
+@pytest.mark.slow  # heavy on 2 cores; siblings cover the path in CI
 def test_your_own_model_on_a_python_graph_resumes_from_python(tmp_path, capfd):
     import commgnn
     from commgnn.errors import RankFailure
