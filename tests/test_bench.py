@@ -81,6 +81,27 @@ def test_grid_errors(tmp_path):
         load_grid(str(bad))
 
 
+def test_grid_entries_change_model_keys(tmp_path):
+    grid = tmp_path / "g.toml"
+    grid.write_text('[base]\nmodel = { hidden = 32 }\n[[halo]]\nname = "exact"\n'
+                    '[[halo]]\nname = "maxk8"\nmodel = { activation = "maxk", maxk_k = 8 }\nbits = 4\n')
+    _, _, settings, reference = load_grid(str(grid))
+    assert reference == "exact"
+    assert settings[1].model == {"activation": "maxk", "maxk_k": 8} and settings[1].comm.halo != settings[0].comm.halo
+    # an override that is not a valid [model] (k above hidden, unknown key) is refused up front
+    grid.write_text('[base]\nmodel = { hidden = 32 }\n[[halo]]\nname = "exact"\n'
+                    '[[halo]]\nname = "maxk"\nmodel = { activation = "maxk", maxk_k = 64 }\n')
+    with pytest.raises(ConfigError, match="cannot exceed model.hidden"):
+        load_grid(str(grid))
+    grid.write_text('[[halo]]\nname = "exact"\n[[halo]]\nname = "x"\nmodel = { width = 3 }\n')
+    with pytest.raises(ConfigError, match="width"):
+        load_grid(str(grid))
+    # an entry that only changes the model is not the exact reference
+    grid.write_text('[[halo]]\nname = "relu"\nmodel = { activation = "relu" }\n')
+    with pytest.raises(ConfigError, match="needs an exact entry"):
+        load_grid(str(grid))
+
+
 def test_pareto_plots_the_traffic_the_grid_varies(tmp_path):
     from commgnn.comm.config import CommConfig, GossipConfig, GradConfig, HaloConfig
 

@@ -23,8 +23,13 @@ Grid file::
     name = "topk-0.1%"          # base's table of that name
     grad = { strategy = "topk", ratio = 0.001 }
 
+    [[halo]]                    # an entry may also change [model] keys
+    name = "maxk16"
+    model = { activation = "maxk", maxk_k = 16 }
+
 The reference every ratio is taken against is ``grid.reference`` (an entry's name); by
-default the entry with the exact exchange and fp32 all-reduce, which must then exist.
+default the entry with the exact exchange, fp32 all-reduce and the base model, which must
+then exist.
 
 Every (dataset, model, parts, halo, seed) is a normal run with its own run directory under
 ``OUT/runs/``; all runs of one (dataset, parts) share one partition directory, so byte
@@ -49,7 +54,8 @@ from typing import Any
 
 from commgnn.cli.config import RunConfig
 from commgnn.comm.config import CommConfig, HaloConfig
-from commgnn.config import from_dict, load_toml, replace_path
+from commgnn.models.config import ModelConfig
+from commgnn.config import from_dict, load_toml, replace_path, to_dict
 from commgnn.errors import ConfigError, UserError
 
 
@@ -81,40 +87,61 @@ class GridFile:
     grid: GridAxes = field(default_factory=GridAxes)
     """The axes."""
     halo: tuple[dict[str, Any], ...] = ()
-    """Halo settings (``[comm.halo]`` keys), each with a ``name``."""
+    """Halo settings (``[comm.halo]`` keys), each with a ``name`` and optionally a ``model``
+    table of ``[model]`` keys this entry changes (e.g. ``{ activation = "maxk", maxk_k = 16 }``)."""
     comm: tuple[dict[str, Any], ...] = ()
-    """Whole ``[comm]`` settings (``halo``, ``grad``, ``gossip`` tables), each with a ``name``."""
+    """Whole ``[comm]`` settings (``halo``, ``grad``, ``gossip`` tables), each with a ``name``
+    and optionally a ``model`` table as above."""
 
 
-def _named(entries: tuple[dict[str, Any], ...], section: str) -> list[tuple[str, dict[str, Any]]]:
+@dataclass(frozen=True)
+class Setting:
+    """One grid entry: its name, its whole ``[comm]`` config and the ``[model]`` keys it changes."""
+
+    name: str
+    comm: CommConfig
+    model: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def is_exact(self) -> bool:
+        return self.comm == CommConfig() and not self.model
+
+
+def _named(entries: tuple[dict[str, Any], ...], section: str) -> list[tuple[str, dict[str, Any], dict[str, Any]]]:
+    """(name, comm keys, model keys) of each entry."""
     out = []
     for i, entry in enumerate(entries):
         entry = dict(entry)
         name = entry.pop("name", None)
         if not isinstance(name, str) or not name:
             raise ConfigError(f"{section}[{i}] needs a name")
-        out.append((name, entry))
+        model = entry.pop("model", {})
+        if not isinstance(model, dict):
+            raise ConfigError(f"{section}[{i}].model must be a table of [model] keys, got {model!r}")
+        out.append((name, entry, model))
     return out
 
 
-def load_grid(path: str) -> tuple[RunConfig, GridAxes, list[tuple[str, CommConfig]], str]:
-    """Base config, axes, named comm settings and the reference entry's name."""
+def load_grid(path: str) -> tuple[RunConfig, GridAxes, list[Setting], str]:
+    """Base config, axes, the grid's settings and the reference entry's name."""
     raw = load_toml(path)
     grid = from_dict(GridFile, raw)
     base = from_dict(RunConfig, grid.base, path="base")
-    settings = [(n, replace(base.comm, halo=from_dict(HaloConfig, e, path=f"halo[{i}]")))
-                for i, (n, e) in enumerate(_named(grid.halo, "halo"))]
+    settings = [Setting(n, replace(base.comm, halo=from_dict(HaloConfig, e, path=f"halo[{i}]")), m)
+                for i, (n, e, m) in enumerate(_named(grid.halo, "halo"))]
     base_comm = grid.base.get("comm", {})  # [[comm]] tables replace the base's tables they name
-    settings += [(n, from_dict(CommConfig, {**base_comm, **e}, path=f"comm[{i}]"))
-                 for i, (n, e) in enumerate(_named(grid.comm, "comm"))]
-    names = [n for n, _ in settings]
+    settings += [Setting(n, from_dict(CommConfig, {**base_comm, **e}, path=f"comm[{i}]"), m)
+                 for i, (n, e, m) in enumerate(_named(grid.comm, "comm"))]
+    for i, s in enumerate(settings):  # each override must make a valid [model] with the base's keys
+        from_dict(ModelConfig, {**to_dict(base.model), **s.model}, path=f"{s.name}.model")
+    names = [s.name for s in settings]
     if not settings:
         raise ConfigError("the grid has no [[halo]] or [[comm]] entries")
     if len(set(names)) != len(names):
         raise ConfigError("grid entries must have distinct names")
     reference = grid.grid.reference
     if reference is None:
-        exact = [n for n, c in settings if c == CommConfig()]
+        exact = [s.name for s in settings if s.is_exact]
         if not exact:
             raise ConfigError("the grid needs an exact entry (a [[halo]] with only a name) or grid.reference")
         reference = exact[0]
@@ -146,11 +173,14 @@ def run_grid(grid_path: str, out: Path, *, report_only: bool = False) -> list[di
                 partition_to_dir(cfg0, pdir)
             cfg0 = replace_path(cfg0, "partition.dir", str(pdir))
             for model in axes.models:
-                for name, comm in settings:
+                for setting in settings:
+                    name = setting.name
                     for seed in axes.seeds:
                         run_dir = out / "runs" / f"{Path(dataset).stem}-{model}-p{P}-{_slug(name)}-s{seed}"
                         cfg = replace_path(replace_path(cfg0, "model.name", model), "train.seed", seed)
-                        cfg = replace(cfg, comm=comm, output=replace(cfg.output, out=str(run_dir), quiet=True))
+                        for key, value in setting.model.items():
+                            cfg = replace_path(cfg, f"model.{key}", value)
+                        cfg = replace(cfg, comm=setting.comm, output=replace(cfg.output, out=str(run_dir), quiet=True))
                         if report_only:
                             if not (run_dir / "summary.json").exists():
                                 continue
@@ -168,7 +198,7 @@ def run_grid(grid_path: str, out: Path, *, report_only: bool = False) -> list[di
         raise UserError(f"no finished runs of the reference entry {reference!r} in {out}, so there is "
                         f"nothing to compare against; {rerun}")
     write_tables(table, out)
-    plot_pareto(table, out / "pareto.png", traffic=traffic_axis([c for _, c in settings]))
+    plot_pareto(table, out / "pareto.png", traffic=traffic_axis([s.comm for s in settings]))
     return table
 
 
