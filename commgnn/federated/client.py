@@ -1,0 +1,97 @@
+"""A federated client: its subgraph, its local training and its share of the cross-client
+embeddings.
+
+One client holds ``ClientData`` (``n_c`` nodes, local edges, the edges arriving from other
+clients). Per round it receives the global parameters ``w`` (``[d]``), takes
+``local_epochs`` full-batch SGD steps on its training nodes, and returns the update
+``w_local - w``. FedProx adds ``mu/2 ||w_local - w||^2`` to the local loss.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from commgnn.comm import quant
+from commgnn.federated.config import FedConfig
+from commgnn.federated.model import FedGCN, flat_params, gcn_operator, load_flat
+from commgnn.federated.splits import ClientData
+
+
+class Client:
+    """One organisation's data and local training (stateless between rounds, except for
+    the uplink codec's error-feedback residual, which the engine keeps)."""
+
+    def __init__(self, data: ClientData, cfg: FedConfig, *, global_degree: Tensor | None) -> None:
+        self.data, self.cfg = data, cfg
+        n = data.num_nodes
+        own_degree = torch.bincount(data.edge_index[1], minlength=n)
+        # With embeddings crossing, normalise by whole-graph degrees (module docstring of model.py).
+        self.degree = global_degree[data.nodes] if global_degree is not None else own_degree
+        self.adj = gcn_operator(data.edge_index, n, self.degree)
+        self.dinv = (self.degree.to(torch.float32) + 1).pow(-0.5)
+        self.num_train = int(data.train_mask.sum())
+
+    # ---------------------------------------------------------------- cross-client rows
+    def outgoing(self, model: FedGCN, dst_nodes: Tensor, *, bits: int, noise: float,
+                 gen: torch.Generator) -> tuple[Tensor, int]:
+        """Protected ``s_u = d_u^-1/2 x_u W1`` for the local rows ``dst_nodes`` another client
+        needs: ``[k, h]`` as decoded by the receiver, and the bytes that cross."""
+        with torch.no_grad():
+            rows = self.dinv[dst_nodes, None] * model.embed(self.data.x[dst_nodes])
+            if noise > 0:
+                rows = rows + noise * torch.randn(rows.shape, generator=gen)
+            if bits == 32:
+                return rows, rows.numel() * 4
+            codes = quant.encode(rows, bits, gen)
+            return quant.decode(codes, bits, rows.shape[1], rows.dtype), codes.numel()
+
+    def cross_term(self, incoming: dict[int, tuple[Tensor, Tensor]], hidden: int) -> Tensor:
+        """``C = sum over cross edges u -> v of d_v^-1/2 s_u``: ``[n_c, h]``. ``incoming``
+        maps a source client to (its local row ids, the rows ``[k, h]``)."""
+        d = self.data
+        out = torch.zeros(d.num_nodes, hidden)
+        for src_client, (ids, rows) in incoming.items():
+            sel = d.cross_src_client == src_client
+            # position of each edge's source among the rows that client sent (ids is sorted)
+            pos = torch.searchsorted(ids, d.cross_src_local[sel])
+            dst = d.cross_edges[1, sel]
+            out.index_add_(0, dst, self.dinv[dst, None] * rows[pos])
+        return out
+
+    def needs_from(self) -> dict[int, Tensor]:
+        """Source client -> the sorted local ids (in that client) of the rows this one needs."""
+        d = self.data
+        return {int(c): torch.unique(d.cross_src_local[d.cross_src_client == c])
+                for c in torch.unique(d.cross_src_client)}
+
+    # ---------------------------------------------------------------- training
+    def train(self, model: FedGCN, start: Tensor, *, cross: Tensor | None, gen: torch.Generator) -> tuple[Tensor, float]:
+        """Local steps from the parameters ``start`` (``[d]``); returns ``(w_local - start, last loss)``."""
+        cfg, d = self.cfg, self.data
+        load_flat(model, start)
+        if self.num_train == 0:
+            return torch.zeros_like(start), 0.0
+        opt = torch.optim.SGD(model.parameters(), lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
+        anchor = [p.detach().clone() for p in model.parameters()] if cfg.algorithm == "fedprox" else None
+        model.train()
+        loss = torch.zeros(())
+        for _ in range(cfg.local_epochs):
+            opt.zero_grad()
+            with torch.random.fork_rng(devices=[]):
+                torch.manual_seed(int(torch.randint(0, 2**62, (1,), generator=gen)))  # dropout, seeded per step
+                logits = model(d.x, self.adj, cross)
+            loss = F.cross_entropy(logits[d.train_mask], d.y[d.train_mask])
+            if anchor is not None:
+                loss = loss + 0.5 * cfg.mu * sum(((p - a) ** 2).sum() for p, a in zip(model.parameters(), anchor))
+            loss.backward()
+            opt.step()
+        return flat_params(model) - start, float(loss.detach())
+
+    def predict(self, model: FedGCN, params: Tensor, cross: Tensor | None) -> Tensor:
+        """Predicted class of each of the client's nodes under ``params``: ``[n_c]``."""
+        load_flat(model, params)
+        model.eval()
+        with torch.no_grad():
+            return model(self.data.x, self.adj, cross).argmax(1)

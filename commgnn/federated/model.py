@@ -1,0 +1,82 @@
+"""The clients' model: a two-layer GCN on a client's subgraph, with an optional term for
+the neighbours that other clients own.
+
+    H   = ReLU( Â (X W1) + C + b1 )           X: [n_c, F], W1: [F, h], C: [n_c, h]
+    out = Â (H W2) + b2                        W2: [h, classes]
+
+``Â = D^-1/2 (A_c + I) D^-1/2`` over the client's own edges ``A_c``. With cross-client
+edges dropped, ``D`` counts only those; with ``cross_edges = "embeddings"`` it is the
+node's degree in the whole graph (a client knows its nodes' neighbours, not their
+features), and ``C_v = sum_{u -> v, u elsewhere} d_v^-1/2 s_u`` adds what crosses:
+``s_u = d_u^-1/2 x_u W1`` computed by ``u``'s owner with the round's global ``W1`` and
+protected (quantised, noised) before it leaves. ``C`` is a constant within the round, so
+no gradient crosses a client boundary. With every edge kept and fresh fp32 embeddings the
+first layer equals the full graph's GCN layer exactly.
+
+Written here (not PyG's ``GCNConv``) because the cross term needs the transform split from
+the aggregation; the operator is PyG's ``gcn_norm`` with self-loops of weight 1.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+
+def gcn_operator(edge_index: Tensor, num_nodes: int, degree: Tensor | None = None) -> Tensor:
+    """``D^-1/2 (A + I) D^-1/2`` as a sparse CSR ``[n, n]``; ``edge_index`` is ``[2, E]``
+    (source, target), ``degree`` the ``[n]`` in-degrees to normalise by (default: ``A``'s)."""
+    src, dst = edge_index
+    if degree is None:
+        degree = torch.bincount(dst, minlength=num_nodes)
+    dinv = (degree.to(torch.float32) + 1).pow(-0.5)
+    own = torch.arange(num_nodes)
+    rows, cols = torch.cat([dst, own]), torch.cat([src, own])
+    vals = dinv[rows] * dinv[cols]
+    return torch.sparse_coo_tensor(torch.stack([rows, cols]), vals, (num_nodes, num_nodes)).coalesce().to_sparse_csr()
+
+
+class FedGCN(nn.Module):
+    """Two GCN layers whose parameters are what clients and server exchange."""
+
+    def __init__(self, in_dim: int, hidden: int, num_classes: int, dropout: float) -> None:
+        super().__init__()
+        self.w1 = nn.Parameter(torch.empty(in_dim, hidden))
+        self.b1 = nn.Parameter(torch.zeros(hidden))
+        self.w2 = nn.Parameter(torch.empty(hidden, num_classes))
+        self.b2 = nn.Parameter(torch.zeros(num_classes))
+        for w in (self.w1, self.w2):  # Glorot, as GCNConv
+            bound = math.sqrt(6.0 / (w.shape[0] + w.shape[1]))
+            nn.init.uniform_(w, -bound, bound)
+        self.dropout = dropout
+
+    def embed(self, x: Tensor) -> Tensor:
+        """``x W1``: ``[n, F] -> [n, h]`` (what crosses to other clients, before scaling)."""
+        return x @ self.w1
+
+    def forward(self, x: Tensor, adj: Tensor, cross: Tensor | None = None) -> Tensor:
+        """``[n_c, F] -> [n_c, classes]`` logits; ``cross`` is ``C`` above or None."""
+        h = F.dropout(x, self.dropout, self.training)
+        h = adj @ (h @ self.w1)
+        if cross is not None:
+            h = h + cross
+        h = F.relu(h + self.b1)
+        h = F.dropout(h, self.dropout, self.training)
+        return adj @ (h @ self.w2) + self.b2
+
+
+def flat_params(model: nn.Module) -> Tensor:
+    """All parameters as one ``[d]`` vector (a copy)."""
+    return torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+
+
+def load_flat(model: nn.Module, flat: Tensor) -> None:
+    """Write a ``[d]`` vector back into the parameters, in ``parameters()`` order."""
+    off = 0
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(flat[off: off + p.numel()].view_as(p))
+            off += p.numel()
