@@ -242,6 +242,9 @@ def build_parser() -> argparse.ArgumentParser:
     from commgnn.cli.plan import add_parser as add_plan_parser
 
     add_plan_parser(sub)
+    from commgnn.cli.federate import add_parser as add_federate_parser
+
+    add_federate_parser(sub)
     return parser
 
 
@@ -345,6 +348,12 @@ def cmd_plan(ns: argparse.Namespace) -> int:
     return run(ns)
 
 
+def cmd_federate(ns: argparse.Namespace) -> int:
+    from commgnn.cli.federate import cmd_federate as run
+
+    return run(ns)
+
+
 def cmd_datasets(_: argparse.Namespace) -> int:
     from commgnn.data import dataset_names
 
@@ -364,7 +373,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     handler = {"train": cmd_train, "partition": cmd_partition, "bench": cmd_bench,
                "datasets": cmd_datasets, "predict": cmd_predict, "report": cmd_report, "cluster": cmd_cluster,
-               "calibrate": cmd_calibrate, "plan": cmd_plan}[ns.command]
+               "calibrate": cmd_calibrate, "plan": cmd_plan, "federate": cmd_federate}[ns.command]
     # SIGTERM ends a run like Ctrl-C: ranks stopped, run directory marked interrupted.
     previous = signal.signal(signal.SIGTERM, _on_sigterm) if _main_thread() else None
     try:

@@ -10,6 +10,7 @@ A federated run's TOML::
     [dp]          epsilon, delta, clip, noise_at, ...  (federated.dp.DPConfig)
     [policy]      path                                 (a governance policy TOML)
     [output]      out
+    [runtime]     parts, timeout_s, ...                (commgnn.dist.context.RuntimeConfig)
 
 Unknown keys are errors (:func:`commgnn.config.from_dict`); the resolved config is
 written beside the results as ``config.toml``.
@@ -22,6 +23,7 @@ from typing import Literal
 
 from commgnn.config import fraction, positive
 from commgnn.data.config import DataConfig
+from commgnn.dist.context import RuntimeConfig
 from commgnn.errors import ConfigError
 from commgnn.federated.dp import DPConfig
 from commgnn.federated.secagg.config import SecAggConfig
@@ -60,7 +62,7 @@ class FedConfig:
     hidden: int = 64
     """GCN hidden width (2 layers)."""
     dropout: float = 0.5
-    """Dropout before each layer, during local training."""
+    """Dropout between the two layers, during local training."""
     weighting: Literal["samples", "uniform"] = "samples"
     """Average updates weighted by each client's training nodes (FedAvg) or uniformly.
     DP forces ``uniform``: a weight that depends on a client's data would change the
@@ -172,6 +174,15 @@ class FedOutput:
 
 
 @dataclass(frozen=True, kw_only=True)
+class FedRuntimeConfig(RuntimeConfig):
+    """``[runtime]`` of a federation: as ``commgnn train``'s, but one process by default."""
+
+    parts: int = 1
+    """Ranks W: 1 runs the server and every client in this process; W > 1 makes rank 0 the
+    server and spreads the clients over ranks 1..W-1."""
+
+
+@dataclass(frozen=True, kw_only=True)
 class FederateConfig:
     """A whole ``commgnn federate`` run."""
 
@@ -183,6 +194,7 @@ class FederateConfig:
     dp: DPConfig = field(default_factory=DPConfig)
     policy: PolicyRef = field(default_factory=PolicyRef)
     output: FedOutput = field(default_factory=FedOutput)
+    runtime: FedRuntimeConfig = field(default_factory=FedRuntimeConfig)
 
     def __post_init__(self) -> None:
         fed = self.federated

@@ -14,9 +14,11 @@ A robust aggregator (median, trimmed mean, Krum) replaces the sum by a rule over
 individual ``v_c`` (so it cannot run under secure aggregation). ``local`` trains each
 client alone; ``central`` trains one model on the whole graph with the same steps.
 
-This process plays the server and every client (the world-size-1 path): the bytes
-counted are those each message would carry between organisations; the multi-process
-transport is not written yet.
+Placement (:mod:`.transport`): in one process the server and every client live
+together; with W > 1 ranks, rank 0 is the server and the clients are spread over ranks
+1..W-1. Every random draw of client ``c`` comes from its own generator, so a run gives
+the same result whatever W is. The bytes counted are those each message carries between
+organisations (the server counts them), whatever the placement.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ import torch
 from torch import Tensor
 
 from commgnn.data import load_dataset
+from commgnn.dist.context import DistContext
 from commgnn.data.splits import stratified_split
 from commgnn.federated import dp as dpmod
 from commgnn.federated import uplink as up
@@ -38,8 +41,11 @@ from commgnn.federated.config import FederateConfig
 from commgnn.federated.fairness import fairness_report
 from commgnn.federated.model import FedGCN, flat_params
 from commgnn.federated.policy import Payload, PolicyGate, load_policy
+from commgnn.errors import ConfigError
 from commgnn.federated.robust import make_aggregator
+from commgnn.federated.secure_sum import secure_sum
 from commgnn.federated.splits import build_clients, split_from_config, split_stats
+from commgnn.federated.transport import Transport
 
 
 class CountingGate:
@@ -88,7 +94,8 @@ def _masks(graph: Any, cfg: FederateConfig) -> None:
 class Federation:
     """Server plus clients in one process; :meth:`run` trains and returns the summary."""
 
-    def __init__(self, cfg: FederateConfig, graph: Any = None, *, log: Callable[[str], None] = print) -> None:
+    def __init__(self, cfg: FederateConfig, graph: Any = None, *, ctx: DistContext | None = None,
+                 log: Callable[[str], None] = print) -> None:
         self.cfg, self.log = cfg, log
         fed = cfg.federated
         self.graph = graph if graph is not None else load_dataset(cfg.data)
@@ -97,6 +104,10 @@ class Federation:
         self.num_classes = int(g.y.max()) + 1
         self.owner = split_from_config(g, cfg.split)
         self.n_clients = int(self.owner.max()) + 1
+        self.t = Transport(ctx, 1 if fed.algorithm == "central" else self.n_clients)
+        if self.t.world > 1 and (fed.algorithm in ("local", "central") or fed.cross_edges == "embeddings"):
+            raise ConfigError(f"{'cross_edges = embeddings' if fed.cross_edges == 'embeddings' else fed.algorithm} "
+                              f"runs in one process for now: use --parts 1")
         self.policy = load_policy(cfg.policy.path) if cfg.policy.path else None
         if self.policy is not None:
             self.policy.validate_for(self.n_clients)
@@ -110,14 +121,20 @@ class Federation:
         else:
             parts = build_clients(g, self.owner)
         glob = degree if fed.cross_edges == "embeddings" else None
-        self.clients = [Client(p, fed, global_degree=glob) for p in parts]
+        hosted = set(self.t.hosted())  # a rank builds only the clients it hosts
+        self.clients: dict[int, Client] = {c: Client(p, fed, global_degree=glob) for c, p in enumerate(parts)
+                                           if c in hosted}
+        # What the server knows of every client: training-node counts (FedAvg's weights).
+        self.num_train = torch.tensor([int(p.train_mask.sum()) for p in parts])
         torch.manual_seed(fed.seed)
         self.model = FedGCN(g.x.shape[1], fed.hidden, self.num_classes, fed.dropout)
         self.dim = sum(p.numel() for p in self.model.parameters())
         self.shapes = [tuple(p.shape) for p in self.model.parameters()]
-        self.gen = torch.Generator().manual_seed(fed.seed + 1)
+        self.gen = torch.Generator().manual_seed(fed.seed + 1)  # participation draws (server)
+        self.cgen = {c: torch.Generator().manual_seed(fed.seed * 1_000_003 + 7919 * (c + 1)) for c in self.clients}
         self.tally = Tally()
-        self.codecs = {c: self._codec(c) for c in range(len(self.clients))}
+        self.codecs = {c: self._codec(c) for c in self.clients}
+        self.decoder = self._codec(0)  # the server's copy: decodes sums, never encodes
         self.sigma = 0.0
         self.accountant: dpmod.ClientDPAccountant | None = None
         if cfg.dp.enabled:
@@ -125,7 +142,12 @@ class Federation:
             self.accountant = dpmod.ClientDPAccountant(delta=cfg.dp.delta, clip=cfg.dp.clip,
                                                        noise_multiplier=self.sigma)
         self.aggregator = (make_aggregator(fed.aggregator, **self._agg_kw()) if fed.aggregator != "mean" else None)
-        self.clip = cfg.uplink.clip or 1.0  # the automatic scale starts here
+        if self.aggregator is not None:
+            self.aggregator.validate(max(1, round(fed.participation * self.t.n_clients)))
+        if cfg.secagg.enabled:  # a threshold or ring the cohort cannot meet fails now, not in round 1
+            k = max(1, round(fed.participation * self.t.n_clients))
+            cfg.secagg.threshold_count(k)
+            self.decoder.ring_bits(k)
 
     def _agg_kw(self) -> dict[str, Any]:
         fed = self.cfg.federated
@@ -151,7 +173,7 @@ class Federation:
         """Re-scale every quantising codec (keeping error-feedback residuals)."""
         if self.cfg.uplink.codec == "fp32" or self.cfg.uplink.clip:
             return
-        for c, codec in self.codecs.items():
+        for codec in [*self.codecs.values(), self.decoder]:
             quantiser = getattr(codec, "quant", codec)
             quantiser.clip, quantiser.scale = clip, clip / quantiser.levels
 
@@ -160,7 +182,7 @@ class Federation:
         """Each client's constant first-layer term from its neighbours in other clients
         (``cross_edges = "embeddings"``), every row through the gate; None when dropped."""
         fed = self.cfg.federated
-        targets = active if active is not None else list(range(len(self.clients)))
+        targets = active if active is not None else sorted(self.clients)
         if fed.cross_edges != "embeddings":
             return {c: None for c in targets}
         from commgnn.federated.model import load_flat
@@ -170,7 +192,7 @@ class Federation:
             incoming = {}
             for src, ids in self.clients[c].needs_from().items():
                 rows, nbytes = self.clients[src].outgoing(self.model, ids, bits=fed.embedding_bits,
-                                                          noise=fed.embedding_noise, gen=self.gen)
+                                                          noise=fed.embedding_noise, gen=self.cgen[src])
                 self.gate.admit(Payload(kind="embeddings", src_client=src, dst=c, nbytes=nbytes,
                                         bits=fed.embedding_bits, noise_std=fed.embedding_noise))
                 self.tally.embeddings += nbytes
@@ -181,77 +203,84 @@ class Federation:
 
     # ---------------------------------------------------------------- one round
     def _participants(self) -> list[int]:
-        n = len(self.clients)
+        n = self.t.n_clients
         k = max(1, round(self.cfg.federated.participation * n))
         return sorted(torch.randperm(n, generator=self.gen)[:k].tolist())
 
     def _round(self, r: int, params: Tensor) -> Tensor:
+        """One round; every rank returns the new global parameters (the server's broadcast)."""
         cfg, fed = self.cfg, self.cfg.federated
-        active = self._participants()
-        for c in active:  # the global model goes down to each participant
-            self.tally.downlink += self.dim * 4
-        cross = self._cross_terms(params, active)
+        active = self._participants()  # the server's draw; every rank draws the same
+        mine = [c for c in active if c in self.clients]
+        if self.t.is_server:
+            self.tally.downlink += len(active) * self.dim * 4  # the global model to each participant
+        cross = self._cross_terms(params, mine)
         t0 = time.perf_counter()
-        updates = {c: self.clients[c].train(self.model, params, cross=cross[c], gen=self.gen)[0] for c in active}
+        updates = {c: self.clients[c].train(self.model, params, cross=cross[c], gen=self.cgen[c])[0] for c in mine}
         self.tally.train_s += time.perf_counter() - t0
         K = len(active)
-        if cfg.dp.enabled:
-            std = dpmod.noise_std(self.sigma, cfg.dp.clip, K, "clients") if cfg.dp.noise_at == "clients" else 0.0
-            for c in active:
-                clipped, _ = dpmod.clip_update(updates[c], cfg.dp.clip)
-                updates[c] = clipped + (std * torch.randn(self.dim, generator=self.gen) if std else 0.0)
+        if cfg.dp.enabled:  # clip, then each client adds its share of the noise
+            for c in mine:
+                updates[c], _ = dpmod.privatise_update(updates[c], clip=cfg.dp.clip, sigma=self.sigma,
+                                                       n_participants=K, at=cfg.dp.noise_at, generator=self.cgen[c])
         weights = self._weights(active)
-        scaled = {c: updates[c] * weights[c] for c in active}
-        if self.aggregator is not None:  # robust: the server sees each update (fp32, no masking)
-            stacked = torch.stack([scaled[c] for c in active])
-            total = self.aggregator.aggregate(stacked) * K
-            for c in active:
-                self._uplink(c, self.dim * 4, self.dim * 4, secure=False)
-        else:
-            total = self._sum(r, active, scaled)
-        if cfg.dp.enabled and cfg.dp.noise_at == "server":
-            total = total + dpmod.noise_for((self.dim,), self.sigma, cfg.dp.clip, K, self.gen, "server")
-        if self.accountant is not None:
-            self.accountant.step(sample_rate=fed.participation)
-        mean = total / K
-        if not cfg.uplink.clip:  # the next round's shared scale, from what every party saw
-            self._set_clip(max(1e-3, 4.0 * float(mean.abs().max())))
-        return params + fed.server_lr * mean
+        scaled = {c: updates[c] * weights[c] for c in mine}
+        total = self._combine(r, active, scaled)
+        new: tuple[Tensor, float] | None = None
+        if self.t.is_server:
+            assert total is not None
+            if cfg.dp.enabled and cfg.dp.noise_at == "server":
+                total = total + dpmod.noise_for((self.dim,), self.sigma, cfg.dp.clip, K, self.gen, "server")
+            if self.accountant is not None:
+                self.accountant.step(sample_rate=fed.participation)
+            mean = total / K
+            # The next round's shared quantiser scale, from what every party sees (the aggregate).
+            new = (params + fed.server_lr * mean, max(1e-3, 4.0 * float(mean.abs().max())))
+        params, clip = self.t.broadcast(new)
+        if not cfg.uplink.clip:
+            self._set_clip(clip)
+        return params
 
     def _weights(self, active: list[int]) -> dict[int, float]:
+        """``a_c``: ``K n_c / sum n`` (FedAvg) or 1 (uniform; forced by DP)."""
         if self.cfg.federated.weighting == "uniform" or self.cfg.dp.enabled:
             return {c: 1.0 for c in active}
-        counts = torch.tensor([float(self.clients[c].num_train) for c in active])
+        counts = self.num_train[active].float()
         w = counts * len(active) / counts.sum().clamp(min=1)
         return {c: float(w[i]) for i, c in enumerate(active)}
 
-    def _sum(self, r: int, active: list[int], scaled: dict[int, Tensor]) -> Tensor:
-        cfg = self.cfg
-        codecs = {c: self.codecs[c] for c in active}
+    def _combine(self, r: int, active: list[int], scaled: dict[int, Tensor]) -> Tensor | None:
+        """The server's ``S`` (None on other ranks): robust rule, secure sum or plain sum."""
+        cfg, t = self.cfg, self.t
+        K = len(active)
+        if self.aggregator is not None:  # robust: the server sees each update (fp32, unmasked)
+            got = t.gather_dicts(scaled)
+            if got is None:
+                return None
+            for c in got:
+                self._uplink(c, self.dim * 4, self.dim * 4, secure=False)
+            return self.aggregator.aggregate(torch.stack(list(got.values()))) * K
+        codes = {c: self.codecs[c].encode(scaled[c], r) for c in scaled}
         if cfg.secagg.enabled:
-            t = cfg.secagg.threshold_count(len(active))
-            t0 = time.perf_counter()
-            total, stats = up.aggregate(codecs, scaled, round_id=r, threshold=t,
-                                        neighbours=cfg.secagg.neighbours or None, graph_seed=cfg.federated.seed + r)
-            self.tally.secagg_s += time.perf_counter() - t0
-            assert stats is not None
-            payload = codecs[active[0]].payload_bytes(len(active))
+            m = self.decoder.ring_bits(K)
+            total, stats = secure_sum(t, codes, dim=self.decoder.out_dim, cohort=active, m=m,
+                                      threshold=cfg.secagg.threshold_count(K), round_id=r,
+                                      neighbours=cfg.secagg.neighbours or None, graph_seed=cfg.federated.seed + r)
+            if total is None:
+                return None
+            self.tally.secagg_s += stats.seconds
+            payload = self.decoder.payload_bytes(K)
             for c in active:
                 self._uplink(c, sum(stats.up.get(c, {}).values()), payload, secure=True)
                 self.tally.downlink += sum(stats.down.get(c, {}).values())
-            return total
-        # No masking: codes are summed as plain integers; each travels at its own width.
-        enc = {c: codecs[c].encode(scaled[c], r) for c in active}
-        decoder = codecs[active[0]]
-        if cfg.uplink.codec == "fp32":
-            total, per_client = torch.stack([enc[c] for c in active]).sum(0), self.dim * 4
-            total = decoder.decode_sum(total, len(active), r)
-        else:
-            total = decoder.decode_sum(torch.stack([enc[c] for c in active]).sum(0), len(active), r)
-            per_client = math.ceil(decoder.out_dim * cfg.uplink.bits / 8)
-        for c in active:
+            return self.decoder.decode_sum(total, K, r)
+        got = t.gather_dicts(codes)  # no masking: codes summed as plain integers, each at its own width
+        if got is None:
+            return None
+        per_client = self.dim * 4 if cfg.uplink.codec == "fp32" else math.ceil(self.decoder.out_dim * cfg.uplink.bits / 8)
+        for c in got:
             self._uplink(c, per_client, per_client, secure=False)
-        return total
+        return self.decoder.decode_sum(torch.stack(list(got.values())).sum(0), K, r)
 
     def _uplink(self, c: int, nbytes: int, payload: int, *, secure: bool) -> None:
         u = self.cfg.uplink
@@ -263,26 +292,39 @@ class Federation:
         self.tally.client(c, nbytes)
 
     # ---------------------------------------------------------------- evaluation
-    def _predict(self, params: dict[int, Tensor] | Tensor) -> Tensor:
-        """Predictions ``[N]`` of every node by its own client (its own model for ``local``)."""
-        pred = torch.empty(self.graph.num_nodes, dtype=torch.long)
+    def _predict(self, params: dict[int, Tensor] | Tensor) -> Tensor | None:
+        """Predictions ``[N]`` of every node by its own client (its own model for ``local``),
+        assembled at the server (None elsewhere)."""
         shared = params if isinstance(params, Tensor) else None
-        cross = self._cross_terms(shared, None) if shared is not None else {c: None for c in range(len(self.clients))}
-        for c, client in enumerate(self.clients):
-            p = shared if shared is not None else params[c]
-            pred[client.data.nodes] = client.predict(self.model, p, cross[c])
+        cross = self._cross_terms(shared, None) if shared is not None else {c: None for c in self.clients}
+        mine = {c: client.predict(self.model, shared if shared is not None else params[c], cross[c])
+                for c, client in self.clients.items()}
+        got = self.t.gather_dicts(mine)
+        if got is None:
+            return None
+        pred = torch.empty(self.graph.num_nodes, dtype=torch.long)
+        nodes = self._nodes()
+        for c, p in got.items():
+            pred[nodes[c]] = p
         return pred
+
+    def _nodes(self) -> dict[int, Tensor]:
+        """Global node ids of every client (central: all nodes)."""
+        if self.cfg.federated.algorithm == "central":
+            return {0: torch.arange(self.graph.num_nodes)}
+        return {c: (self.owner == c).nonzero().view(-1) for c in range(self.n_clients)}
 
     def _acc(self, pred: Tensor, mask: Tensor) -> float:
         return float((pred[mask] == self.graph.y[mask]).float().mean()) if mask.any() else float("nan")
 
     # ---------------------------------------------------------------- the run
-    def run(self, on_eval: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
-        """Train for ``rounds``; return the summary (accuracy at the best validation round)."""
+    def run(self, on_eval: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any] | None:
+        """Train for ``rounds``; return the summary (accuracy at the best validation round)
+        on the server, None on the ranks that only host clients."""
         fed, g = self.cfg.federated, self.graph
         params: Tensor | dict[int, Tensor] = flat_params(self.model)
         if fed.algorithm == "local":
-            params = {c: params.clone() for c in range(len(self.clients))}
+            params = {c: params.clone() for c in self.clients}
         best = {"val": -1.0, "round": 0, "pred": None}
         t_start = time.perf_counter()
         curve = []
@@ -290,13 +332,15 @@ class Federation:
             if fed.algorithm in ("fedavg", "fedprox"):
                 params = self._round(r, params)
             elif fed.algorithm == "local":
-                for c, client in enumerate(self.clients):
-                    params[c] = params[c] + client.train(self.model, params[c], cross=None, gen=self.gen)[0]
+                for c, client in self.clients.items():
+                    params[c] = params[c] + client.train(self.model, params[c], cross=None, gen=self.cgen[c])[0]
             else:
-                params = params + self.clients[0].train(self.model, params, cross=None, gen=self.gen)[0]
+                params = params + self.clients[0].train(self.model, params, cross=None, gen=self.cgen[0])[0]
             if (r + 1) % fed.eval_every and r + 1 != fed.rounds:
                 continue
             pred = self._predict(params)
+            if pred is None:  # a client rank: the server evaluates
+                continue
             row = {"round": r + 1, "val_acc": self._acc(pred, g.val_mask), "test_acc": self._acc(pred, g.test_mask),
                    "uplink_bytes": self.tally.uplink, "downlink_bytes": self.tally.downlink,
                    "embedding_bytes": self.tally.embeddings, "wall_s": time.perf_counter() - t_start}
@@ -307,6 +351,8 @@ class Federation:
                 on_eval(row)
             if row["val_acc"] > best["val"]:
                 best = {"val": row["val_acc"], "round": r + 1, "pred": pred, "test": row["test_acc"]}
+        if not self.t.is_server:
+            return None
         return self._summary(best, curve, time.perf_counter() - t_start)
 
     def _summary(self, best: dict[str, Any], curve: list[dict[str, Any]], wall: float) -> dict[str, Any]:
@@ -322,7 +368,7 @@ class Federation:
             "uplink_bytes_per_round": self.tally.uplink / rounds, "downlink_bytes_total": self.tally.downlink,
             "embedding_bytes_total": self.tally.embeddings, "params": self.dim,
             "secure_agg": cfg.secagg.enabled, "secagg_s": self.tally.secagg_s, "train_s": self.tally.train_s,
-            "wall_s": wall, "fairness": fair, "split_stats": split_stats(g, self.owner), "gate": self.gate.report(),
+            "wall_s": wall, "ranks": self.t.world, "fairness": fair, "split_stats": split_stats(g, self.owner), "gate": self.gate.report(),
             "curve": curve,
         }
         if self.accountant is not None:

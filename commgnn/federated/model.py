@@ -20,6 +20,7 @@ the aggregation; the operator is PyG's ``gcn_norm`` with self-loops of weight 1.
 from __future__ import annotations
 
 import math
+import warnings
 
 import torch
 import torch.nn.functional as F
@@ -36,7 +37,9 @@ def gcn_operator(edge_index: Tensor, num_nodes: int, degree: Tensor | None = Non
     own = torch.arange(num_nodes)
     rows, cols = torch.cat([dst, own]), torch.cat([src, own])
     vals = dinv[rows] * dinv[cols]
-    return torch.sparse_coo_tensor(torch.stack([rows, cols]), vals, (num_nodes, num_nodes)).coalesce().to_sparse_csr()
+    with warnings.catch_warnings():  # "sparse CSR support is in beta": it is what we want
+        warnings.simplefilter("ignore", UserWarning)
+        return torch.sparse_coo_tensor(torch.stack([rows, cols]), vals, (num_nodes, num_nodes)).coalesce().to_sparse_csr()
 
 
 class FedGCN(nn.Module):
@@ -59,8 +62,7 @@ class FedGCN(nn.Module):
 
     def forward(self, x: Tensor, adj: Tensor, cross: Tensor | None = None) -> Tensor:
         """``[n_c, F] -> [n_c, classes]`` logits; ``cross`` is ``C`` above or None."""
-        h = F.dropout(x, self.dropout, self.training)
-        h = adj @ (h @ self.w1)
+        h = adj @ (x @ self.w1)  # no input dropout, as FederatedScope-GNN's GCN
         if cross is not None:
             h = h + cross
         h = F.relu(h + self.b1)
