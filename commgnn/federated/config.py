@@ -74,6 +74,11 @@ class FedConfig:
     """trimmed_mean: fraction of the largest and of the smallest values dropped per coordinate."""
     krum_f: int = 1
     """krum: the number f of Byzantine clients it tolerates (needs n > 2f + 2)."""
+    byzantine: int = 0
+    """Test harness: the first ``byzantine`` clients send forged updates (``attack``)."""
+    attack: Literal["scale", "flip", "noise"] = "scale"
+    """byzantine: ``scale`` sends -10 times the honest update, ``flip`` its negation,
+    ``noise`` a N(0, 1) vector unrelated to training."""
     cross_edges: Literal["drop", "embeddings"] = "drop"
     """Edges between clients: ``drop`` them, or let each client receive, each round, its
     cross-client neighbours' first-layer embeddings ``x_u W1`` from their owners,
@@ -110,6 +115,9 @@ class FedConfig:
         if self.aggregator not in ("mean", "median", "trimmed_mean", "krum"):
             raise ConfigError(f"federated.aggregator must be mean, median, trimmed_mean or krum, "
                               f"got {self.aggregator!r}")
+        positive("federated.byzantine", self.byzantine, allow_zero=True)
+        if self.attack not in ("scale", "flip", "noise"):
+            raise ConfigError(f"federated.attack must be scale, flip or noise, got {self.attack!r}")
         if self.cross_edges not in ("drop", "embeddings"):
             raise ConfigError(f"federated.cross_edges must be 'drop' or 'embeddings', got {self.cross_edges!r}")
         if self.masks not in ("stratified", "dataset"):

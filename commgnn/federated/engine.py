@@ -36,6 +36,7 @@ from commgnn.dist.context import DistContext
 from commgnn.data.splits import stratified_split
 from commgnn.federated import dp as dpmod
 from commgnn.federated import uplink as up
+from commgnn.federated.byzantine import GaussianNoise, ScaleAttack, SignFlip
 from commgnn.federated.client import Client
 from commgnn.federated.config import FederateConfig
 from commgnn.federated.fairness import fairness_report
@@ -142,6 +143,7 @@ class Federation:
             self.accountant = dpmod.ClientDPAccountant(delta=cfg.dp.delta, clip=cfg.dp.clip,
                                                        noise_multiplier=self.sigma)
         self.aggregator = (make_aggregator(fed.aggregator, **self._agg_kw()) if fed.aggregator != "mean" else None)
+        self.attack = {"scale": ScaleAttack(-10.0), "flip": SignFlip(), "noise": GaussianNoise(1.0)}[fed.attack]
         if self.aggregator is not None:
             self.aggregator.validate(max(1, round(fed.participation * self.t.n_clients)))
         if cfg.secagg.enabled:  # a threshold or ring the cohort cannot meet fails now, not in round 1
@@ -223,6 +225,9 @@ class Federation:
             for c in mine:
                 updates[c], _ = dpmod.privatise_update(updates[c], clip=cfg.dp.clip, sigma=self.sigma,
                                                        n_participants=K, at=cfg.dp.noise_at, generator=self.cgen[c])
+        for c in mine:
+            if c < fed.byzantine:  # the harness: this client forges its update
+                updates[c] = self.attack(updates[c][None], updates[c][None], self.cgen[c])[0]
         weights = self._weights(active)
         scaled = {c: updates[c] * weights[c] for c in mine}
         total = self._combine(r, active, scaled)
