@@ -125,7 +125,7 @@ def test_secure_aggregation_costs_bytes_not_accuracy(small_toml, plain_run, tmp_
 
 def test_dp_reports_epsilon_within_target(small_toml, tmp_path, capsys):
     out = tmp_path / "dp"
-    assert federate(small_toml, out, "--dp-epsilon", "4") == 0
+    assert federate(small_toml, out, "--dp-epsilon", "4", "--secure-agg") == 0
     s = summary_of(out)
     assert 0 < s["epsilon"] <= 4.0 and s["delta"] == 1e-5
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]

@@ -77,9 +77,18 @@ def test_compressed_secure_uplink_is_smaller_and_still_learns():
 
 
 def test_dp_run_reports_its_budget():
-    out = Federation(cfg(rounds=5, dp=DPConfig(epsilon=4.0, clip=0.5))).run()
+    out = Federation(cfg(rounds=5, dp=DPConfig(epsilon=4.0, clip=0.5), secagg=SecAggConfig(enabled=True))).run()
     assert 3.0 < out["epsilon"] <= 4.0 + 1e-6 and out["delta"] == 1e-5
     assert out["dp"]["protected_unit"].startswith("one client")
+    # half the clients a round: the accountant charges the real rate K / n = 2 / 4
+    half = Federation(cfg(rounds=5, dp=DPConfig(noise_multiplier=1.0), secagg=SecAggConfig(enabled=True),
+                          fed={"participation": 0.4})).run()
+    assert half["dp"]["sample_rate"] == pytest.approx(0.5)
+    # noise shares at the clients need the masking; error feedback would re-send noised updates
+    with pytest.raises(ConfigError, match="secure-agg"):
+        cfg(dp=DPConfig(epsilon=4.0))
+    with pytest.raises(ConfigError, match="error feedback"):
+        cfg(dp=DPConfig(epsilon=4.0), secagg=SecAggConfig(enabled=True), uplink=UplinkConfig(codec="rank"))
 
 
 def test_policy_gate_sees_every_payload_and_nothing_forbidden_crosses(tmp_path):

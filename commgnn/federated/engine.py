@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
 import torch
@@ -131,37 +131,57 @@ class Federation:
         self.model = FedGCN(g.x.shape[1], fed.hidden, self.num_classes, fed.dropout)
         self.dim = sum(p.numel() for p in self.model.parameters())
         self.shapes = [tuple(p.shape) for p in self.model.parameters()]
-        self.gen = torch.Generator().manual_seed(fed.seed + 1)  # participation draws (server)
+        self.gen = torch.Generator().manual_seed(fed.seed + 1)  # participation draws (every rank alike)
+        self.noise_gen = torch.Generator().manual_seed(fed.seed + 2)  # the server's DP noise (server only)
         self.cgen = {c: torch.Generator().manual_seed(fed.seed * 1_000_003 + 7919 * (c + 1)) for c in self.clients}
+        self.eval_gen = {c: torch.Generator() for c in self.clients}  # evaluation never moves training's draws
         self.tally = Tally()
-        self.codecs = {c: self._codec(c) for c in self.clients}
-        self.decoder = self._codec(0)  # the server's copy: decodes sums, never encodes
+        self.cohort = max(1, round(fed.participation * self.t.n_clients))
+        # The accountant's sample rate is the real one, K / n, not the nominal participation.
+        self.sample_rate = self.cohort / self.t.n_clients
         self.sigma = 0.0
         self.accountant: dpmod.ClientDPAccountant | None = None
         if cfg.dp.enabled:
-            self.sigma = cfg.dp.noise_multiplier or dpmod.calibrate(cfg.dp, fed.rounds, fed.participation)
+            self.sigma = cfg.dp.noise_multiplier or dpmod.calibrate(cfg.dp, fed.rounds, self.sample_rate)
             self.accountant = dpmod.ClientDPAccountant(delta=cfg.dp.delta, clip=cfg.dp.clip,
                                                        noise_multiplier=self.sigma)
+        self.codecs = {c: self._codec(c) for c in self.clients}
+        self.decoder = self._codec(0)  # the server's copy: decodes sums, never encodes
         self.aggregator = (make_aggregator(fed.aggregator, **self._agg_kw()) if fed.aggregator != "mean" else None)
         self.attack = {"scale": ScaleAttack(-10.0), "flip": SignFlip(), "noise": GaussianNoise(1.0)}[fed.attack]
         if self.aggregator is not None:
-            self.aggregator.validate(max(1, round(fed.participation * self.t.n_clients)))
-        if cfg.secagg.enabled:  # a threshold or ring the cohort cannot meet fails now, not in round 1
-            k = max(1, round(fed.participation * self.t.n_clients))
-            cfg.secagg.threshold_count(k)
-            self.decoder.ring_bits(k)
+            self.aggregator.validate(self.cohort)
+        if cfg.secagg.enabled and fed.algorithm in ("fedavg", "fedprox"):
+            if self.cohort < 2:  # a "sum" of one update is that update
+                raise ConfigError(f"secure aggregation needs at least 2 clients per round, got {self.cohort}; "
+                                  f"raise --participation or --clients")
+            cfg.secagg.threshold_count(self.cohort)  # a threshold or ring the cohort cannot meet fails now
+            self.decoder.ring_bits(self.cohort)
+
+    def _dp_clip(self) -> float | None:
+        """Under DP, the per-coordinate range of a codec: the clip bound plus six standard
+        deviations of a client's noise share, so clamping never truncates the noise the
+        accountant counts on (None without DP)."""
+        if not self.cfg.dp.enabled:
+            return None
+        share = self.sigma * self.cfg.dp.clip / math.sqrt(self.cohort) if self.cfg.dp.noise_at == "clients" else 0.0
+        return self.cfg.dp.clip + 6.0 * share
 
     def _agg_kw(self) -> dict[str, Any]:
         fed = self.cfg.federated
         return {"trimmed_mean": {"beta": fed.trim}, "krum": {"f": fed.krum_f}}.get(fed.aggregator, {})
 
     # ---------------------------------------------------------------- codecs
-    def _codec(self, client: int, clip: float | None = None) -> up.UplinkCodec:
+    def _codec(self, client: int) -> up.UplinkCodec:
         u, seed = self.cfg.uplink, self.cfg.federated.seed
-        clip = clip or self.cfg.uplink.clip or 1.0
+        clip = self._dp_clip() or u.clip or 1.0
         if u.codec == "fp32":
             if self.cfg.secagg.enabled:
-                return up.FixedPoint(self.cfg.secagg, dim=self.dim, seed=seed, client=client)
+                sa = self.cfg.secagg
+                if self._dp_clip() is not None and self._dp_clip() > sa.clip:  # widen the fixed-point range
+                    sa = replace(sa, clip=math.ceil(self._dp_clip()))
+                    sa.check_clients(self.cohort)
+                return up.FixedPoint(sa, dim=self.dim, seed=seed, client=client)
             return up.Plain(dim=self.dim)
         if u.codec == "quant":
             return up.SharedScaleQuant(u.bits, clip, dim=self.dim, seed=seed, client=client)
@@ -172,19 +192,21 @@ class Federation:
                         error_feedback=u.error_feedback)
 
     def _set_clip(self, clip: float) -> None:
-        """Re-scale every quantising codec (keeping error-feedback residuals)."""
-        if self.cfg.uplink.codec == "fp32" or self.cfg.uplink.clip:
+        """Re-scale every quantising codec (keeping error-feedback residuals); under DP the
+        range stays fixed (:meth:`_dp_clip`)."""
+        if self.cfg.uplink.codec == "fp32" or self.cfg.uplink.clip or self.cfg.dp.enabled:
             return
         for codec in [*self.codecs.values(), self.decoder]:
             quantiser = getattr(codec, "quant", codec)
             quantiser.clip, quantiser.scale = clip, clip / quantiser.levels
 
     # ---------------------------------------------------------------- cross-client embeddings
-    def _cross_terms(self, params: Tensor, active: list[int] | None) -> dict[int, Tensor | None]:
+    def _cross_terms(self, params: Tensor, active: list[int] | None, *, evaluating: bool = False) -> dict[int, Tensor | None]:
         """Each client's constant first-layer term from its neighbours in other clients
         (``cross_edges = "embeddings"``), every row through the gate; None when dropped."""
         fed = self.cfg.federated
         targets = active if active is not None else sorted(self.clients)
+        gens = self.eval_gen if evaluating else self.cgen
         if fed.cross_edges != "embeddings":
             return {c: None for c in targets}
         from commgnn.federated.model import load_flat
@@ -194,7 +216,7 @@ class Federation:
             incoming = {}
             for src, ids in self.clients[c].needs_from().items():
                 rows, nbytes = self.clients[src].outgoing(self.model, ids, bits=fed.embedding_bits,
-                                                          noise=fed.embedding_noise, gen=self.cgen[src])
+                                                          noise=fed.embedding_noise, gen=gens[src])
                 self.gate.admit(Payload(kind="embeddings", src_client=src, dst=c, nbytes=nbytes,
                                         bits=fed.embedding_bits, noise_std=fed.embedding_noise))
                 self.tally.embeddings += nbytes
@@ -235,9 +257,9 @@ class Federation:
         if self.t.is_server:
             assert total is not None
             if cfg.dp.enabled and cfg.dp.noise_at == "server":
-                total = total + dpmod.noise_for((self.dim,), self.sigma, cfg.dp.clip, K, self.gen, "server")
+                total = total + dpmod.noise_for((self.dim,), self.sigma, cfg.dp.clip, K, self.noise_gen, "server")
             if self.accountant is not None:
-                self.accountant.step(sample_rate=fed.participation)
+                self.accountant.step(sample_rate=self.sample_rate)
             mean = total / K
             # The next round's shared quantiser scale, from what every party sees (the aggregate).
             new = (params + fed.server_lr * mean, max(1e-3, 4.0 * float(mean.abs().max())))
@@ -301,7 +323,7 @@ class Federation:
         """Predictions ``[N]`` of every node by its own client (its own model for ``local``),
         assembled at the server (None elsewhere)."""
         shared = params if isinstance(params, Tensor) else None
-        cross = self._cross_terms(shared, None) if shared is not None else {c: None for c in self.clients}
+        cross = self._cross_terms(shared, None, evaluating=True) if shared is not None else {c: None for c in self.clients}
         mine = {c: client.predict(self.model, shared if shared is not None else params[c], cross[c])
                 for c, client in self.clients.items()}
         got = self.t.gather_dicts(mine)
@@ -354,7 +376,7 @@ class Federation:
             curve.append(row)
             if on_eval:
                 on_eval(row)
-            if row["val_acc"] > best["val"]:
+            if row["val_acc"] > best["val"] or best["pred"] is None:
                 best = {"val": row["val_acc"], "round": r + 1, "pred": pred, "test": row["test_acc"]}
         if not self.t.is_server:
             return None
