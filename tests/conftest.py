@@ -59,3 +59,15 @@ def cache_dir(tmp_path: Path) -> Path:
     path = tmp_path / "cache"
     path.mkdir()
     return path
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """One intra-op thread for a module of tiny graphs: on a busy 2-core machine a second
+    thread only contends (federated clients of 100 nodes ran 10x slower with two)."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

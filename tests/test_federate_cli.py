@@ -8,7 +8,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
 
 from commgnn.cli.federate import FLAG_KEYS, resolve_federate_config
 from commgnn.cli.main import main
@@ -37,13 +36,7 @@ threads = 1
 REQUIRED = ("test_acc", "worst_client_acc", "uplink_bytes_total", "rounds")
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Graphs of 100 nodes a client: threads only contend (10x slower on a busy machine)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")

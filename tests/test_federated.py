@@ -28,13 +28,7 @@ def cfg(**kw) -> FederateConfig:
                           federated=FedConfig(rounds=kw.pop("rounds", 4), **fed), runtime=runtime, **kw)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Clients of 150 nodes: a second thread only contends on a busy 2-core machine."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def params_count(c: FederateConfig) -> int:
