@@ -39,7 +39,7 @@ from commgnn.federated.dp import DPConfig
 from commgnn.federated.engine import Federation
 from commgnn.federated.secagg.config import SecAggConfig
 from commgnn.federated.splits import SplitConfig
-from tables import machine, write_table
+from tables import write_table
 
 SECURE = {"secagg": SecAggConfig(enabled=True)}
 ENTRIES: dict[str, dict[str, Any]] = {
@@ -169,7 +169,7 @@ def main() -> None:
     rows = table(runs)
     stem = Path(args.out) / f"{datetime.date.today().isoformat()}-{args.tag}"
     write_table(rows, stem, "Federated GCN: accuracy, worst client, uplink bytes",
-                notes=[f"Machine: {machine()}.", __doc__.split("\n\n")[1].replace("\n", " ")])
+                notes=[__doc__.split("\n\n")[1].replace("\n", " ")])
     plot(rows, stem.with_suffix(".png"))
     print(stem.with_suffix(".md").read_text())
 
