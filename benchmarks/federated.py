@@ -20,6 +20,7 @@ Rounds to target: the first evaluated round whose test accuracy reaches the cent
 (same seed) minus one point; '-' if never within the rounds.
 
     python benchmarks/federated.py --datasets Cora --clients 5 --splits louvain
+    python benchmarks/federated.py --report-only      # one table of every finished run
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import re
 import statistics
 from pathlib import Path
 from typing import Any
@@ -142,6 +144,17 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
     fig.savefig(path, dpi=130)
 
 
+def collected(folder: Path) -> dict[tuple[str, int, str, str, int], dict[str, Any]]:
+    """Every finished run in ``folder``, keyed as the grid keys them (from the file names)."""
+    names = {e.replace(" ", "_"): e for e in ENTRIES}
+    runs = {}
+    for path in sorted(folder.glob("*.json")):
+        m = re.fullmatch(r"(?P<ds>[^-]+)-(?P<k>\d+)-(?P<split>[a-z]+)-(?P<entry>.+)-s(?P<seed>\d+)", path.stem)
+        if m and m["entry"] in names:
+            runs[(m["ds"], int(m["k"]), m["split"], names[m["entry"]], int(m["seed"]))] = json.loads(path.read_text())
+    return runs
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--datasets", nargs="+", default=["Cora"])
@@ -154,10 +167,12 @@ def main() -> None:
     ap.add_argument("--runs", default="runs/federated", help="per-run summaries (a rerun reads them back)")
     ap.add_argument("--out", default="benchmarks/results")
     ap.add_argument("--tag", default="federated")
+    ap.add_argument("--report-only", action="store_true",
+                    help="tabulate every finished run in --runs (all datasets, clients, splits)")
     args = ap.parse_args()
     torch.set_num_threads(1)
-    runs = {}
-    for ds in args.datasets:
+    runs = collected(Path(args.runs)) if args.report_only else {}
+    for ds in [] if args.report_only else args.datasets:
         for k in args.clients:
             for split in args.splits:
                 for entry in args.entries:

@@ -34,7 +34,7 @@ def add_parser(sub: Any) -> None:
     c.add_argument("--rdzv-port", dest="rdzv_port", type=int, default=29400, help="rendezvous port on host 0")
     c.add_argument("--cleanup", action="store_true",
                    help="only remove namespaces and bridges left by killed `commgnn cluster` runs")
-    c.add_argument("train_args", nargs=argparse.REMAINDER, help="-- train ARGS... or -- calibrate ARGS... (the job to run)")
+    c.add_argument("train_args", nargs=argparse.REMAINDER, help="-- train ARGS..., -- federate ARGS... or -- calibrate ARGS... (the job to run)")
 
 
 def _job_args(ns: argparse.Namespace, world: int) -> tuple[list[str], Path | None]:
@@ -49,8 +49,10 @@ def _job_args(ns: argparse.Namespace, world: int) -> tuple[list[str], Path | Non
     if args[:1] == ["calibrate"]:
         build_parser().parse_args(args)  # a bad flag stops here, one line
         return args, None
+    if args[:1] == ["federate"]:
+        return _federate_args(args[1:], world)
     if args[:1] != ["train"]:
-        raise UserError("give the job after --: train ARGS or calibrate ARGS, e.g. "
+        raise UserError("give the job after --: train ARGS, federate ARGS or calibrate ARGS, e.g. "
                         "`commgnn cluster --hosts 2 -- train --dataset CS`")
     args = args[1:]
     tns = build_parser().parse_args(["train", *args])
@@ -68,6 +70,22 @@ def _job_args(ns: argparse.Namespace, world: int) -> tuple[list[str], Path | Non
         return ["train", *args], Path(cfg.output.out)
     out = default_out_dir(replace(cfg, runtime=replace(cfg.runtime, parts=world)))
     return ["train", *args, "--out", str(out)], out
+
+
+def _federate_args(args: list[str], world: int) -> tuple[list[str], Path]:
+    """A federate job: rank 0 (host 0) serves, the clients live on the other ranks."""
+    from commgnn.cli.federate import FLAG_KEYS, default_out_dir, resolve_federate_config
+    from commgnn.cli.main import build_parser
+
+    fns = build_parser().parse_args(["federate", *args])  # a bad flag stops here, one line
+    flags = {dest: getattr(fns, dest, None) for dest in (*FLAG_KEYS, "seed")}
+    flags = {k: v for k, v in flags.items() if v is not None}
+    if flags.get("parts") not in (None, world):
+        raise UserError(f"--parts {flags['parts']} differs from --hosts x --ranks-per-host = {world}")
+    cfg = resolve_federate_config(fns.config, flags, os.environ)  # a bad flag or key stops here
+    out = Path(cfg.output.out) if cfg.output.out else default_out_dir(cfg)
+    extra = [] if cfg.output.out else ["--out", str(out)]
+    return ["federate", *args, *extra], out
 
 
 def cmd_cluster(ns: argparse.Namespace) -> int:

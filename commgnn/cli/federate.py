@@ -275,8 +275,13 @@ def cmd_federate(ns: argparse.Namespace) -> int:
     from commgnn.config import dump_toml, replace_path, to_dict
     from commgnn.report.records import prepare_out_dir, write_json
 
+    from commgnn.dist.context import launch_info_from_env
+
     flags = {dest: getattr(ns, dest, None) for dest in (*FLAG_KEYS, "seed")}
     cfg = resolve_federate_config(ns.config, flags, os.environ)
+    info = launch_info_from_env(os.environ)  # under torchrun (or `commgnn cluster`): its ranks
+    if info is not None:
+        cfg = replace_path(cfg, "runtime.parts", info.world_size)
     preflight(cfg, None if cfg.split.method == "file" else cfg.split.clients)  # before any data is loaded
     out = Path(cfg.output.out) if cfg.output.out else default_out_dir(cfg)
     cfg = replace_path(cfg, "output.out", str(out))
@@ -287,11 +292,14 @@ def cmd_federate(ns: argparse.Namespace) -> int:
     from commgnn.dist.context import threads_per_rank
     from commgnn.federated.engine import Federation
     from commgnn.federated.fairness import fairness_markdown
-    from commgnn.federated.run import federate
+    from commgnn.federated.run import federate, run_rank
 
+    if info is not None and info.rank != 0:  # a client rank: the server (rank 0) writes the folder
+        run_rank(info, cfg, None)
+        return 0
     quiet = cfg.output.quiet
     federation = None
-    if cfg.runtime.parts == 1:  # server and clients here: the split is known before training
+    if cfg.runtime.parts == 1 and info is None:  # server and clients here: the split is known before training
         torch.set_num_threads(threads_per_rank(cfg.runtime, 1))
         federation = Federation(cfg, log=(lambda _msg: None) if quiet else print)
         preflight(cfg, int(federation.n_clients))
@@ -310,7 +318,12 @@ def cmd_federate(ns: argparse.Namespace) -> int:
                     print(_progress(row), flush=True)
 
             # W > 1 ranks: rows come back with the server's summary (a callback cannot cross processes)
-            summary = federation.run(on_eval=on_eval) if federation is not None else federate(cfg)
+            if federation is not None:
+                summary = federation.run(on_eval=on_eval)
+            elif info is not None:  # rank 0 under torchrun: the server, in this process
+                summary = run_rank(info, cfg, None, on_eval=on_eval)
+            else:
+                summary = federate(cfg)
             assert summary is not None  # this process is the server (or launched the ranks)
             summary = dict(summary)
             curve = summary.pop("curve", None) or []
