@@ -121,21 +121,25 @@ def test_gate_stops_a_payload_over_budget(tmp_path):
         Federation(cfg(policy=PolicyRef(path=str(policy)))).run()
 
 
-def test_cross_embeddings_in_fp32_make_the_first_layer_exact():
-    """With every cross edge's fp32 embedding, a client's first layer equals the whole
-    graph's GCN layer on its rows."""
+def test_cross_embeddings_in_fp32_make_the_model_exact():
+    """With every cross edge's fp32 embeddings (both layers), each client's model equals
+    the whole graph's GCN on its rows; with the edges dropped it does not."""
+    import torch.nn.functional as F
+
     fed = Federation(cfg(fed={"cross_edges": "embeddings", "embedding_bits": 32}))
-    g = fed.graph
-    params = torch.cat([p.detach().reshape(-1) for p in fed.model.parameters()])
+    g, m = fed.graph, fed.model
+    params = torch.cat([p.detach().reshape(-1) for p in m.parameters()])
     cross = fed._cross_terms(params, None)
-    full = gcn_operator(g.edge_index, g.num_nodes) @ (g.x @ fed.model.w1.detach())
-    for c, client in fed.clients.items():
-        local = client.adj @ (client.data.x @ fed.model.w1.detach()) + cross[c]
-        torch.testing.assert_close(local, full[client.data.nodes], atol=1e-5, rtol=1e-5)
-    dropped = Federation(cfg())
-    client = dropped.clients[0]
-    local = client.adj @ (client.data.x @ dropped.model.w1.detach())
-    assert not torch.allclose(local, full[client.data.nodes], atol=1e-3)  # the test can fail
+    adj = gcn_operator(g.edge_index, g.num_nodes)
+    with torch.no_grad():
+        full = adj @ (F.relu(adj @ (g.x @ m.w1) + m.b1) @ m.w2) + m.b2
+        m.eval()
+        for c, client in fed.clients.items():
+            torch.testing.assert_close(m(client.data.x, client.adj, cross[c]), full[client.data.nodes],
+                                       atol=1e-5, rtol=1e-5)
+        dropped = Federation(cfg())
+        client = dropped.clients[0]
+        assert not torch.allclose(m(client.data.x, client.adj), full[client.data.nodes], atol=1e-3)
 
 
 def test_anchors_and_robust_rules_run():

@@ -34,24 +34,31 @@ class Client:
         self.num_train = int(data.train_mask.sum())
 
     # ---------------------------------------------------------------- cross-client rows
-    def outgoing(self, model: FedGCN, dst_nodes: Tensor, *, bits: int, noise: float,
-                 gen: torch.Generator) -> tuple[Tensor, int]:
-        """Protected ``s_u = d_u^-1/2 x_u W1`` for the local rows ``dst_nodes`` another client
-        needs: ``[k, h]`` as decoded by the receiver, and the bytes that cross."""
+    def layer_rows(self, model: FedGCN, ids: Tensor, layer: int, cross1: Tensor | None = None) -> Tensor:
+        """What this client's nodes ``ids`` contribute to a neighbour elsewhere, before
+        protection: ``d_u^-1/2 x_u W1`` (layer 1) or ``d_u^-1/2 h_u W2`` with ``h`` this
+        client's first-layer output under its own cross term ``cross1`` (layer 2): ``[k, w]``."""
         with torch.no_grad():
-            rows = self.dinv[dst_nodes, None] * model.embed(self.data.x[dst_nodes])
-            if noise > 0:
-                rows = rows + noise * torch.randn(rows.shape, generator=gen)
-            if bits == 32:
-                return rows, rows.numel() * 4
-            codes = quant.encode(rows, bits, gen)
-            return quant.decode(codes, bits, rows.shape[1], rows.dtype), codes.numel()
+            if layer == 1:
+                return self.dinv[ids, None] * model.embed(self.data.x[ids])
+            h = F.relu(self.adj @ model.embed(self.data.x) + (cross1 if cross1 is not None else 0.0) + model.b1)
+            return self.dinv[ids, None] * (h[ids] @ model.w2)
 
-    def cross_term(self, incoming: dict[int, tuple[Tensor, Tensor]], hidden: int) -> Tensor:
-        """``C = sum over cross edges u -> v of d_v^-1/2 s_u``: ``[n_c, h]``. ``incoming``
-        maps a source client to (its local row ids, the rows ``[k, h]``)."""
+    @staticmethod
+    def protect(rows: Tensor, *, bits: int, noise: float, gen: torch.Generator) -> tuple[Tensor, int]:
+        """Noise, then b-bit codes: the rows as the receiver decodes them, and the bytes that cross."""
+        if noise > 0:
+            rows = rows + noise * torch.randn(rows.shape, generator=gen)
+        if bits == 32:
+            return rows, rows.numel() * 4
+        codes = quant.encode(rows, bits, gen)
+        return quant.decode(codes, bits, rows.shape[1], rows.dtype), codes.numel()
+
+    def cross_term(self, incoming: dict[int, tuple[Tensor, Tensor]], width: int) -> Tensor:
+        """``C = sum over cross edges u -> v of d_v^-1/2 s_u``: ``[n_c, width]``. ``incoming``
+        maps a source client to (its local row ids, the rows ``[k, width]``)."""
         d = self.data
-        out = torch.zeros(d.num_nodes, hidden)
+        out = torch.zeros(d.num_nodes, width)
         for src_client, (ids, rows) in incoming.items():
             sel = d.cross_src_client == src_client
             # position of each edge's source among the rows that client sent (ids is sorted)
@@ -67,7 +74,8 @@ class Client:
                 for c in torch.unique(d.cross_src_client)}
 
     # ---------------------------------------------------------------- training
-    def train(self, model: FedGCN, start: Tensor, *, cross: Tensor | None, gen: torch.Generator) -> tuple[Tensor, float]:
+    def train(self, model: FedGCN, start: Tensor, *, cross: tuple[Tensor, Tensor] | None,
+              gen: torch.Generator) -> tuple[Tensor, float]:
         """Local steps from the parameters ``start`` (``[d]``); returns ``(w_local - start, last loss)``."""
         cfg, d = self.cfg, self.data
         load_flat(model, start)
@@ -89,7 +97,7 @@ class Client:
             opt.step()
         return flat_params(model) - start, float(loss.detach())
 
-    def predict(self, model: FedGCN, params: Tensor, cross: Tensor | None) -> Tensor:
+    def predict(self, model: FedGCN, params: Tensor, cross: tuple[Tensor, Tensor] | None) -> Tensor:
         """Predicted class of each of the client's nodes under ``params``: ``[n_c]``."""
         load_flat(model, params)
         model.eval()

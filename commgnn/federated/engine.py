@@ -201,28 +201,41 @@ class Federation:
             quantiser.clip, quantiser.scale = clip, clip / quantiser.levels
 
     # ---------------------------------------------------------------- cross-client embeddings
-    def _cross_terms(self, params: Tensor, active: list[int] | None, *, evaluating: bool = False) -> dict[int, Tensor | None]:
-        """Each client's constant first-layer term from its neighbours in other clients
-        (``cross_edges = "embeddings"``), every row through the gate; None when dropped."""
+    def _cross_terms(self, params: Tensor, active: list[int] | None, *,
+                     evaluating: bool = False) -> dict[int, tuple[Tensor, Tensor] | None]:
+        """Each client's constant terms ``(C1, C2)`` from its neighbours in other clients
+        (``cross_edges = "embeddings"``; None when dropped). Two exchanges: first every
+        owner's layer-1 rows, then, with each owner's ``C1`` in hand, its layer-2 rows;
+        every row passes the gate and is counted (evaluation's rows are not training traffic)."""
         fed = self.cfg.federated
         targets = active if active is not None else sorted(self.clients)
-        gens = self.eval_gen if evaluating else self.cgen
         if fed.cross_edges != "embeddings":
             return {c: None for c in targets}
         from commgnn.federated.model import load_flat
         load_flat(self.model, params)
-        out: dict[int, Tensor | None] = {}
-        for c in targets:
+        gens = self.eval_gen if evaluating else self.cgen
+        need = {c: self.clients[c].needs_from() for c in self.clients}
+
+        def exchange(c: int, layer: int, cross1: dict[int, Tensor]) -> Tensor:
+            width = fed.hidden if layer == 1 else self.num_classes
             incoming = {}
-            for src, ids in self.clients[c].needs_from().items():
-                rows, nbytes = self.clients[src].outgoing(self.model, ids, bits=fed.embedding_bits,
-                                                          noise=fed.embedding_noise, gen=gens[src])
-                self.gate.admit(Payload(kind="embeddings", src_client=src, dst=c, nbytes=nbytes,
-                                        bits=fed.embedding_bits, noise_std=fed.embedding_noise))
-                self.tally.embeddings += nbytes
-                self.tally.client(src, nbytes)
+            for src, ids in need[c].items():
+                rows = self.clients[src].layer_rows(self.model, ids, layer, cross1.get(src))
+                rows, nbytes = Client.protect(rows, bits=fed.embedding_bits, noise=fed.embedding_noise, gen=gens[src])
+                if not evaluating:
+                    self.gate.admit(Payload(kind="embeddings", src_client=src, dst=c, nbytes=nbytes,
+                                            bits=fed.embedding_bits, noise_std=fed.embedding_noise))
+                    self.tally.embeddings += nbytes
+                    self.tally.client(src, nbytes)
                 incoming[src] = (ids, rows)
-            out[c] = self.clients[c].cross_term(incoming, fed.hidden)
+            return self.clients[c].cross_term(incoming, width)
+
+        # Layer 2's rows need their owner's C1: every client whose rows a target needs.
+        owners = sorted({src for c in targets for src in need[c]} | set(targets))
+        c1 = {c: exchange(c, 1, {}) for c in owners}
+        out: dict[int, tuple[Tensor, Tensor] | None] = {}
+        for c in targets:
+            out[c] = (c1[c], exchange(c, 2, c1))
         return out
 
     # ---------------------------------------------------------------- one round

@@ -1,17 +1,18 @@
 """The clients' model: a two-layer GCN on a client's subgraph, with an optional term for
 the neighbours that other clients own.
 
-    H   = ReLU( Â (X W1) + C + b1 )           X: [n_c, F], W1: [F, h], C: [n_c, h]
-    out = Â (H W2) + b2                        W2: [h, classes]
+    H   = ReLU( Â (X W1) + C1 + b1 )          X: [n_c, F], W1: [F, h], C1: [n_c, h]
+    out = Â (H W2) + C2 + b2                   W2: [h, classes], C2: [n_c, classes]
 
 ``Â = D^-1/2 (A_c + I) D^-1/2`` over the client's own edges ``A_c``. With cross-client
 edges dropped, ``D`` counts only those; with ``cross_edges = "embeddings"`` it is the
 node's degree in the whole graph (a client knows its nodes' neighbours, not their
 features), and ``C_v = sum_{u -> v, u elsewhere} d_v^-1/2 s_u`` adds what crosses:
-``s_u = d_u^-1/2 x_u W1`` computed by ``u``'s owner with the round's global ``W1`` and
-protected (quantised, noised) before it leaves. ``C`` is a constant within the round, so
-no gradient crosses a client boundary. With every edge kept and fresh fp32 embeddings the
-first layer equals the full graph's GCN layer exactly.
+``s_u = d_u^-1/2 x_u W1`` (layer 1) and ``d_u^-1/2 h_u W2`` (layer 2, ``h_u`` the owner's
+first-layer output under its own ``C1``), computed by ``u``'s owner with the round's global
+weights and protected (quantised, noised) before they leave. ``C1``, ``C2`` are constants
+within the round, so no gradient crosses a client boundary. With fresh fp32 embeddings the
+model equals the whole graph's GCN exactly (evaluation mode).
 
 Written here (not PyG's ``GCNConv``) because the cross term needs the transform split from
 the aggregation; the operator is PyG's ``gcn_norm`` with self-loops of weight 1.
@@ -60,14 +61,15 @@ class FedGCN(nn.Module):
         """``x W1``: ``[n, F] -> [n, h]`` (what crosses to other clients, before scaling)."""
         return x @ self.w1
 
-    def forward(self, x: Tensor, adj: Tensor, cross: Tensor | None = None) -> Tensor:
-        """``[n_c, F] -> [n_c, classes]`` logits; ``cross`` is ``C`` above or None."""
+    def forward(self, x: Tensor, adj: Tensor, cross: tuple[Tensor, Tensor] | None = None) -> Tensor:
+        """``[n_c, F] -> [n_c, classes]`` logits; ``cross`` is ``(C1, C2)`` above or None."""
         h = adj @ (x @ self.w1)  # no input dropout, as FederatedScope-GNN's GCN
         if cross is not None:
-            h = h + cross
+            h = h + cross[0]
         h = F.relu(h + self.b1)
         h = F.dropout(h, self.dropout, self.training)
-        return adj @ (h @ self.w2) + self.b2
+        out = adj @ (h @ self.w2) + self.b2
+        return out + cross[1] if cross is not None else out
 
 
 def flat_params(model: nn.Module) -> Tensor:
