@@ -223,3 +223,12 @@ def test_malformed_payloads_are_bugs():
         Payload(kind="control", src_client=0, dst=1, nbytes=-1)
     with pytest.raises(ValueError, match="bits"):
         Payload(kind="embeddings", src_client=0, dst=1, nbytes=1, bits=0)
+
+
+def test_check_refuses_like_admit_but_records_nothing():
+    policy = parse_policy({"crossing": {"updates": "secure_aggregation"}})
+    gate = PolicyGate(policy)
+    with pytest.raises(PolicyViolation, match="securely aggregated"):
+        gate.check(Payload(kind="update", src_client=0, dst="server", nbytes=10))
+    gate.check(Payload(kind="update", src_client=0, dst="server", nbytes=10, secure=True))
+    assert gate.transcript == [] and gate.rejected == [] and gate.bytes_by_client() == {}

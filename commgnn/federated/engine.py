@@ -293,6 +293,11 @@ class Federation:
         """The server's ``S`` (None on other ranks): robust rule, secure sum or plain sum."""
         cfg, t = self.cfg, self.t
         K = len(active)
+        if isinstance(self.gate, PolicyGate):  # each client asks the policy before its update leaves
+            secure = cfg.secagg.enabled and self.aggregator is None
+            bits = None if cfg.uplink.codec == "fp32" else cfg.uplink.bits
+            for c in scaled:
+                self.gate.check(Payload(kind="update", src_client=c, dst="server", nbytes=0, bits=bits, secure=secure))
         if self.aggregator is not None:  # robust: the server sees each update (fp32, unmasked)
             got = t.gather_dicts(scaled)
             if got is None:

@@ -365,6 +365,16 @@ class PolicyGate:
                     f"{self.policy.budget.per_link_mb:g} MB")
         return None
 
+    def check(self, payload: Payload) -> None:
+        """Raise :class:`PolicyViolation` if the policy forbids ``payload``, recording nothing:
+        what a sender asks before the payload leaves (the receiver then :meth:`admit`\ s it)."""
+        link = self.link_of(payload)
+        with self._lock:
+            why = self._refusal(payload, link)
+        if why is not None:
+            raise PolicyViolation(f"policy violation: {payload.kind} from client {payload.src_client} "
+                                  f"({link[0]}) to {payload.dst} ({link[1]}): {why}")
+
     def admit(self, payload: Payload) -> None:
         """Record ``payload`` if the policy allows it, else raise :class:`PolicyViolation`
         (and record it in :attr:`rejected`, leaving the totals unchanged)."""
