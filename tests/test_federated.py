@@ -142,6 +142,23 @@ def test_cross_embeddings_in_fp32_make_the_model_exact():
         assert not torch.allclose(m(client.data.x, client.adj), full[client.data.nodes], atol=1e-3)
 
 
+def test_sparse_features_train_like_dense_ones():
+    """Bag-of-words features go through a sparse X W1 (forward and W1's gradient): the same
+    update as the dense product."""
+    from commgnn.data import load_dataset
+
+    graph = load_dataset(DATA)
+    graph.x = (graph.x > 1.5).float()  # ~7% ones, like a bag of words
+    fed = Federation(cfg(), graph=graph)
+    client = next(c for c in fed.clients.values() if c.x_op.layout == torch.sparse_csr)
+    start = torch.cat([p.detach().reshape(-1) for p in fed.model.parameters()])
+    sparse, _ = client.train(fed.model, start, cross=None, gen=torch.Generator().manual_seed(3))
+    client.x_op = client.data.x
+    dense, _ = client.train(fed.model, start, cross=None, gen=torch.Generator().manual_seed(3))
+    torch.testing.assert_close(sparse, dense, atol=1e-5, rtol=1e-4)
+    assert sparse.abs().sum() > 0
+
+
 def test_anchors_and_robust_rules_run():
     central = Federation(cfg(rounds=6, fed={"algorithm": "central"})).run()
     local = Federation(cfg(rounds=6, fed={"algorithm": "local"})).run()
