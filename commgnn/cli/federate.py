@@ -285,7 +285,8 @@ def cmd_federate(ns: argparse.Namespace) -> int:
     preflight(cfg, None if cfg.split.method == "file" else cfg.split.clients)  # before any data is loaded
     out = Path(cfg.output.out) if cfg.output.out else default_out_dir(cfg)
     cfg = replace_path(cfg, "output.out", str(out))
-    _check_out_free(out)
+    if info is None or info.rank == 0:  # under torchrun only the server writes (and checks) the folder
+        _check_out_free(out)
 
     import torch
 

@@ -81,8 +81,9 @@ class FedConfig:
     ``noise`` a N(0, 1) vector unrelated to training."""
     cross_edges: Literal["drop", "embeddings"] = "drop"
     """Edges between clients: ``drop`` them, or let each client receive, each round, its
-    cross-client neighbours' first-layer embeddings ``x_u W1`` from their owners,
-    protected (``embedding_bits`` and/or ``embedding_noise``) as the policy demands."""
+    cross-client neighbours' embeddings for both layers (``x_u W1``, then ``h_u W2``) from
+    their owners, protected (``embedding_bits`` and/or ``embedding_noise``) as the policy
+    demands."""
     embedding_bits: int = 8
     """Bits per value of the embeddings that cross clients (32 = fp32)."""
     embedding_noise: float = 0.0
@@ -227,6 +228,6 @@ class FederateConfig:
                 raise ConfigError(f"uplink.codec = {self.uplink.codec!r} with error feedback re-sends earlier "
                                   f"(clipped, noised) updates, breaking the DP sensitivity bound: set "
                                   f"uplink.error_feedback = false or use codec 'quant' or 'fp32'")
-        if fed.algorithm == "central" and fed.cross_edges != "drop":
-            raise ConfigError("federated.algorithm = 'central' keeps every edge; cross_edges applies to the "
-                              "federated algorithms")
+        if fed.algorithm in ("central", "local") and fed.cross_edges != "drop":
+            raise ConfigError(f"federated.algorithm = {fed.algorithm!r} exchanges nothing between clients; "
+                              f"cross_edges = 'embeddings' applies to fedavg and fedprox")

@@ -232,6 +232,7 @@ class Federation:
 
         # Layer 2's rows need their owner's C1: every client whose rows a target needs.
         owners = sorted({src for c in targets for src in need[c]} | set(targets))
+        self.owners = owners  # they compute rows with this round's model: each must hold it
         c1 = {c: exchange(c, 1, {}) for c in owners}
         out: dict[int, tuple[Tensor, Tensor] | None] = {}
         for c in targets:
@@ -252,6 +253,8 @@ class Federation:
         if self.t.is_server:
             self.tally.downlink += len(active) * self.dim * 4  # the global model to each participant
         cross = self._cross_terms(params, mine)
+        if self.t.is_server and fed.cross_edges == "embeddings":  # owners outside the cohort need the model too
+            self.tally.downlink += len(set(self.owners) - set(active)) * self.dim * 4
         t0 = time.perf_counter()
         updates = {c: self.clients[c].train(self.model, params, cross=cross[c], gen=self.cgen[c])[0] for c in mine}
         self.tally.train_s += time.perf_counter() - t0
@@ -296,8 +299,11 @@ class Federation:
         if isinstance(self.gate, PolicyGate):  # each client asks the policy before its update leaves
             secure = cfg.secagg.enabled and self.aggregator is None
             bits = None if cfg.uplink.codec == "fp32" else cfg.uplink.bits
+            size = (self.decoder.payload_bytes(K) if secure else self.dim * 4 if cfg.uplink.codec == "fp32"
+                    else math.ceil(self.decoder.out_dim * cfg.uplink.bits / 8))  # the masked payload at least
             for c in scaled:
-                self.gate.check(Payload(kind="update", src_client=c, dst="server", nbytes=0, bits=bits, secure=secure))
+                self.gate.check(Payload(kind="update", src_client=c, dst="server", nbytes=size, bits=bits,
+                                        secure=secure))
         if self.aggregator is not None:  # robust: the server sees each update (fp32, unmasked)
             got = t.gather_dicts(scaled)
             if got is None:
