@@ -18,6 +18,10 @@ delta 1e-5), under secure aggregation. One process plays server and clients
 thread. Bytes are each message's size on the wire: uplink = everything a client sends
 to the server (masked updates plus the key, share and unmasking messages under SecAgg).
 
+"vs fedavg fp32": total uplink bytes against plain FedAvg's (FedAvg + SecAgg's where plain
+FedAvg was not run; its 32-bit fixed point costs the same 4 bytes a coordinate plus the
+masking messages).
+
 Rounds to target: the first evaluated round whose test accuracy reaches the central run's
 (same seed) minus one point; '-' if never within the rounds.
 
@@ -100,7 +104,8 @@ def table(runs: dict[tuple[str, int, str, str, int], dict[str, Any]]) -> list[di
     rows = []
     for (ds, k, split, entry), by_seed in groups.items():
         central = groups.get((ds, k, split, "central"), {})
-        fedavg = groups.get((ds, k, split, "fedavg"), {})
+        # the fp32 reference: plain FedAvg, else FedAvg + SecAgg (its fixed point is 4 bytes too)
+        fedavg = groups.get((ds, k, split, "fedavg")) or groups.get((ds, k, split, "fedavg+secagg"), {})
         accs = [s["test_acc"] for s in by_seed.values()]
         worst = [s["worst_client_acc"] for s in by_seed.values() if s["worst_client_acc"] is not None]
         up = statistics.mean(s["uplink_bytes_total"] for s in by_seed.values())
@@ -187,7 +192,7 @@ def main() -> None:
     rows = table(runs)
     stem = Path(args.out) / f"{datetime.date.today().isoformat()}-{args.tag}"
     write_table(rows, stem, "Federated GCN: accuracy, worst client, uplink bytes",
-                notes=[__doc__.split("\n\n")[1].replace("\n", " ")])
+                notes=[p.replace("\n", " ") for p in __doc__.split("\n\n")[1:4]])
     plot(rows, stem.with_suffix(".png"))
     print(stem.with_suffix(".md").read_text())
 
