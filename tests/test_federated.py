@@ -11,7 +11,6 @@ from commgnn.errors import ConfigError
 from commgnn.federated.config import FedConfig, FederateConfig, FedRuntimeConfig, PolicyRef, UplinkConfig
 from commgnn.federated.dp import DPConfig
 from commgnn.federated.engine import Federation
-from commgnn.federated.model import gcn_operator
 from commgnn.federated.policy import PolicyViolation
 from commgnn.federated.run import federate
 from commgnn.federated.secagg.config import SecAggConfig
@@ -130,7 +129,10 @@ def test_cross_embeddings_in_fp32_make_the_model_exact():
     g, m = fed.graph, fed.model
     params = torch.cat([p.detach().reshape(-1) for p in m.parameters()])
     cross = fed._cross_terms(params, None)
-    adj = gcn_operator(g.edge_index, g.num_nodes)
+    from torch_geometric.nn.conv.gcn_conv import gcn_norm
+
+    ei, w = gcn_norm(g.edge_index, num_nodes=g.num_nodes, add_self_loops=True)  # PyG's operator, independent of ours
+    adj = torch.sparse_coo_tensor(ei.flip(0), w, (g.num_nodes, g.num_nodes))
     with torch.no_grad():
         full = adj @ (F.relu(adj @ (g.x @ m.w1) + m.b1) @ m.w2) + m.b2
         m.eval()

@@ -17,6 +17,7 @@ from commgnn.comm import quant
 from commgnn.federated.config import FedConfig
 from commgnn.federated.model import FedGCN, flat_params, gcn_operator, load_flat
 from commgnn.federated.splits import ClientData
+from commgnn.models.graph import spmm
 
 
 class Client:
@@ -45,7 +46,7 @@ class Client:
         with torch.no_grad():
             if layer == 1:
                 return self.dinv[ids, None] * model.embed(self.data.x[ids])
-            h = F.relu(self.adj @ model.embed(self.x_op) + (cross1 if cross1 is not None else 0.0) + model.b1)
+            h = F.relu(spmm(self.adj, model.embed(self.x_op)) + (cross1 if cross1 is not None else 0.0) + model.b1)
             return self.dinv[ids, None] * (h[ids] @ model.w2)
 
     @staticmethod

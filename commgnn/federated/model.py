@@ -14,33 +14,30 @@ weights and protected (quantised, noised) before they leave. ``C1``, ``C2`` are 
 within the round, so no gradient crosses a client boundary. With fresh fp32 embeddings the
 model equals the whole graph's GCN exactly (evaluation mode).
 
-Written here (not PyG's ``GCNConv``) because the cross term needs the transform split from
-the aggregation; the operator is PyG's ``gcn_norm`` with self-loops of weight 1.
+Written here (not PyG's ``GCNConv``) because the cross terms need the transform split from
+the aggregation; the operator and its kernel are the project's own (``LocalGraph.gcn_adj``,
+``spmm``: PyG's ``gcn_norm`` with self-loops of weight 1).
 """
 
 from __future__ import annotations
 
 import math
-import warnings
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from commgnn.models.graph import CSRPair, LocalGraph, spmm
 
-def gcn_operator(edge_index: Tensor, num_nodes: int, degree: Tensor | None = None) -> Tensor:
-    """``D^-1/2 (A + I) D^-1/2`` as a sparse CSR ``[n, n]``; ``edge_index`` is ``[2, E]``
-    (source, target), ``degree`` the ``[n]`` in-degrees to normalise by (default: ``A``'s)."""
-    src, dst = edge_index
+
+def gcn_operator(edge_index: Tensor, num_nodes: int, degree: Tensor | None = None) -> CSRPair:
+    """``D^-1/2 (A + I) D^-1/2`` over ``[2, E]`` (source, target) edges, normalised by
+    ``degree`` (default: ``A``'s in-degrees): the project's own GCN operator
+    (:meth:`commgnn.models.graph.LocalGraph.gcn_adj`) on a client's whole subgraph."""
     if degree is None:
-        degree = torch.bincount(dst, minlength=num_nodes)
-    dinv = (degree.to(torch.float32) + 1).pow(-0.5)
-    own = torch.arange(num_nodes)
-    rows, cols = torch.cat([dst, own]), torch.cat([src, own])
-    vals = dinv[rows] * dinv[cols]
-    with warnings.catch_warnings():  # "sparse CSR support is in beta": it is what we want
-        warnings.simplefilter("ignore", UserWarning)
-        return torch.sparse_coo_tensor(torch.stack([rows, cols]), vals, (num_nodes, num_nodes)).coalesce().to_sparse_csr()
+        degree = torch.bincount(edge_index[1], minlength=num_nodes)
+    graph = LocalGraph(num_own=num_nodes, num_src=num_nodes, edge_index=edge_index, in_degree=degree)
+    return graph.gcn_adj(torch.float32)
 
 
 class FedGCN(nn.Module):
@@ -61,14 +58,14 @@ class FedGCN(nn.Module):
         """``x W1``: ``[n, F] -> [n, h]`` (what crosses to other clients, before scaling)."""
         return x @ self.w1
 
-    def forward(self, x: Tensor, adj: Tensor, cross: tuple[Tensor, Tensor] | None = None) -> Tensor:
+    def forward(self, x: Tensor, adj: CSRPair, cross: tuple[Tensor, Tensor] | None = None) -> Tensor:
         """``[n_c, F] -> [n_c, classes]`` logits; ``cross`` is ``(C1, C2)`` above or None."""
-        h = adj @ (x @ self.w1)  # no input dropout, as FederatedScope-GNN's GCN
+        h = spmm(adj, x @ self.w1)  # no input dropout, as FederatedScope-GNN's GCN
         if cross is not None:
             h = h + cross[0]
         h = F.relu(h + self.b1)
         h = F.dropout(h, self.dropout, self.training)
-        out = adj @ (h @ self.w2) + self.b2
+        out = spmm(adj, h @ self.w2) + self.b2
         return out + cross[1] if cross is not None else out
 
 
