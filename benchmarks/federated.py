@@ -62,6 +62,8 @@ ENTRIES: dict[str, dict[str, Any]] = {
     "dp eps=8": {**SECURE, "dp": DPConfig(epsilon=8.0)},
     "rank2 4-bit+secagg": {**SECURE, "uplink": UplinkConfig(codec="rank", rank=2, bits=4)},
     "rank2 3-bit+secagg": {**SECURE, "uplink": UplinkConfig(codec="rank", rank=2, bits=3)},
+    "rank2 3-bit+secagg+k4": {"secagg": SecAggConfig(enabled=True, neighbours=4),
+                              "uplink": UplinkConfig(codec="rank", rank=2, bits=3)},
 }
 
 
