@@ -80,7 +80,7 @@ def run_one(path: Path, cfg: FederateConfig) -> dict[str, Any]:
     """Run (or read back) one configuration; each run's summary is kept as JSON."""
     if path.exists():
         return json.loads(path.read_text())
-    out = Federation(cfg, log=lambda _: None).run()
+    out = Federation(cfg).run()
     assert out is not None
     keep = {k: v for k, v in out.items() if k not in ("fairness", "split_stats", "gate")}
     keep["worst10"] = out["fairness"].get("worst10_mean")

@@ -302,7 +302,7 @@ def cmd_federate(ns: argparse.Namespace) -> int:
     federation = None
     if cfg.runtime.parts == 1 and info is None:  # server and clients here: the split is known before training
         torch.set_num_threads(threads_per_rank(cfg.runtime, 1))
-        federation = Federation(cfg, log=(lambda _msg: None) if quiet else print)
+        federation = Federation(cfg)
         preflight(cfg, int(federation.n_clients))
 
     staging = prepare_out_dir(out)

@@ -79,6 +79,7 @@ class Tally:
     """Uplink bytes of the update values alone (no keys, shares or unmasking)."""
     secagg_s: float = 0.0
     train_s: float = 0.0
+    """Seconds of local training of the clients hosted here (all of them in one process)."""
     by_client: dict[int, int] = field(default_factory=dict)
 
     def client(self, c: int, nbytes: int) -> None:
@@ -95,9 +96,8 @@ def _masks(graph: Any, cfg: FederateConfig) -> None:
 class Federation:
     """Server plus clients in one process; :meth:`run` trains and returns the summary."""
 
-    def __init__(self, cfg: FederateConfig, graph: Any = None, *, ctx: DistContext | None = None,
-                 log: Callable[[str], None] = print) -> None:
-        self.cfg, self.log = cfg, log
+    def __init__(self, cfg: FederateConfig, graph: Any = None, *, ctx: DistContext | None = None) -> None:
+        self.cfg = cfg
         fed = cfg.federated
         self.graph = graph if graph is not None else load_dataset(cfg.data)
         _masks(self.graph, cfg)
@@ -382,11 +382,14 @@ class Federation:
         for r in range(fed.rounds):
             if fed.algorithm in ("fedavg", "fedprox"):
                 params = self._round(r, params)
-            elif fed.algorithm == "local":
-                for c, client in self.clients.items():
-                    params[c] = params[c] + client.train(self.model, params[c], cross=None, gen=self.cgen[c])[0]
             else:
-                params = params + self.clients[0].train(self.model, params, cross=None, gen=self.cgen[0])[0]
+                t0 = time.perf_counter()
+                if fed.algorithm == "local":
+                    for c, client in self.clients.items():
+                        params[c] = params[c] + client.train(self.model, params[c], cross=None, gen=self.cgen[c])[0]
+                else:
+                    params = params + self.clients[0].train(self.model, params, cross=None, gen=self.cgen[0])[0]
+                self.tally.train_s += time.perf_counter() - t0
             if (r + 1) % fed.eval_every and r + 1 != fed.rounds:
                 continue
             pred = self._predict(params)
@@ -418,7 +421,8 @@ class Federation:
             "uplink_bytes_total": self.tally.uplink, "uplink_payload_bytes_total": self.tally.payload_uplink,
             "uplink_bytes_per_round": self.tally.uplink / rounds, "downlink_bytes_total": self.tally.downlink,
             "embedding_bytes_total": self.tally.embeddings, "params": self.dim,
-            "secure_agg": cfg.secagg.enabled, "secagg_s": self.tally.secagg_s, "train_s": self.tally.train_s,
+            "secure_agg": cfg.secagg.enabled, "secagg_s": self.tally.secagg_s,
+            "train_s": self.tally.train_s if self.t.world == 1 else None,  # known where every client runs
             "wall_s": wall, "ranks": self.t.world, "fairness": fair, "split_stats": split_stats(g, self.owner), "gate": self.gate.report(),
             "curve": curve,
         }

@@ -25,7 +25,7 @@ def run_rank(info: LaunchInfo, cfg: FederateConfig, result_path: str | None, gra
     """One rank's part; the server (rank 0) returns the summary and, with ``result_path``,
     pickles it there for the launcher."""
     ctx = init_distributed(info, cfg.runtime)
-    summary = Federation(cfg, graph, ctx=ctx, log=lambda _: None).run(on_eval if info.rank == 0 else None)
+    summary = Federation(cfg, graph, ctx=ctx).run(on_eval if info.rank == 0 else None)
     if info.rank == 0 and result_path is not None:
         Path(result_path).write_bytes(pickle.dumps(summary))
     shutdown(ctx)
