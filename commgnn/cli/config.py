@@ -34,6 +34,7 @@ from commgnn.fetch.config import FetchConfig
 from commgnn.metrics.energy import EnergyConfig
 from commgnn.sampling.config import SamplerConfig
 from commgnn.models import ModelConfig
+from commgnn.models.deep import MINIBATCH_REFUSED, PRECOMPUTE_REFUSED
 from commgnn.partition import PartitionConfig, load_meta
 from commgnn.trainers import TrainConfig
 
@@ -62,7 +63,7 @@ class RunConfig:
     data: DataConfig = field(default_factory=DataConfig)
     """``[data]``: which graph and how it is split."""
     partition: PartitionConfig = field(default_factory=PartitionConfig)
-    """``[partition]``: partitioner, objective, seed, or a saved directory."""
+    """``[partition]``: partitioner, objective, seed, or a saved directory; node reorder."""
     model: ModelConfig = field(default_factory=ModelConfig)
     """``[model]``: architecture."""
     train: TrainConfig = field(default_factory=TrainConfig)
@@ -90,6 +91,8 @@ class RunConfig:
         if self.train.mode == "minibatch":
             self._check_minibatch()
         halo = self.comm.halo
+        if self.model.residual != "none" and halo.precompute:
+            raise ConfigError(PRECOMPUTE_REFUSED)
         if self.model.act == "maxk" and halo.staleness.mode != "none":
             raise ConfigError("model.activation = 'maxk' sends halo rows as (index, value) pairs, which do not "
                               "yet combine with comm.halo.staleness; drop one of them")
@@ -108,12 +111,17 @@ class RunConfig:
 
     def _check_minibatch(self) -> None:
         mb = self.minibatch
+        if self.model.residual != "none":
+            raise ConfigError(MINIBATCH_REFUSED)
         if self.model.name != "sage":
             raise ConfigError(f"sampler '{mb.sampler}' does not fit model '{self.model.name}': mini-batch training "
                               f"runs GraphSAGE (model.name = 'sage')")
         if mb.sampler in ("neighbor", "vrgcn") and len(mb.fanout) != self.model.layers:
             raise ConfigError(f"minibatch.fanout has {len(mb.fanout)} entries ({','.join(map(str, mb.fanout))}) but "
                               f"the model has {self.model.layers} layers: give one fan-out per layer")
+        if self.partition.reorder != "none":
+            raise ConfigError(f"partition.reorder = '{self.partition.reorder}' renumbers full-graph partitions; "
+                              f"mini-batch sampling needs them in ascending global id: drop it (reorder = 'none')")
         from commgnn.comm.config import HaloConfig
 
         if self.comm.halo != HaloConfig():
@@ -132,14 +140,19 @@ FLAG_KEYS: dict[str, str] = {
     "heads": "model.heads",
     "activation": "model.activation",
     "maxk_k": "model.maxk_k",
+    "residual": "model.residual",
+    "checkpoint_activations": "model.checkpoint",
     "parts": "runtime.parts",
     "partitioner": "partition.method",
     "objective": "partition.objective",
     "partition_dir": "partition.dir",
     "place_hosts": "partition.hosts",
+    "reorder": "partition.reorder",
+    "partition_memory_gb": "partition.memory_limit_gb",
     "epochs": "train.epochs",
     "lr": "train.lr",
     "optimizer": "train.optimizer",
+    "kernel": "train.kernel",
     "schedule": "train.schedule",
     "normalize_features": "data.normalize_features",
     "patience": "train.patience",

@@ -26,7 +26,10 @@ def _add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--data-root", dest="data_root",
                    help="folder with staged datasets (default: $COMMGNN_DATA_ROOT, else PyG downloads)")
     p.add_argument("--parts", type=int, help="number of partitions / ranks P")
-    p.add_argument("--partitioner", help="metis | random | contiguous")
+    p.add_argument("--partitioner", help="metis | ldg (streaming, about half METIS's memory) | random | contiguous")
+    p.add_argument("--partition-memory-gb", dest="partition_memory_gb", type=float,
+                   help="refuse to partition above this estimated peak, naming a leaner partitioner "
+                        "(0 = available memory)")
     p.add_argument("--objective", help="METIS objective: cut | vol")
     p.add_argument("--place-hosts", dest="place_hosts", type=int,
                    help="place partitions on H hosts of P/H ranks, heaviest halo pairs together")
@@ -126,14 +129,24 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--heads", type=int, help="GAT heads")
     t.add_argument("--activation", help="auto | relu | elu | maxk (MaxK-GNN: k largest per row)")
     t.add_argument("--maxk-k", dest="maxk_k", type=int, help="maxk: entries kept per row")
+    t.add_argument("--residual", choices=("none", "res+"),
+                   help="none | res+ (DeeperGCN pre-activation residual blocks, LayerNorm; --layers counts "
+                        "the blocks)")
+    t.add_argument("--checkpoint-activations", dest="checkpoint_activations", action="store_const", const=True,
+                   help="res+: recompute each block in the backward pass (less memory, same numbers)")
     t.add_argument("--epochs", type=int, help="maximum epochs")
     t.add_argument("--lr", type=float, help="learning rate")
     t.add_argument("--optimizer", help="adam | sgd (with momentum 0.9)")
+    t.add_argument("--kernel", help="CPU aggregation kernels: auto | torch | numba (fused; auto = numba "
+                                    "when installed)")
     t.add_argument("--schedule", help="learning-rate schedule: constant | cosine")
     t.add_argument("--patience", type=int, help="early-stopping patience in epochs (0 = off)")
     t.add_argument("--seed", type=int, help="training seed")
     t.add_argument("--partition-dir", dest="partition_dir",
                    help="use a saved partition directory (default: none, partition in memory)")
+    t.add_argument("--reorder", choices=("none", "degree", "rcm", "metis"),
+                   help="renumber each rank's nodes for cache locality of the aggregation (full-graph "
+                        "mode; same results): none | degree | rcm | metis")
     t.add_argument("--timeout", type=float, help="collective time-out in seconds")
     t.add_argument("--threads", type=int, help="intra-op threads per rank (0 = cores / local ranks)")
     t.add_argument("--port", type=int, help="rendezvous port for local ranks (0 = pick a free one)")

@@ -29,13 +29,16 @@ from commgnn.errors import UserError
 
 MAX_RANKS_PER_CORE = 8
 """Local ranks allowed per core without ``runtime.force`` (the benchmarks run 8 ranks on 2)."""
-PROCESS_BASE_MB = 400.0
-"""Resident memory of one rank before it loads data: Python, torch, PyG and gloo
-(measured here: 320 MB after import, about 380 MB once a process group is up)."""
-ACTIVATION_COPIES = 4
-"""Per-layer ``[rows, hidden]`` tensors alive at the peak: the layer's input (kept for
-backward), the aggregate, the output, and one gradient in flight (fitted against
-``benchmarks/preflight_memory.py``: 6 over-estimated the ranks 1.5-2x)."""
+PROCESS_BASE_MB = 600.0
+"""Resident memory of one rank before its activations: Python, torch, PyG, numba and gloo
+(320 MB after import, about 380 MB once a process group is up) plus the operators and
+buffers built once (CSR pairs, caches)."""
+ACTIVATION_COPIES = 3
+"""Per-layer ``[rows, hidden]`` tensors alive at the peak. Fitted as an upper bound on
+``benchmarks/fullgraph_scale.py`` (GCN aggregating first, 3x128, 4 ranks): the estimate is
+3.96 GB per rank against 3.64 GB measured at 1M nodes / 20M edges, and 1.11 GB against
+1.07 GB (SAGE) at 100k nodes. (4 copies and a 400 MB base over-estimated 1M-node ranks
+1.6-1.8x: the launcher refused a job that fits.)"""
 
 
 def check_rank_count(parts: int, *, force: bool, cores: int | None = None) -> None:
@@ -57,23 +60,32 @@ class MemoryEstimate:
     CSR and the partitions it builds and saves before the ranks start."""
     per_rank: tuple[float, ...]
     """``[P]``: each rank's interpreter, partition, activations and halo buffers."""
+    launcher_resident: float = PROCESS_BASE_MB * 2**20
+    """What the launcher keeps while the ranks run: it frees the graph and the partitions
+    before it starts them (measured: 270-290 MB resident beside 1M-node ranks)."""
 
     @property
     def total(self) -> float:
-        return self.launcher + sum(self.per_rank)
+        """The larger of the launcher's own peak (before any rank starts) and what the launcher
+        and all ranks hold together afterwards."""
+        return max(self.launcher, self.launcher_resident + sum(self.per_rank))
 
     def describe(self) -> str:
         gb = 1e9
-        return (f"{self.total / gb:.1f} GB (launcher {self.launcher / gb:.1f} GB + {len(self.per_rank)} ranks "
-                f"x up to {max(self.per_rank) / gb:.2f} GB)")
+        return (f"{self.total / gb:.1f} GB (launcher {self.launcher / gb:.1f} GB at its peak, then "
+                f"{self.launcher_resident / gb:.1f} GB + {len(self.per_rank)} ranks x up to "
+                f"{max(self.per_rank) / gb:.2f} GB)")
 
 
 def estimate_memory(*, num_nodes: int, num_edges: int, num_features: int, num_classes: int,
-                    report: dict[str, Any], layers: int, hidden: int, dtype_bytes: int = 4) -> MemoryEstimate:
+                    report: dict[str, Any], layers: int, hidden: int, dtype_bytes: int = 4,
+                    partitions_built: bool = True) -> MemoryEstimate:
     """The memory model of the module docstring, from the partition report's per-rank counts.
 
     Per rank ``r``: rows ``n_r = nodes[r] + halo_in[r]``; partition ``n_r F b + 16 e_r``
     (features, int64 edges); activations ``6 L n_r H b``; halo buffers ``2 (in + out) H b``.
+    ``partitions_built = False``: the launcher loads a saved partition directory and runs
+    neither METIS nor the partition builder.
     """
     b = dtype_bytes
     graph = num_nodes * (num_features * b + 8 + 3) + num_edges * 16
@@ -81,6 +93,8 @@ def estimate_memory(*, num_nodes: int, num_edges: int, num_features: int, num_cl
     P = len(report["nodes"])
     halo_rows = sum(report["halo_in"])
     parts_built = (num_nodes + halo_rows) * num_features * b + 2 * num_edges * 16
+    if not partitions_built:
+        metis = parts_built = 0
     per_rank = []
     for r in range(P):
         rows = report["nodes"][r] + report["halo_in"][r]

@@ -30,6 +30,7 @@ from commgnn.metrics import Meter
 from commgnn.metrics.energy import EnergyMeter, energy_summary
 from commgnn.models.byo import message_passing_layers
 from commgnn.partition import LocalPartition
+from commgnn.partition.reorder import reorder_for_locality
 from commgnn.report import EpochProgress, MetricsLog, print_summary, summarise, write_json
 from commgnn.trainers import FullGraphTrainer
 from commgnn.trainers.minibatch import MiniBatchTrainer
@@ -80,6 +81,10 @@ def run_rank(ctx: DistContext, cfg: RunConfig, part: LocalPartition, out: Path, 
     meter = Meter(ctx, len(message_passing_layers(module)) if module is not None else cfg.model.layers)
     hooks.subscribe(meter)
     trainer: FullGraphTrainer
+    if cfg.train.mode != "minibatch":  # mini-batch sampling needs ascending ids (the config refuses a reorder)
+        # Once, before the model's operators are built; every later use of owned rows
+        # (evaluation, predictions.pt, checkpoints) goes through part.global_ids or the trainer.
+        part = reorder_for_locality(part, cfg.partition.reorder)
     if cfg.train.mode == "minibatch":
         trainer = MiniBatchTrainer(ctx, part, cfg.model, cfg.train, hooks, sampler_cfg=cfg.minibatch,
                                    fetch_cfg=cfg.fetch, comm_cfg=cfg.comm)

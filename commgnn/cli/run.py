@@ -63,7 +63,8 @@ def _manifest(cfg: RunConfig, data: Any, fp: str, report: dict[str, Any], torchr
                     "num_features": int(data.x.shape[1]), "num_classes": int(data.num_classes_total),
                     **getattr(data, "graph_notes", {})},
         "partition": {"method": cfg.partition.method, "objective": cfg.partition.objective,
-                      "seed": cfg.partition.seed, "dir": cfg.partition.dir, "report": report},
+                      "seed": cfg.partition.seed, "dir": cfg.partition.dir, "reorder": cfg.partition.reorder,
+                      "report": report},
         "launch": {"parts": cfg.runtime.parts, "torchrun": torchrun, "backend": cfg.runtime.backend},
     }
 
@@ -109,7 +110,8 @@ def _preflight_memory(cfg: RunConfig, data: Any, report: dict[str, Any]) -> None
     est = estimate_memory(num_nodes=int(data.num_nodes), num_edges=int(data.edge_index.shape[1]),
                           num_features=int(data.x.shape[1]), num_classes=int(data.num_classes_total),
                           report=report, layers=cfg.model.layers, hidden=cfg.model.hidden,
-                          dtype_bytes=8 if cfg.train.dtype == "float64" else 4)
+                          dtype_bytes=8 if cfg.train.dtype == "float64" else 4,
+                          partitions_built=not cfg.partition.dir)
     check_memory(est, limit_gb=cfg.runtime.memory_limit_gb)
 
 

@@ -33,8 +33,10 @@ SAMPLED_MODELS = ("sage",)
 class BlockGraph:
     """A block seen as the ``graph`` argument of a layer's ``combine``."""
 
-    def __init__(self, block: Block) -> None:
+    def __init__(self, block: Block, kernel: str = "torch") -> None:
+        """``kernel``: the SpMM that runs its products (:data:`commgnn.models.graph.KERNELS`)."""
         self.block = block
+        self.kernel = kernel
         self._pair: dict[torch.dtype, CSRPair] = {}
 
     def mean_adj(self, dtype: torch.dtype) -> CSRPair:
@@ -42,7 +44,7 @@ class BlockGraph:
         if dtype not in self._pair:
             b = self.block
             src, dst = b.edge_index
-            self._pair[dtype] = CSRPair.build(dst, src, b.weight.to(dtype), (b.num_dst, b.num_src))
+            self._pair[dtype] = CSRPair.build(dst, src, b.weight.to(dtype), (b.num_dst, b.num_src), self.kernel)
         return self._pair[dtype]
 
 

@@ -16,7 +16,9 @@ class ModelConfig:
     name: Literal["gcn", "sage", "gat"] = "gcn"
     """Layer type: GCN (symmetric normalisation), GraphSAGE (mean) or GAT (multi-head)."""
     layers: int = 2
-    """Number of message-passing layers L (each one halo exchange forward and back)."""
+    """Number of message-passing layers L (each one halo exchange forward and back); with
+    ``residual = "res+"`` the number of residual blocks (the encoder and decoder are extra,
+    row-local linear maps)."""
     hidden: int = 64
     """Hidden width; for GAT the concatenated width of all heads (per-head = hidden / heads)."""
     dropout: float = 0.5
@@ -31,6 +33,17 @@ class ModelConfig:
     largest entries (MaxK-GNN), and then halo rows travel as k (index, value) pairs."""
     maxk_k: int = 32
     """maxk: entries kept per row (at most ``hidden``)."""
+    residual: Literal["none", "res+"] = "none"
+    """``none``: the plain stack of ``layers`` graph convolutions. ``res+``: DeeperGCN's
+    pre-activation residual blocks (:class:`commgnn.models.deep.ResPlusGNN`): a linear
+    encoder ``F -> hidden``, ``layers`` blocks ``h = h + conv(dropout(act(norm(h))))`` of
+    hidden width (GCN or SAGE, LayerNorm) and a linear decoder ``hidden -> C``; ``layers``
+    still counts graph convolutions, hence halo exchanges."""
+    checkpoint: bool = False
+    """``res+``: activation checkpointing of every residual block (``torch.utils.checkpoint``,
+    non-reentrant): a block keeps only its input and its received halo rows, and is
+    recomputed in the backward pass from those (no second exchange). Less memory, more
+    compute; the same numbers."""
 
     @property
     def act(self) -> str:
@@ -53,3 +66,11 @@ class ModelConfig:
         if self.name == "gat" and self.hidden % self.heads:
             raise ConfigError(f"model.hidden ({self.hidden}) must be divisible by model.heads "
                               f"({self.heads}) for GAT")
+        if self.residual not in ("none", "res+"):
+            raise ConfigError(f"model.residual must be 'none' or 'res+', got {self.residual!r}")
+        if self.residual == "res+" and self.name == "gat":
+            raise ConfigError("model.residual = 'res+' builds its blocks from GCN or GraphSAGE layers; "
+                              "use model.name = 'gcn' or 'sage', or residual = 'none' for GAT")
+        if self.checkpoint and self.residual == "none":
+            raise ConfigError("model.checkpoint recomputes residual blocks in the backward pass and the plain "
+                              "model has none: set model.residual = 'res+' or drop model.checkpoint")

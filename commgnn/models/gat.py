@@ -8,7 +8,9 @@ With ``X' = H W^T`` viewed as ``[n_src, heads, C]`` and self loops on owned node
 
 Every in-edge of an owned node is local, so the softmax is exact. Parameters are named
 ``lin.weight``, ``att_src``, ``att_dst``, ``bias`` as in PyG. Edge-wise gather/scatter
-(``torch_geometric.utils.softmax`` and ``index_add_``) does the attention. The message is
+(``torch_geometric.utils.softmax`` and ``index_add_``) does the attention, or, on a graph
+with ``kernel = "numba"``, the fused kernel :func:`commgnn.kernels.gat_attend` (not with
+attention dropout in training, which needs the per-edge coefficients in torch). The message is
 ``H`` or, with ``transform_first`` when ``heads C < d_in``, ``X'`` itself (the attention
 needs nothing else of a source row). ``precompute`` keeps the constant input's halo rows.
 """
@@ -20,6 +22,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch_geometric.utils import softmax
 
+from commgnn import kernels
 from commgnn.models.graph import LocalGraph
 from commgnn.models.sparse import Projector, dense_proj
 
@@ -57,6 +60,11 @@ class GATLayer(nn.Module):
         x = xw.view(-1, self.heads, self.out_dim)
         a_src = (x * self.att_src).sum(-1)                                # [n_src, H]
         a_dst = (x[:n_own] * self.att_dst).sum(-1)                        # [n_own, H]
+        fused = graph.fused_attention()
+        if fused is not None and not (self.training and self.attn_dropout > 0):
+            out = kernels.gat_attend(x, a_src, a_dst, fused)
+            out = out.reshape(n_own, -1) if self.concat else out.mean(dim=1)
+            return out + self.bias
         src, dst = graph.edges_with_self_loops()
         e = F.leaky_relu(a_src[src] + a_dst[dst], 0.2)                    # [E, H]
         alpha = softmax(e, dst, num_nodes=n_own)

@@ -9,6 +9,17 @@ PyG, so a state dict loads into either.
 What crosses the cut is the layer's *message*: ``H`` itself, or with ``transform_first``
 (when ``d_out < d_in``) the narrower ``H W^T``: the same numbers, since ``W`` acts row by
 row. ``precompute`` aggregates the (constant) input once: ``(A_hat X) W^T`` = ``A_hat (X W^T)``.
+
+Locally, the same associativity picks the cheaper order. A rank has ``n_src = n_own +
+n_halo`` source rows (on a large cut graph ``n_halo`` exceeds ``n_own`` several times), and
+transforming first multiplies all of them and keeps them for the weight's gradient::
+
+    transform first:  n_src d_in d_out + nnz d_out  flops, saves [n_src, d_in]
+    aggregate first:  nnz d_in + n_own d_in d_out   flops, saves [n_own, d_in]
+
+so dense rows are aggregated first whenever that costs fewer flops (always when
+``d_in <= d_out``). A sparse input pattern is transformed first: its few non-zeros are
+cheaper to multiply than its dense aggregate.
 """
 
 from __future__ import annotations
@@ -36,8 +47,16 @@ class GCNLayer(nn.Module):
                 proj_own: Projector = dense_proj) -> Tensor:
         """``[n_src, d_msg]`` messages of owned+halo rows -> ``[n_own, d_out]``. The projectors
         compute ``rows W^T`` (dense, or on a sparse input pattern)."""
-        xw = m_src if self.transform_first else proj_src(m_src, self.lin.weight)
-        return spmm(graph.gcn_adj(xw.dtype), xw) + self.bias
+        adj = graph.gcn_adj(m_src.dtype)
+        if self.transform_first:
+            return spmm(adj, m_src) + self.bias
+        if proj_src is dense_proj and self._aggregate_first(graph.num_own, m_src.shape[0], adj.a.values().numel()):
+            return dense_proj(spmm(adj, m_src), self.lin.weight) + self.bias
+        return spmm(adj, proj_src(m_src, self.lin.weight)) + self.bias
+
+    def _aggregate_first(self, n_own: int, n_src: int, nnz: int) -> bool:
+        d_out, d_in = self.lin.weight.shape
+        return nnz * d_in + n_own * d_in * d_out <= n_src * d_in * d_out + nnz * d_out
 
     def precompute(self, x_src: Tensor, graph: LocalGraph) -> Tensor:
         """``A_hat X``: ``[n_own, d_in]``, computed once for a constant input."""

@@ -10,6 +10,10 @@ sparse-dense product with a rectangular CSR matrix ``A: [n_own, n_src]``:
 (techniques.md section 8), and its backward ``grad_X = A^T grad_out`` runs the same kernel
 on a transpose kept in CSR, built once (:class:`SpMM`), instead of autograd's slower
 generic sparse backward.
+
+``kernel = "numba"`` runs the same products through the fused CSR loop of
+:mod:`commgnn.kernels` (CPU tensors; torch's kernel elsewhere, and whenever numba is
+absent), and GAT's attention through its fused kernel.
 """
 
 from __future__ import annotations
@@ -21,11 +25,25 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from commgnn import kernels
+
 
 def _csr(rows: Tensor, cols: Tensor, vals: Tensor, shape: tuple[int, int]) -> Tensor:
     with warnings.catch_warnings():  # torch's "CSR support is in beta" notice, once per build
         warnings.simplefilter("ignore", UserWarning)
         return torch.sparse_coo_tensor(torch.stack([rows, cols]), vals, shape).coalesce().to_sparse_csr()
+
+
+Kernel = str
+"""``"torch"`` (``torch.sparse.mm``) or ``"numba"`` (:mod:`commgnn.kernels`)."""
+KERNELS = ("torch", "numba")
+
+
+def _product(a: Tensor, x: Tensor, kernel: Kernel) -> Tensor:
+    """``a @ x`` for CSR ``a: [m, n]`` and dense ``x: [n, f]``."""
+    if kernel == "numba" and x.device.type == "cpu" and kernels.available():
+        return kernels.csr_spmm(a.crow_indices(), a.col_indices(), a.values(), x, a.shape[0])
+    return torch.sparse.mm(a, x, reduce="sum")
 
 
 @dataclass
@@ -34,21 +52,24 @@ class CSRPair:
 
     a: Tensor
     at: Tensor
+    kernel: Kernel = "torch"
+    """Which SpMM runs the products (see :data:`KERNELS`)."""
 
     @staticmethod
-    def build(rows: Tensor, cols: Tensor, vals: Tensor, shape: tuple[int, int]) -> "CSRPair":
-        return CSRPair(_csr(rows, cols, vals, shape), _csr(cols, rows, vals, (shape[1], shape[0])))
+    def build(rows: Tensor, cols: Tensor, vals: Tensor, shape: tuple[int, int],
+              kernel: Kernel = "torch") -> "CSRPair":
+        return CSRPair(_csr(rows, cols, vals, shape), _csr(cols, rows, vals, (shape[1], shape[0])), kernel)
 
 
 class _SpMMFn(torch.autograd.Function):
     @staticmethod
     def forward(fctx: Any, x: Tensor, pair: CSRPair) -> Tensor:  # type: ignore[override]
         fctx.pair = pair
-        return torch.sparse.mm(pair.a, x, reduce="sum")
+        return _product(pair.a, x, pair.kernel)
 
     @staticmethod
     def backward(fctx: Any, grad: Tensor) -> tuple[Tensor, None]:  # type: ignore[override]
-        return torch.sparse.mm(fctx.pair.at, grad.contiguous(), reduce="sum"), None
+        return _product(fctx.pair.at, grad.contiguous(), fctx.pair.kernel), None
 
 
 def spmm(pair: CSRPair, x: Tensor) -> Tensor:
@@ -70,6 +91,8 @@ class LocalGraph:
     """``[2, E]`` local edges, sources in ``[0, num_src)``, targets in ``[0, num_own)``."""
     in_degree: Tensor
     """``[num_src]`` global in-degree of every source row (no self loops)."""
+    kernel: Kernel = "torch"
+    """Aggregation kernel: ``torch`` or ``numba`` (fused CPU loops, :mod:`commgnn.kernels`)."""
     _cache: dict[Any, Any] = field(default_factory=dict, repr=False)
 
     def gcn_adj(self, dtype: torch.dtype) -> CSRPair:
@@ -94,7 +117,8 @@ class LocalGraph:
     def _pair(self, name: str, dtype: torch.dtype, entries: Any) -> CSRPair:
         if (name, dtype) not in self._cache:
             rows, cols, vals = entries()
-            self._cache[name, dtype] = CSRPair.build(rows, cols, vals.to(dtype), (self.num_own, self.num_src))
+            self._cache[name, dtype] = CSRPair.build(rows, cols, vals.to(dtype), (self.num_own, self.num_src),
+                                                     self.kernel)
         return self._cache[name, dtype]
 
     def edges_with_self_loops(self) -> Tensor:
@@ -103,3 +127,13 @@ class LocalGraph:
             own = torch.arange(self.num_own, device=self.edge_index.device)
             self._cache["loops"] = torch.cat([self.edge_index, torch.stack([own, own])], dim=1)
         return self._cache["loops"]
+
+    def fused_attention(self) -> "kernels.AttentionGraph | None":
+        """The self-looped edges as the fused GAT kernel's CSR pair, or ``None`` when this
+        graph runs the torch kernel (or numba is absent)."""
+        if self.kernel != "numba" or not kernels.available() or self.edge_index.device.type != "cpu":
+            return None
+        if "attention" not in self._cache:
+            self._cache["attention"] = kernels.AttentionGraph.build(self.edges_with_self_loops(),
+                                                                   self.num_own, self.num_src)
+        return self._cache["attention"]

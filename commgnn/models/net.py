@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from commgnn.comm.halo import HaloExchange
+from commgnn.errors import ConfigError
 from commgnn.models.config import ModelConfig
 from commgnn.models.gat import GATLayer
 from commgnn.models.gcn import GCNLayer
@@ -56,18 +57,25 @@ def activation(cfg: ModelConfig, h: Tensor) -> Tensor:
 
 def maxk_message_layers(cfg: ModelConfig, in_dim: int, num_classes: int, transform_first: bool) -> set[int]:
     """Layers whose halo message is a MaxK output (hence k-sparse): every layer after the
-    first, unless transform-first sends its narrower product instead (GAT always does)."""
+    first, unless transform-first sends its narrower product instead (GAT always does).
+    In a res+ model every block's message is ``dropout(maxk(norm(h)))``: all layers."""
     if cfg.act != "maxk" or cfg.name == "gat":
         return set()
+    if cfg.residual == "res+":
+        return set(range(cfg.layers))
     dims = layer_dims(cfg, in_dim, num_classes)
     return {i for i in range(1, len(dims)) if not (transform_first and dims[i][1] < dims[i][0])}
 
 
 class PartitionGNN(nn.Module):
-    """GCN / GraphSAGE / GAT over a rank's partition plus its halo."""
+    """GCN / GraphSAGE / GAT over a rank's partition plus its halo (``model.residual = "none"``;
+    the res+ model is :class:`commgnn.models.deep.ResPlusGNN`)."""
 
     def __init__(self, cfg: ModelConfig, in_dim: int, num_classes: int, *,
                  transform_first: bool = False) -> None:
+        if cfg.residual != "none":  # never build the plain stack for a residual config silently
+            raise ConfigError(f"PartitionGNN is the plain stack; model.residual = {cfg.residual!r} is built by "
+                              f"commgnn.models.deep.ResPlusGNN")
         super().__init__()
         self.cfg = cfg
         self.convs = nn.ModuleList()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import psutil
 from torch import Tensor
 
 from commgnn.errors import PartitionError
@@ -23,6 +24,39 @@ def partition_graph(edge_index: Tensor, num_nodes: int, num_parts: int, cfg: Par
     if num_parts > num_nodes:
         raise PartitionError(f"cannot split {num_nodes} nodes into {num_parts} partitions")
     edge_index = check_edge_index(edge_index, num_nodes)
+    check_partition_memory(cfg, num_nodes, int(edge_index.shape[1]))
     parts = PARTITIONERS.get(cfg.method)(edge_index, num_nodes, num_parts, cfg)
     # Strategies are trusted but checked: a bad assignment would surface much later as a hang.
     return check_parts(parts, num_nodes, num_parts)
+
+
+BYTES_PER_EDGE = {"metis": 120, "ldg": 60, "random": 0, "contiguous": 0}
+"""Peak memory a partitioner adds per directed input edge, beyond the graph itself
+(measured on the synthetic CSBM, ``benchmarks/results/*-fullgraph-scale.md``: METIS's
+symmetrised, deduplicated input plus its own structures; LDG's int32 adjacency)."""
+BYTES_PER_NODE = 64
+"""Per-node arrays (parts, degrees, CSR offsets), any partitioner."""
+
+
+def partition_memory_gb(method: str, num_nodes: int, num_edges: int) -> float:
+    """Estimated peak memory (GB) that partitioning adds to the loaded graph."""
+    return (BYTES_PER_EDGE.get(method, BYTES_PER_EDGE["metis"]) * num_edges + BYTES_PER_NODE * num_nodes) / 2**30
+
+
+def _size(gb: float) -> str:
+    return f"{gb:.1f} GB" if gb >= 1 else f"{gb * 1024:.0f} MB"
+
+
+def check_partition_memory(cfg: PartitionConfig, num_nodes: int, num_edges: int) -> None:
+    """Refuse, before allocating, a partitioning whose estimate exceeds ``cfg.memory_limit_gb``
+    (0: the memory available now), naming the leaner strategy that would fit: an
+    out-of-memory kill would leave nothing to read."""
+    cap = cfg.memory_limit_gb or psutil.virtual_memory().available / 2**30
+    need = partition_memory_gb(cfg.method, num_nodes, num_edges)
+    if need <= cap:
+        return
+    lean = [m for m in ("ldg", "random") if partition_memory_gb(m, num_nodes, num_edges) <= cap]
+    hint = (f"use --partitioner {lean[0]} (about {_size(partition_memory_gb(lean[0], num_nodes, num_edges))})"
+            if lean else "partition on a machine with more memory and pass --partition-dir")
+    raise PartitionError(f"partitioning {num_edges:,} edges with {cfg.method} needs about {_size(need)}, over "
+                         f"the {_size(cap)} cap (partition.memory_limit_gb); {hint}")

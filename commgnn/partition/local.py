@@ -2,7 +2,10 @@
 
 Local numbering on rank ``r`` (``n_own`` owned nodes, ``n_halo`` halo nodes):
 
-* rows ``0 .. n_own-1`` are the owned nodes, in ascending global id;
+* rows ``0 .. n_own-1`` are the owned nodes, in ascending global id, unless
+  ``partition.reorder`` is set: full-graph training then renumbers them once for locality
+  (:mod:`commgnn.partition.reorder`) and ``global_ids`` is a permutation, not ascending
+  (partition directories on disk are always ascending);
 * rows ``n_own .. n_own+n_halo-1`` are the halo nodes (nodes of other partitions with
   an edge into an owned node), grouped by owner rank in ascending rank order and, within
   one owner, in ascending global id.
@@ -10,7 +13,8 @@ Local numbering on rank ``r`` (``n_own`` owned nodes, ``n_halo`` halo nodes):
 Because both sides order a peer's rows by global id, the owner's ``send_index`` block for
 peer ``q`` lines up row for row with ``q``'s halo block for the owner: one
 ``all_to_all_single`` with ``send_counts`` / ``recv_counts`` as splits moves exactly the
-halo rows, and nothing else (no ids are exchanged at run time).
+halo rows, and nothing else (no ids are exchanged at run time). A reorder renumbers the
+``send_index`` entries but keeps their order, so this alignment survives it.
 """
 
 from __future__ import annotations
@@ -34,14 +38,15 @@ class LocalPartition:
     num_classes: int
     """Number of label classes of the whole graph."""
     global_ids: Tensor
-    """``[n_own]`` int64, global ids of the owned nodes, ascending."""
+    """``[n_own]`` int64, global ids of the owned nodes (row ``i`` is node ``global_ids[i]``),
+    ascending unless the rows were reordered (:func:`~commgnn.partition.reorder.reorder_partition`)."""
     halo_global_ids: Tensor
     """``[n_halo]`` int64, global ids of the halo nodes, ordered by (owner rank, global id)."""
     recv_counts: list[int]
     """``[P]``: halo rows received from each peer (entry ``rank`` is 0)."""
     send_index: Tensor
     """``[sum(send_counts)]`` int64, owned row indices to send, concatenated by destination
-    peer in rank order; within a peer, ascending global id."""
+    peer in rank order; within a peer, ascending global id of the rows' nodes."""
     send_counts: list[int]
     """``[P]``: rows sent to each peer (entry ``rank`` is 0)."""
     edge_index: Tensor

@@ -7,6 +7,7 @@ from typing import Literal
 
 import torch
 
+from commgnn import kernels
 from commgnn.config import fraction, positive
 from commgnn.errors import ConfigError
 
@@ -22,6 +23,14 @@ _DTYPE_MAX = {"float32": float(torch.finfo(torch.float32).max), "float64": float
 @dataclass(frozen=True, kw_only=True)
 class TrainConfig:
     """Optimisation and stopping."""
+
+    @property
+    def resolved_kernel(self) -> str:
+        """The kernel in force: ``auto`` resolved against what is installed."""
+        if self.kernel == "auto":
+            return "numba" if kernels.available() else "torch"
+        return self.kernel
+
 
     mode: Literal["fullgraph", "minibatch"] = "fullgraph"
     """``fullgraph``: one step per epoch on the whole graph (exact halo exchange and its
@@ -52,8 +61,18 @@ class TrainConfig:
     """Compute the first layer's linear maps on the input's non-zero pattern
     (:mod:`commgnn.models.sparse`); ``auto`` = when under 10% of the input is non-zero.
     Changes only compute, not what is sent."""
+    kernel: Literal["auto", "torch", "numba"] = "auto"
+    """Aggregation kernels on CPU: ``torch`` (``torch.sparse.mm`` and PyG's edge softmax),
+    ``numba`` (the fused loops of :mod:`commgnn.kernels`; needs ``pip install
+    commgnn[kernels]``), ``auto`` = numba when it is installed. Changes only compute (and
+    summation order), not what is sent."""
 
     def __post_init__(self) -> None:
+        if self.kernel not in ("auto", "torch", "numba"):
+            raise ConfigError(f"train.kernel must be 'auto', 'torch' or 'numba', got {self.kernel!r}")
+        if self.kernel == "numba" and not kernels.available():
+            raise ConfigError("train.kernel = 'numba' needs numba: pip install 'commgnn[kernels]' "
+                              "(or set train.kernel = 'auto' to fall back to torch)")
         if self.mode not in ("fullgraph", "minibatch"):
             raise ConfigError(f"train.mode must be 'fullgraph' or 'minibatch', got {self.mode!r}")
         positive("train.epochs", self.epochs)

@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.utils import vector_to_parameters
 
+from commgnn import kernels
 from commgnn.comm.allreduce import counted_all_reduce
 from commgnn.comm.alltoall import AllToAllHalo
 from commgnn.comm.build import build_grad_sync, build_halo
@@ -35,6 +36,7 @@ from commgnn.errors import ConfigError
 from commgnn.models.config import ModelConfig
 from commgnn.models.graph import LocalGraph
 from commgnn.models.byo import DistributedModel
+from commgnn.models.deep import MINIBATCH_REFUSED, PRECOMPUTE_REFUSED, ResPlusGNN
 from commgnn.models.net import PartitionGNN, maxk_message_layers
 from commgnn.partition.local import LocalPartition
 from commgnn.trainers.config import TrainConfig
@@ -72,13 +74,16 @@ def halo_plan(part: LocalPartition) -> HaloPlan:
                     recv_counts=list(part.recv_counts))
 
 
-def local_graph(part: LocalPartition) -> LocalGraph:
+def local_graph(part: LocalPartition, kernel: str = "torch") -> LocalGraph:
+    if kernel == "numba":  # compiled loops use as many threads as torch's own kernels
+        kernels.set_threads(torch.get_num_threads())
     return LocalGraph(num_own=part.num_owned, num_src=part.num_owned + part.num_halo,
-                      edge_index=part.edge_index, in_degree=part.in_degree)
+                      edge_index=part.edge_index, in_degree=part.in_degree, kernel=kernel)
 
 
 class FullGraphTrainer:
-    """Trains a :class:`PartitionGNN` on one rank's partition; all ranks run it in lockstep."""
+    """Trains a :class:`PartitionGNN` (or, for ``model.residual = "res+"``, a
+    :class:`ResPlusGNN`) on one rank's partition; all ranks run it in lockstep."""
 
     def __init__(self, ctx: DistContext, part: LocalPartition, model_cfg: ModelConfig,
                  train_cfg: TrainConfig, hooks: Hooks, *, comm_cfg: CommConfig | None = None,
@@ -92,9 +97,15 @@ class FullGraphTrainer:
         dtype = _DTYPES[train_cfg.dtype]
         self.part = part.to(ctx.device)
         self.x = self.part.x.to(dtype)
-        self.graph = local_graph(self.part)
+        self.graph = local_graph(self.part, train_cfg.resolved_kernel)
         plan = halo_plan(self.part)
         byo = None
+        if module is None and model_cfg.residual != "none":
+            # Refused before any collective is set up, identically on every rank.
+            if halo_cfg.precompute:
+                raise ConfigError(PRECOMPUTE_REFUSED)
+            if type(self)._forward_module is not FullGraphTrainer._forward_module:  # mini-batch's block models
+                raise ConfigError(MINIBATCH_REFUSED)
         if module is not None:
             if halo_cfg.precompute:
                 raise ConfigError("comm.halo.precompute is not available with your own model (it needs "
@@ -118,8 +129,9 @@ class FullGraphTrainer:
             self.model = byo
             byo.setup(self.graph, self.eval_halo)  # GCNConv's global degrees: a collective, if needed
         else:
-            self.model = PartitionGNN(model_cfg, part.x.shape[1], part.num_classes,
-                                      transform_first=halo_cfg.transform_first).to(ctx.device, dtype)
+            model_cls = ResPlusGNN if model_cfg.residual == "res+" else PartitionGNN
+            self.model = model_cls(model_cfg, part.x.shape[1], part.num_classes,
+                                   transform_first=halo_cfg.transform_first).to(ctx.device, dtype)
             if halo_cfg.precompute:
                 self.model.precompute(self.x, self.graph, self.eval_halo)
             if self._sparse_input(train_cfg.sparse_input):

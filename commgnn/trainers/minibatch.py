@@ -187,7 +187,7 @@ class MiniBatchTrainer(FullGraphTrainer):
         params = list(self.model.parameters())
         for batch, rows in self._batches():
             self.optimizer.zero_grad(set_to_none=True)
-            out = self.net(rows, batch) if self.vr else self.net(rows, batch, _graphs(batch))
+            out = self.net(rows, batch) if self.vr else self.net(rows, batch, _graphs(batch, self.graph.kernel))
             tgt = batch.target
             labels = self.part.y[self.row[batch.output_nodes[tgt]]]
             ce = F.cross_entropy(out[tgt], labels, reduction="none")
@@ -268,11 +268,11 @@ class MiniBatchTrainer(FullGraphTrainer):
             _remote_gen(self.sampler).set_state(mb["remote_gen"])  # type: ignore[union-attr]
 
 
-def _graphs(batch: MiniBatch) -> list[BlockGraph]:
+def _graphs(batch: MiniBatch, kernel: str = "torch") -> list[BlockGraph]:
     """One :class:`BlockGraph` per distinct block (subgraph samplers repeat one block per
     layer: its CSR is built once)."""
     made: dict[int, BlockGraph] = {}
-    return [made.setdefault(id(b.edge_index), BlockGraph(b)) for b in batch.blocks]
+    return [made.setdefault(id(b.edge_index), BlockGraph(b, kernel)) for b in batch.blocks]
 
 
 def _remote_source(sampler: Any) -> RemoteNeighbors | None:
