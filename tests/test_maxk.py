@@ -41,12 +41,13 @@ def test_maxk_settings_are_checked():
     assert ModelConfig(name="gat").act == "elu" and ModelConfig(activation="maxk").act == "maxk"
 
 
-def exchange_rank(ctx, k: int, bits: int, rate: float = 1.0):
-    """Dense and sparse exchange of the same MaxK rows on every rank: values and gradients."""
+def exchange_rank(ctx, k: int, bits: int, rate: float = 1.0, base: int = 7):
+    """Dense and sparse exchange of the same MaxK rows on every rank: values and gradients.
+    Rank r sends ``base + q`` rows to peer q (``base = 0``: rank 0 receives none)."""
     g = torch.Generator().manual_seed(10 + ctx.rank)
     P, n, d = ctx.world_size, 30, 64
-    counts = [0 if q == ctx.rank else 7 + q for q in range(P)]
-    recv = [0 if q == ctx.rank else 7 + ctx.rank for q in range(P)]
+    counts = [0 if q == ctx.rank else base + q for q in range(P)]
+    recv = [0 if q == ctx.rank else base + ctx.rank for q in range(P)]
     plan = HaloPlan(send_index=torch.randint(0, n, (sum(counts),), generator=g), send_counts=counts,
                     recv_counts=recv)
     raw = torch.randn(n, d, generator=g)
@@ -83,6 +84,22 @@ def test_the_sparse_exchange_equals_the_dense_exchange_of_the_masked_rows(tmp_pa
         assert dense["sent"]["halo_fwd"] == rows_out * 4 * d
         rows_back = 2 * (7 + r)  # the gradients of the rows it received, k values each
         assert sparse["sent"]["halo_bwd"] == rows_back * 4 * k and dense["sent"]["halo_bwd"] == rows_back * 4 * d
+
+
+@pytest.mark.timeout(120)
+def test_a_rank_with_no_rows_to_send_takes_part(tmp_path):
+    """Rank 1 sends nothing and rank 0 receives nothing (an empty payload must still enter
+    the collective), at fp32 and 8-bit values."""
+    from helpers import run_on_ranks
+
+    for bits in (32, 8):
+        (tmp_path / str(bits)).mkdir()
+        res = run_on_ranks(exchange_rank, 2, tmp_path / str(bits), 8, bits, 1.0, 0, timeout_s=90)
+        assert res[0]["sparse"]["halo"].shape == (0, 64) and res[1]["sparse"]["halo"].shape == (1, 64)
+        dense, sparse = res[1]["dense"]["halo"], res[1]["sparse"]["halo"]
+        rng = (dense.max(1).values - dense.min(1).values).clamp_min(1e-12)
+        assert ((sparse - dense).abs().max(1).values <= (0 if bits == 32 else rng / 255 + 1e-6)).all()
+        assert torch.equal(res[0]["sparse"]["grad"] != 0, res[0]["dense"]["grad"] != 0)
 
 
 @pytest.mark.timeout(120)

@@ -128,12 +128,13 @@ class AdaptiveQuantized(Wrapper):
         # receivers must decode with the sender's widths: column q of my table goes to q
         K, P = self.send_bits.shape
         if self.ctx.is_distributed:
-            send = self.send_bits.t().contiguous().reshape(-1).to(torch.uint8)
+            # on the collective's device: NCCL takes no CPU tensors
+            send = self.send_bits.t().contiguous().reshape(-1).to(self.ctx.device, torch.uint8)
             recv = torch.empty_like(send)
             self.hooks.sent("control", -1, -1, K * (P - 1))  # one byte per entry, K to each peer
             with self.hooks.timed("comm"):
                 dist.all_to_all_single(recv, send, group=self.ctx.group)
-            self.recv_bits = recv.view(P, K).t().contiguous().long()
+            self.recv_bits = recv.view(P, K).t().contiguous().long().cpu()
         else:
             self.recv_bits = self.send_bits.clone()
         self.r2.zero_()

@@ -50,13 +50,14 @@ class MaxKRows(Wrapper):
 
     def _values_out(self, vals: Tensor, bits: int) -> Tensor:
         if bits == 32:
-            return vals.float().contiguous().view(torch.uint8).reshape(vals.shape[0], -1)
-        return quant.encode(vals.float(), bits, self.gen)
+            return vals.float().contiguous().view(torch.uint8).reshape(vals.shape[0], 4 * self.k)
+        # encoded on the CPU, where the stochastic-rounding generator lives
+        return quant.encode(vals.float().cpu(), bits, self.gen).to(vals.device)
 
     def _values_in(self, payload: Tensor, n: int, bits: int, dtype: torch.dtype) -> Tensor:
         if bits == 32:
             return payload.contiguous().view(torch.float32).reshape(n, self.k).to(dtype)
-        return quant.decode(payload.reshape(n, -1), bits, self.k, dtype)
+        return quant.decode(payload.reshape(n, quant.bytes_per_row(self.k, bits)), bits, self.k, dtype)
 
     def move(self, rows: Tensor, out_counts: list[int], in_counts: list[int], layer: int, kind: str) -> Tensor:
         d = rows.shape[1] if rows.dim() == 2 else 0
@@ -73,7 +74,7 @@ class MaxKRows(Wrapper):
         idx = rows.abs().topk(self.k, dim=1).indices.sort(dim=1).values  # [n, k]
         vals = rows.gather(1, idx)
         idx_bytes = (idx.to(torch.uint8) if ib == 1 else idx.to(torch.int16)).contiguous().view(torch.uint8)
-        payload = torch.cat([idx_bytes.reshape(rows.shape[0], -1), self._values_out(vals, bits)], dim=1)
+        payload = torch.cat([idx_bytes.reshape(rows.shape[0], self.k * ib), self._values_out(vals, bits)], dim=1)
         width = payload.shape[1]
         got = self.inner.move(payload, out_counts, in_counts, layer, kind).reshape(n_in, width)
         r_idx = got[:, : self.k * ib].contiguous()
