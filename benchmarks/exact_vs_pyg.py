@@ -30,6 +30,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from tables import cpu_model
+
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
 
@@ -86,14 +88,7 @@ def pyg_baseline(config_path: str) -> dict:
 
 
 def machine() -> str:
-    cpu = "unknown CPU"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
+    cpu = cpu_model("unknown CPU")
     import torch
 
     return (f"{platform.node()}: {cpu}, {len(os.sched_getaffinity(0))} cores, "

@@ -53,6 +53,8 @@ from pathlib import Path
 import matplotlib
 import psutil
 
+from tables import cpu_model
+
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
@@ -446,14 +448,7 @@ TMPFS_MB = 64
 def machine() -> str:
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     mem = psutil.virtual_memory().total / 2**30
-    cpu = ""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
+    cpu = cpu_model()
     versions = []
     for name in ("torch", "commgnn"):
         try:

@@ -90,7 +90,7 @@ def append(path: Path, row: dict) -> None:
 
 
 def report(path: Path, stem: Path) -> None:
-    rows = list(csv.DictReader(path.open()))
+    rows = sorted(csv.DictReader(path.open()), key=lambda r: (int(r["nodes"]), r["model"], r["setting"]))
     notes = [
         "Synthetic CSBM (homophilous edges within a class: no locality for METIS to exploit, so "
         "most edges are cut), average in-degree 20, 128 features, 8 classes; 4 local gloo ranks on "
@@ -102,7 +102,14 @@ def report(path: Path, stem: Path) -> None:
         "fingerprint, then frees it before the ranks start); `ranks' peak GB (sum)` is the sum of the "
         "4 ranks' VmHWM, the issue's measure; `bytes/edge` divides it by the directed edge count.",
         "Accuracy after a few epochs is not a result here (memory benchmark); the exact training "
-        "path is the one the parity tests check.",
+        "path is the one the parity tests check. Epoch times share the 2 cores with other jobs "
+        "of the session, so they are indicative only.",
+        "Kernel: `train.kernel = auto` (numba). GCN aggregates first when that is cheaper "
+        "(`commgnn/models/gcn.py`): before that change, the 1M-node exact GCN run peaked at "
+        "4.27 GB per rank and 16.6 GB summed (launcher 2.2 GB), against the 3.64 / 14.5 GB here.",
+        "2M nodes / 40M edges was not run: extrapolating the summed peak (about 14.5 GB per 1M "
+        "nodes plus 4 x 0.4 GB of interpreters) gives about 28 GB, more than this 24 GB machine. "
+        "The largest graph trained here is 1M nodes / 20M edges.",
     ]
     write_table(rows, stem, f"Full-graph memory scaling ({datetime.date.today()})", notes)
 

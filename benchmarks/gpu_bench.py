@@ -50,6 +50,7 @@ from typing import Any, Callable
 os.environ.setdefault("COMMGNN_ENERGY", "0")  # no CodeCarbon start-up per run (nor its package)
 
 import torch  # noqa: E402
+from tables import cpu_model  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))  # run from a checkout without installing it
@@ -254,15 +255,7 @@ def device_info(device: torch.device) -> dict[str, str]:
         except Exception:
             pass
     else:
-        cpu = platform.processor() or "CPU"
-        try:
-            for line in Path("/proc/cpuinfo").read_text().splitlines():
-                if line.startswith("model name"):
-                    cpu = line.split(":", 1)[1].strip()
-                    break
-        except OSError:
-            pass
-        info["device"] = f"{cpu}, {len(os.sched_getaffinity(0))} cores"
+        info["device"] = f"{cpu_model(platform.processor() or 'CPU')}, {len(os.sched_getaffinity(0))} cores"
     try:
         info["commit"] = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=HERE, capture_output=True,
                                         text=True, timeout=10).stdout.strip() or "unknown"
@@ -277,6 +270,26 @@ def _f(v: Any, fmt: str) -> str:
 
 def markdown(info: dict[str, str], kern: dict[str, Any] | None, fulls: list[dict[str, Any]], today: str,
              smoke: bool) -> str:
+    def table(columns: tuple[str, ...], lead: tuple[str, ...], rows: list[dict[str, Any]],
+              row: Callable[[dict[str, Any]], str]) -> list[str]:
+        """A Markdown table, ``row(r)`` a line; a failed row shows its ``lead`` keys and its error."""
+        out = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+        for r in rows:
+            out.append(row(r) if "error" not in r else "| " + " | ".join(str(r[k]) for k in lead)
+                       + f" | failed: {r['error']} |" + " |" * (len(columns) - len(lead) - 1))
+        return out
+
+    def kernel_row(r: dict[str, Any]) -> str:
+        return (f"| {r['kernel']} | {r['fwd_ms']:.3f} | {r['fwd_gbs']:.0f} | {r['fwd_bwd_ms']:.3f} | "
+                f"{r['fwd_bwd_gbs']:.0f} | {_f(r.get('vs_cusparse'), '.2f')}x | {r['max_abs_diff']:.2e} |")
+
+    def full_row(r: dict[str, Any]) -> str:
+        red = r.get("halo_reduction")
+        return (f"| {r['setting']} | {r['device']} | {r['parts']} | {_f(r.get('halo_mb'), '.3f')} | "
+                f"{_f(red, '.1f') + 'x' if red is not None else '—'} | {r['epoch_ms']:.1f} | "
+                f"{_f(r.get('time_ratio'), '.2f')} | {_f(r.get('compute_ms'), '.1f')} | "
+                f"{_f(r.get('comm_ms'), '.1f')} | {_f(r.get('test_acc'), '.4f')} |")
+
     lines = [f"# GPU benchmark ({today}){' — smoke run, tiny sizes' if smoke else ''}", "",
              f"Device: **{info['device']}**. " + ", ".join(f"{k} {v}" for k, v in info.items()
                                                          if k not in ("device",)) + ".",
@@ -287,15 +300,9 @@ def markdown(info: dict[str, str], kern: dict[str, Any] | None, fulls: list[dict
                   f"Effective traffic of one product: nnz·F·4 + nnz·12 + (N+1)·8 = "
                   f"{kern['bytes_per_product'] / 1e9:.3f} GB (forward + backward: twice). CSR build (A and A^T): "
                   f"{kern['build_s']:.2f} s. Median of the timed runs.", "",
-                  "| kernel | fwd ms | fwd GB/s | fwd+bwd ms | fwd+bwd GB/s | speed vs cuSPARSE (A^T kept), fwd+bwd | "
-                  "max abs diff vs torch.sparse.mm |", "|---|---|---|---|---|---|---|"]
-        for r in kern["rows"]:
-            if "error" in r:
-                lines.append(f"| {r['kernel']} | failed: {r['error']} | | | | | |")
-            else:
-                lines.append(f"| {r['kernel']} | {r['fwd_ms']:.3f} | {r['fwd_gbs']:.0f} | {r['fwd_bwd_ms']:.3f} | "
-                             f"{r['fwd_bwd_gbs']:.0f} | {_f(r.get('vs_cusparse'), '.2f')}x | {r['max_abs_diff']:.2e} |")
-        lines.append("")
+                  *table(("kernel", "fwd ms", "fwd GB/s", "fwd+bwd ms", "fwd+bwd GB/s",
+                          "speed vs cuSPARSE (A^T kept), fwd+bwd", "max abs diff vs torch.sparse.mm"),
+                         ("kernel",), kern["rows"], kernel_row), ""]
     for full in fulls:
         lines += [f"## Full graph: CSBM, {full['nodes']:,} nodes, {full['edges']:,} directed edges, "
                   f"{full['features']} features; {full['model'].upper()}, {full['layers']} layers, "
@@ -305,18 +312,9 @@ def markdown(info: dict[str, str], kern: dict[str, Any] | None, fulls: list[dict
                   + ("With P = 1 no halo rows travel (one GPU: NCCL refuses two ranks on it); "
                      "precompute and transform-first still change the compute. " if full["parts"] == 1 else "")
                   + "Halo MB per epoch is summed over ranks.", "",
-                  "| setting | device | P | halo MB/epoch | halo reduction | epoch ms | time vs exact | "
-                  "compute ms (busiest rank, mean) | comm ms | test acc |", "|---|---|---|---|---|---|---|---|---|---|"]
-        for r in full["rows"]:
-            if "error" in r:
-                lines.append(f"| {r['setting']} | {r['device']} | {r['parts']} | failed: {r['error']} | | | | | | |")
-            else:
-                red = r.get("halo_reduction")
-                lines.append(f"| {r['setting']} | {r['device']} | {r['parts']} | {_f(r.get('halo_mb'), '.3f')} | "
-                             f"{_f(red, '.1f') + 'x' if red is not None else '—'} | {r['epoch_ms']:.1f} | "
-                             f"{_f(r.get('time_ratio'), '.2f')} | {_f(r.get('compute_ms'), '.1f')} | "
-                             f"{_f(r.get('comm_ms'), '.1f')} | {_f(r.get('test_acc'), '.4f')} |")
-        lines.append("")
+                  *table(("setting", "device", "P", "halo MB/epoch", "halo reduction", "epoch ms", "time vs exact",
+                          "compute ms (busiest rank, mean)", "comm ms", "test acc"),
+                         ("setting", "device", "parts"), full["rows"], full_row), ""]
     return "\n".join(lines)
 
 

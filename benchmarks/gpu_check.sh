@@ -5,7 +5,7 @@
 # It prints the GPU, driver, torch, CUDA and NCCL versions; makes the project importable
 # without touching the machine's CUDA build of torch (the checkout goes on PYTHONPATH; nothing
 # is pip-installed with its dependencies, which would fetch a CPU torch over it); runs the
-# gpu tests (pytest -m gpu tests/test_gpu.py) and then benchmarks/gpu_bench.py. Its log, the
+# gpu tests (pytest -m gpu tests/test_gpu.py tests/test_gpu_levers.py) and then benchmarks/gpu_bench.py. Its log, the
 # tests' JUnit XML and the benchmark's dated Markdown and JSON land in $OUT, which the device
 # tool returns (elsewhere: runs/gpu-check/).
 #
@@ -86,10 +86,10 @@ if [ -n "$missing" ]; then
 fi
 "$PY" -c "import commgnn, commgnn.trainers, commgnn.comm.build; print('commgnn', commgnn.__version__, 'from', commgnn.__file__)"
 
-stamp "gpu tests: pytest -m gpu tests/test_gpu.py (budget ${PYTEST_BUDGET_S:-270} s)"
+stamp "gpu tests: pytest -m gpu tests/test_gpu*.py (budget ${PYTEST_BUDGET_S:-270} s)"
 timeout_flag=()
 "$PY" -c "import pytest_timeout" 2>/dev/null && timeout_flag=(--timeout "${TEST_TIMEOUT_S:-200}")
-timeout -k 10 "${PYTEST_BUDGET_S:-270}" "$PY" -m pytest -m gpu tests/test_gpu.py -rs -q -p no:cacheprovider \
+timeout -k 10 "${PYTEST_BUDGET_S:-270}" "$PY" -m pytest -m gpu tests/test_gpu.py tests/test_gpu_levers.py -rs -q -p no:cacheprovider \
     ${timeout_flag[@]+"${timeout_flag[@]}"} --junitxml="$OUT/pytest_gpu.xml" -o junit_family=xunit1
 echo "pytest exit status: $?"
 

@@ -12,6 +12,17 @@ from typing import Any, Sequence
 import psutil
 
 
+def cpu_model(default: str = "") -> str:
+    """The CPU's model name from ``/proc/cpuinfo`` (``default`` where it is not to be had)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return default
+
+
 def machine() -> str:
     """One line naming the machine the numbers come from."""
     mem = psutil.virtual_memory().total / 2**30

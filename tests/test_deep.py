@@ -17,7 +17,6 @@ from typing import Any
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 from commgnn.cli.config import RunConfig, resolve_config
 from commgnn.cli.main import build_parser
@@ -31,7 +30,7 @@ from commgnn.models.net import maxk_message_layers
 from commgnn.partition import PartitionConfig, build_local_partition, partition_graph
 from commgnn.sampling.config import SamplerConfig
 from commgnn.trainers import FullGraphTrainer, TrainConfig
-from helpers import run_on_ranks, small_graph
+from helpers import pyg_reference, run_on_ranks, small_graph, trainer_steps
 
 STEPS = 3
 TOL = 1e-5
@@ -58,23 +57,7 @@ def _graph():
 
 def reference(data, case: str) -> dict:
     """Single-process PyG: initial state, logits, loss, gradients and weights after STEPS."""
-    mcfg, tcfg = _cfgs(case)
-    torch.manual_seed(123)
-    model = ReferenceGNN(mcfg, data.x.shape[1], data.num_classes_total).double()
-    state = {k: v.clone() for k, v in model.state_dict().items()}
-    opt = torch.optim.Adam(model.parameters(), lr=tcfg.lr, weight_decay=tcfg.weight_decay)
-    out: dict[str, Any] = {"state": state}
-    for step in range(STEPS):
-        opt.zero_grad()
-        logits = model(data.x.double(), data.edge_index)
-        loss = F.cross_entropy(logits[data.train_mask], data.y[data.train_mask])
-        loss.backward()
-        if step == 0:
-            out.update(logits=logits.detach(), loss=loss.item(),
-                       grads={n: p.grad.clone() for n, p in model.named_parameters()})
-        opt.step()
-    out["final"] = {k: v.clone() for k, v in model.state_dict().items()}
-    return out
+    return pyg_reference(data, *_cfgs(case), STEPS)
 
 
 def parity_rank(ctx: DistContext, data, parts, refs: dict) -> dict:
@@ -85,15 +68,7 @@ def parity_rank(ctx: DistContext, data, parts, refs: dict) -> dict:
         tcfg = replace(tcfg, sparse_input="on" if ckpt else "off")  # the encoder on the input's pattern
         trainer = FullGraphTrainer(ctx, part, mcfg, tcfg, Hooks(), comm_cfg=CommConfig())
         assert isinstance(trainer.model, ResPlusGNN)
-        trainer.model.load_state_dict(refs[case]["state"])
-        loss, logits = trainer.compute_gradients()
-        grads = {n: p.grad.clone() for n, p in trainer.model.named_parameters()}
-        total = ctx.all_reduce(loss.clone().reshape(1))
-        trainer.optimizer.step()
-        for _ in range(STEPS - 1):
-            trainer.train_step()
-        results[case, ckpt] = {"ids": part.global_ids, "logits": logits, "loss": float(total), "grads": grads,
-                               "final": trainer.model.state_dict()}
+        results[case, ckpt] = {"ids": part.global_ids, **trainer_steps(ctx, trainer, refs[case]["state"], STEPS)}
     return results
 
 

@@ -12,16 +12,15 @@ from dataclasses import replace
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 from commgnn.comm.config import CommConfig, HaloConfig
 from commgnn.comm.exchange import RowExchange
 from commgnn.dist.context import DistContext
 from commgnn.dist.events import Hooks
-from commgnn.models import ModelConfig, ReferenceGNN
+from commgnn.models import ModelConfig
 from commgnn.partition import PartitionConfig, build_local_partition, partition_graph
 from commgnn.trainers import FullGraphTrainer, TrainConfig
-from helpers import run_on_ranks, small_graph
+from helpers import pyg_reference, run_on_ranks, small_graph, trainer_steps
 
 MODELS = ("gcn", "sage", "gat")
 STEPS = 3
@@ -35,24 +34,7 @@ def _cfgs(name: str) -> tuple[ModelConfig, TrainConfig]:
 
 def reference(data, name: str) -> dict:
     """Single-process PyG: initial state, logits, loss, gradients and weights after STEPS."""
-    mcfg, tcfg = _cfgs(name)
-    torch.manual_seed(123)
-    model = ReferenceGNN(mcfg, data.x.shape[1], data.num_classes_total).double()
-    state = {k: v.clone() for k, v in model.state_dict().items()}
-    opt = torch.optim.Adam(model.parameters(), lr=tcfg.lr, weight_decay=tcfg.weight_decay)
-    x = data.x.double()
-    out = {"state": state}
-    for step in range(STEPS):
-        opt.zero_grad()
-        logits = model(x, data.edge_index)
-        loss = F.cross_entropy(logits[data.train_mask], data.y[data.train_mask])
-        loss.backward()
-        if step == 0:
-            out.update(logits=logits.detach(), loss=loss.item(),
-                       grads={n: p.grad.clone() for n, p in model.named_parameters()})
-        opt.step()
-    out["final"] = {k: v.clone() for k, v in model.state_dict().items()}
-    return out
+    return pyg_reference(data, *_cfgs(name), STEPS)
 
 
 def parity_rank(ctx: DistContext, data, parts, refs: dict, halo_cfg: HaloConfig | None = None,
@@ -63,15 +45,7 @@ def parity_rank(ctx: DistContext, data, parts, refs: dict, halo_cfg: HaloConfig 
         tcfg = replace(tcfg, sparse_input=sparse_input)
         part = build_local_partition(data, parts, ctx.world_size, ctx.rank)
         trainer = FullGraphTrainer(ctx, part, mcfg, tcfg, Hooks(), comm_cfg=CommConfig(halo=halo_cfg or HaloConfig()))
-        trainer.model.load_state_dict(refs[name]["state"])
-        loss, logits = trainer.compute_gradients()
-        grads = {n: p.grad.clone() for n, p in trainer.model.named_parameters()}
-        total = ctx.all_reduce(loss.clone().reshape(1))
-        trainer.optimizer.step()
-        for _ in range(STEPS - 1):
-            trainer.train_step()
-        results[name] = {"ids": part.global_ids, "logits": logits, "loss": float(total),
-                         "grads": grads, "final": trainer.model.state_dict()}
+        results[name] = {"ids": part.global_ids, **trainer_steps(ctx, trainer, refs[name]["state"], STEPS)}
     return results
 
 

@@ -46,7 +46,7 @@ from torch import Tensor
 
 from commgnn.errors import PartitionError
 from commgnn.partition.local import LocalPartition
-from commgnn.partition.metis import symmetric_csr
+from commgnn.partition.metis import metis_parts, symmetric_csr
 
 ReorderMethod = Literal["none", "degree", "rcm", "metis"]
 REORDER_METHODS: tuple[str, ...] = get_args(ReorderMethod)
@@ -90,25 +90,12 @@ def metis_order(edge_index: Tensor, num_nodes: int, *, block: int = METIS_BLOCK,
     """``[num_nodes]`` int64: nodes grouped by METIS block (``ceil(n / block)`` blocks, k-way,
     minimum cut, ``seed`` fixed so every run gets the same order), ascending old id within a
     block. A graph of at most ``block`` nodes, or one without edges, keeps its order."""
-    import pymetis
-
     nblocks = math.ceil(num_nodes / block)
     xadj, adjncy = symmetric_csr(edge_index, num_nodes)
     if nblocks < 2 or adjncy.numel() == 0:
         return torch.arange(num_nodes, dtype=torch.int64)
-    idx = pymetis.zero_copy_dtype()
-    if idx == np.int32 and max(num_nodes, adjncy.numel()) >= 2**31:
-        raise PartitionError(f"graph too large for this METIS build ({adjncy.numel()} adjacency "
-                             "entries); use reorder = 'rcm'")
-    adjacency = pymetis.CSRAdjacency(np.ascontiguousarray(xadj.numpy(), dtype=idx),
-                                     np.ascontiguousarray(adjncy.numpy(), dtype=idx))
-    try:
-        result = pymetis.part_graph(nblocks, adjacency, recursive=False, options=pymetis.Options(seed=seed))
-    except (RuntimeError, MemoryError) as exc:
-        raise PartitionError(f"METIS failed to order {num_nodes} nodes into {nblocks} blocks: "
-                             f"{str(exc).splitlines()[0] if str(exc) else type(exc).__name__}; "
-                             "use reorder = 'rcm'") from None
-    blocks = torch.from_numpy(np.asarray(result.vertex_part, dtype=np.int64).copy())
+    blocks = metis_parts(xadj, adjncy, nblocks, seed, task=f"order {num_nodes} nodes into {nblocks} blocks",
+                         too_large="use reorder = 'rcm'", failed="use reorder = 'rcm'")
     return torch.sort(blocks, stable=True).indices
 
 
