@@ -39,7 +39,7 @@ PASSES = 3
 """Streaming passes: after the first, every node sees all its neighbours' current parts
 (restreaming LDG, Nishimura and Ugander, KDD 2013), which cuts markedly fewer edges."""
 CHUNK = 4096
-"""Nodes placed per vectorised step (at most 1% of a part's capacity, whichever is smaller)."""
+"""Nodes placed per vectorised step (at most 5% of a part's capacity, whichever is smaller)."""
 
 
 @PARTITIONERS.register("ldg")
@@ -51,7 +51,7 @@ def ldg_partition(edge_index: Tensor, num_nodes: int, num_parts: int, cfg: Parti
         return parts.zero_()
     xadj, adjncy = lean_adjacency(edge_index, num_nodes)
     cap = math.ceil(num_nodes / P * (1 + SLACK))
-    chunk = max(1, min(CHUNK, cap // 100))
+    chunk = max(1, min(CHUNK, cap // 20))
     sizes = torch.zeros(P, dtype=torch.int64)
     for _ in range(PASSES):
         for start in range(0, num_nodes, chunk):
