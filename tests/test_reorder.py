@@ -239,6 +239,7 @@ def _metrics(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
+@pytest.mark.slow  # two 2-rank CLI runs; the 2-rank trainer parity test covers it in CI
 @pytest.mark.timeout(240)
 def test_commgnn_train_with_rcm_matches_the_plain_run(tmp_path):
     import commgnn
