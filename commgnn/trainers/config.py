@@ -31,7 +31,6 @@ class TrainConfig:
             return "numba" if kernels.available() else "torch"
         return self.kernel
 
-
     mode: Literal["fullgraph", "minibatch"] = "fullgraph"
     """``fullgraph``: one step per epoch on the whole graph (exact halo exchange and its
     levers); ``minibatch``: sampled batches (``[minibatch]``, ``[fetch]``), the same number
