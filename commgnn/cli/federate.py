@@ -296,7 +296,7 @@ def cmd_federate(ns: argparse.Namespace) -> int:
     from commgnn.federated.run import federate, run_rank
 
     if info is not None and info.rank != 0:  # a client rank: the server (rank 0) writes the folder
-        run_rank(info, cfg, None)
+        run_rank(info, cfg, None, torchrun=True)
         return 0
     quiet = cfg.output.quiet
     federation = None
@@ -322,7 +322,7 @@ def cmd_federate(ns: argparse.Namespace) -> int:
             if federation is not None:
                 summary = federation.run(on_eval=on_eval)
             elif info is not None:  # rank 0 under torchrun: the server, in this process
-                summary = run_rank(info, cfg, None, on_eval=on_eval)
+                summary = run_rank(info, cfg, None, on_eval=on_eval, torchrun=True)
             else:
                 summary = federate(cfg)
             assert summary is not None  # this process is the server (or launched the ranks)

@@ -17,7 +17,6 @@ import datetime as _dt
 import hashlib
 import shutil
 import sys
-import traceback
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, Mapping
@@ -34,7 +33,7 @@ from commgnn.cli.preflight import check_disk, check_memory, check_rank_count, es
 from commgnn.cli.own_model import (check_own_model, pack_model, read_own_model, unpack_model,
                                    write_own_model)
 from commgnn.cli.rank import run_rank
-from commgnn.dist.launch import first_line, is_collective_failure, spawn_ranks
+from commgnn.dist.launch import first_line, is_collective_failure, rank_failure, spawn_ranks
 from commgnn.errors import PartitionError, RankFailure, UserError
 from commgnn.partition import (LocalPartition, build_local_partition, build_local_partitions, load_meta,
                                load_partition, partition_graph, partition_report, save_partitions)
@@ -319,31 +318,13 @@ def train_torchrun(cfg: RunConfig, info: LaunchInfo, graph: Any = None,
 
 
 def _rank_failure(ctx: DistContext, exc: BaseException, out: Path) -> BaseException:
-    """Under torchrun: record this rank's failure for the others (their watchdogs end them)
-    and turn it into the one line this process prints. A collective that failed here is a
-    peer's fault: the peer is named (it posted its error, or its heartbeat stopped)."""
-    wd = ctx.watchdog
-    if is_collective_failure(exc) and wd is not None:
-        culprit = wd.wait_for_culprit(limit_s=min(10.0, ctx.timeout_s))
-        if culprit is None:
-            return RankFailure(f"rank {ctx.rank} of {ctx.world_size}: a collective failed "
-                               f"({first_line(exc)}) and no peer was found at fault")
-        return RankFailure(f"rank {culprit.rank} of {ctx.world_size} failed: {culprit.message}")
-    if isinstance(exc, KeyboardInterrupt):
-        return exc
-    user = isinstance(exc, UserError)
-    cause = str(exc) if user else first_line(exc)
-    if not user:  # the traceback goes to the rank's log in the run directory, not the terminal
-        try:
-            with open(out / "logs" / f"rank{ctx.rank}.log", "a") as log:
-                traceback.print_exception(exc, file=log)
-        except OSError:
-            pass
-    if wd is not None:
-        wd.report("user" if user else "error", cause)
-    if ctx.is_main:
-        _ended(out, "failed", error=cause if user else f"rank {ctx.rank}: {cause}")
-    return exc if user else RankFailure(f"rank {ctx.rank} of {ctx.world_size} failed: {cause}")
+    """Under torchrun: :func:`commgnn.dist.launch.rank_failure` (the traceback into this
+    rank's log in the run directory), and rank 0 marks the run failed."""
+    failure = rank_failure(ctx, exc, out / "logs" / f"rank{ctx.rank}.log")
+    if ctx.is_main and not is_collective_failure(exc) and not isinstance(exc, KeyboardInterrupt):
+        user = isinstance(exc, UserError)
+        _ended(out, "failed", error=str(exc) if user else f"rank {ctx.rank}: {first_line(exc)}")
+    return failure
 
 
 def train_command(cfg: RunConfig, env: Mapping[str, str], *, resume: bool = False,

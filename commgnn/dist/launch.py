@@ -37,7 +37,7 @@ from typing import Any, Callable, TextIO
 
 import torch.distributed as dist
 
-from commgnn.dist.context import LaunchInfo
+from commgnn.dist.context import DistContext, LaunchInfo
 from commgnn.dist.watchdog import (EXIT_PEER_FAILED, EXIT_SIGTERM, Failure, block_sigterm, die_with_parent,
                                    read_failure)
 from commgnn.errors import RankFailure, UserError
@@ -107,7 +107,8 @@ def _child(fn: Callable[..., Any], info: LaunchInfo, args: tuple, log_dir: str |
         if is_collective_failure(exc):
             # A peer died or stopped. Not this rank's fault: the failure record (the
             # culprit's, or a watchdog's) or the culprit's exit code names it.
-            _log(log, f"rank {info.rank}: collective failed ({first_line(exc)})")
+            if log_dir is not None:  # on a terminal the launcher's one line says it all
+                _log(log, f"rank {info.rank}: collective failed ({first_line(exc)})")
             _exit(EXIT_PEER_FAILED)
         _report(info, "error", first_line(exc))  # first: the log may sit on a full disk
         _log(log, traceback.format_exc())
@@ -220,3 +221,33 @@ def _raise_failure(failed: list[tuple[int, int]], record: Failure | None, nprocs
     where = f" (log: {Path(log_dir) / f'rank{rank}.log'})" if log_dir and record is not None \
         and record.kind == "error" else ""
     raise RankFailure(f"rank {rank} of {nprocs} failed: {cause}{where}")
+
+
+def rank_failure(ctx: DistContext, exc: BaseException, log_path: Path | None = None) -> BaseException:
+    """Under torchrun, where no commgnn launcher names the culprit: record this rank's
+    failure for the others (their watchdogs end them) and return the one-line error this
+    process raises instead. A collective that failed here is a peer's fault, so the peer is
+    named (it posted its error, or its heartbeat stopped); a peer's bad input comes back as
+    that :class:`UserError`. A traceback of an unexpected error goes to ``log_path``."""
+    wd = ctx.watchdog
+    if is_collective_failure(exc) and wd is not None:
+        culprit = wd.wait_for_culprit(limit_s=min(10.0, ctx.timeout_s))
+        if culprit is None:
+            return RankFailure(f"rank {ctx.rank} of {ctx.world_size}: a collective failed "
+                               f"({first_line(exc)}) and no peer was found at fault")
+        if culprit.kind == "user":
+            return UserError(culprit.message)
+        return RankFailure(f"rank {culprit.rank} of {ctx.world_size} failed: {culprit.message}")
+    if isinstance(exc, KeyboardInterrupt):
+        return exc
+    user = isinstance(exc, UserError)
+    cause = str(exc) if user else first_line(exc)
+    if not user and log_path is not None:  # the traceback goes to a log, not the terminal
+        try:
+            with open(log_path, "a") as log:
+                traceback.print_exception(exc, file=log)
+        except OSError:
+            pass
+    if wd is not None:
+        wd.report("user" if user else "error", cause)
+    return exc if user else RankFailure(f"rank {ctx.rank} of {ctx.world_size} failed: {cause}")

@@ -15,17 +15,26 @@ from pathlib import Path
 from typing import Any, Callable
 
 from commgnn.dist.context import LaunchInfo, free_port, init_distributed, shutdown
-from commgnn.dist.launch import spawn_ranks
+from commgnn.dist.launch import rank_failure, spawn_ranks
 from commgnn.federated.config import FederateConfig
 from commgnn.federated.engine import Federation
 
 
 def run_rank(info: LaunchInfo, cfg: FederateConfig, result_path: str | None, graph: Any = None,
-             on_eval: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any] | None:
+             on_eval: Callable[[dict[str, Any]], None] | None = None,
+             torchrun: bool = False) -> dict[str, Any] | None:
     """One rank's part; the server (rank 0) returns the summary and, with ``result_path``,
-    pickles it there for the launcher."""
+    pickles it there for the launcher. ``torchrun``: no commgnn launcher watches the ranks,
+    so a failure is posted for the others here and comes back as one line naming the rank
+    at fault (a peer's bad input as its own :class:`~commgnn.errors.UserError`), at once
+    rather than after the collective time-out."""
     ctx = init_distributed(info, cfg.runtime)
-    summary = Federation(cfg, graph, ctx=ctx).run(on_eval if info.rank == 0 else None)
+    try:
+        summary = Federation(cfg, graph, ctx=ctx).run(on_eval if info.rank == 0 else None)
+    except BaseException as exc:
+        if not torchrun:
+            raise  # the launcher's child wrapper reports it
+        raise rank_failure(ctx, exc) from None
     if info.rank == 0 and result_path is not None:
         Path(result_path).write_bytes(pickle.dumps(summary))
     shutdown(ctx)

@@ -1,0 +1,218 @@
+"""Time to accuracy on an emulated multi-host cluster (issue #14's benchmark grid).
+
+Each entry trains on ``commgnn cluster`` (network namespaces, tbf-shaped veth links,
+torchrun per host, gloo over the links), so every byte crosses a shaped link and every
+second is measured wall time. Per dataset, link and seed it runs:
+
+- ``exact``: full-graph GCN, exact halo exchange, all-reduce gradients;
+- the best halo levers of ``halo-levers-cs.md`` (transform-first + 4-bit rows: 147x fewer
+  halo bytes, and the only combination that reached exact's best validation accuracy on
+  all 3 seeds there);
+- the best gradient strategy of ``grad-sync-long-cs.md`` (PowerSGD rank 1);
+- their combination;
+- the plan ``commgnn plan`` picked for this link from its probes (calibrated link model).
+
+Measures per run: the cumulative training time (the slowest rank's epoch seconds, which
+include evaluation) until validation accuracy first reaches the same seed's exact run's best
+validation accuracy (and that less 0.5 points, the plan's tolerance); bytes per epoch; the
+busiest rank's time split; energy. All emulated hosts share this machine's 2 cores, so compute
+is slower than on a real cluster by about ranks / cores; the comparison between entries is fair
+(same machine, same protocol), the absolute times are not a real cluster's.
+
+    sudo python benchmarks/emulated_grid.py --datasets CS --links 100mbit 1gbit --seeds 0 1 2
+    python benchmarks/emulated_grid.py --report-only
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from cost_model import _cluster
+from tables import write_table
+
+ENTRIES: dict[str, list[str]] = {
+    "exact": [],
+    "tf+q4": ["--transform-first", "--bits", "4"],
+    "powersgd-r1": ["--grad", "powersgd", "--powersgd-rank", "1"],
+    "tf+q4+powersgd-r1": ["--transform-first", "--bits", "4", "--grad", "powersgd", "--powersgd-rank", "1"],
+    "plan": [],
+}
+TOLERANCE = 0.5
+
+
+def _rows(run: Path) -> list[dict[str, Any]]:
+    return [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines() if x.strip()]
+
+
+def time_to(rows: list[dict[str, Any]], target: float) -> float | None:
+    """Cumulative epoch seconds (slowest rank) until ``val_acc >= target``; None if never."""
+    t = 0.0
+    for r in rows:
+        t += r["epoch_s"]
+        if r["val_acc"] >= target - 1e-12:
+            return t
+    return None
+
+
+def _plan(ns: argparse.Namespace, out: Path, ds: str, link: str, pdir: Path, net: Path) -> Path:
+    plan = out / f"{ds}-{link}-plan.toml"
+    if not plan.is_file():
+        P = ns.hosts * ns.ranks_per_host
+        subprocess.run(["commgnn", "plan", "--dataset", ds, "--data-root", ns.root, "--model", "gcn", "--layers",
+                        str(ns.layers), "--hidden", str(ns.hidden), "--epochs", str(ns.epochs), "--hosts",
+                        str(ns.hosts), "--ranks-per-host", str(ns.ranks_per_host), "--net", str(net),
+                        "--tolerance", str(TOLERANCE), "--probe-epochs", str(ns.probe_epochs),
+                        "--workdir", str(out / f"{ds}-probes-P{P}"), "--out", str(plan)], check=True)
+    return plan
+
+
+def run_grid(ns: argparse.Namespace, out: Path) -> None:
+    P = ns.hosts * ns.ranks_per_host
+    for ds in ns.datasets:
+        pdir = out / f"{ds}-parts{P}"
+        if not (pdir / "meta.json").is_file():
+            subprocess.run(["commgnn", "partition", "--dataset", ds, "--data-root", ns.root, "--parts", str(P),
+                            "--partitioner", "metis", "--out", str(pdir)], check=True, stdout=subprocess.DEVNULL)
+        for seed in ns.seeds:
+            for link in ns.links:
+                net = out / f"{ds}-{link}-net.json"
+                if not net.is_file():
+                    _cluster(ns.hosts, ns.ranks_per_host, link, None, ["calibrate", "--out", str(net)])
+                for name in ns.entries:
+                    if seed not in ns.entry_seeds.get(name, ns.seeds):
+                        continue
+                    run = out / ds / link / name / f"s{seed}"
+                    if (run / "summary.json").is_file():
+                        continue
+                    subprocess.run(["rm", "-rf", str(run)], check=True)
+                    run.parent.mkdir(parents=True, exist_ok=True)
+                    extra = ENTRIES[name]
+                    if name == "plan":
+                        extra = ["--config", str(_plan(ns, out, ds, link, pdir, net))]
+                    job = ["train", *extra, "--dataset", ds, "--data-root", ns.root, "--partition-dir", str(pdir),
+                           "--model", "gcn", "--layers", str(ns.layers), "--hidden", str(ns.hidden),
+                           "--epochs", str(ns.epochs), "--patience", "0", "--seed", str(seed), "--quiet",
+                           "--out", str(run)]
+                    t0 = time.perf_counter()
+                    _cluster(ns.hosts, ns.ranks_per_host, link, None, job)
+                    (run / "wall.json").write_text(json.dumps({"wall_s": time.perf_counter() - t0}))
+                    print(f"{ds} {link} {name} s{seed}: {time.perf_counter() - t0:.0f} s", flush=True)
+
+
+def _fmt(xs: list[float], nd: int = 1) -> str:
+    if not xs:
+        return "—"
+    if len(xs) == 1:
+        return f"{xs[0]:.{nd}f}"
+    return f"{statistics.mean(xs):.{nd}f} ± {statistics.stdev(xs):.{nd}f}"
+
+
+def report(ns: argparse.Namespace, out: Path) -> None:
+    rows = []
+    for ds in ns.datasets:
+        for link in ns.links:
+            exact: dict[int, list[dict[str, Any]]] = {}
+            for s in ns.seeds:
+                p = out / ds / link / "exact" / f"s{s}"
+                if (p / "summary.json").is_file():
+                    exact[s] = _rows(p)
+            t_exact = {s: time_to(r, max(x["val_acc"] for x in r)) for s, r in exact.items()}
+            for name in ns.entries:
+                runs = {s: out / ds / link / name / f"s{s}" for s in exact}
+                runs = {s: p for s, p in runs.items() if (p / "summary.json").is_file()}
+                if not runs:
+                    continue
+                t_best, t_tol, speed, speed_tol, accs, mb, epoch, split, kwh, net_share = [], [], [], [], [], [], [], [], [], []
+                reached = reached_tol = 0
+                for s, p in runs.items():
+                    r, summ = _rows(p), json.loads((p / "summary.json").read_text())
+                    best = max(x["val_acc"] for x in exact[s])
+                    a, b = time_to(r, best), time_to(r, best - TOLERANCE / 100)
+                    b_exact = time_to(exact[s], best - TOLERANCE / 100)
+                    if a is not None:
+                        reached += 1
+                        t_best.append(a)
+                        speed.append(t_exact[s] / a)
+                    if b is not None:
+                        reached_tol += 1
+                        t_tol.append(b)
+                        speed_tol.append(b_exact / b)
+                    accs.append(100 * summ["test_acc"])
+                    mb.append((summ["halo_bytes_per_epoch"] + summ["grad_bytes_per_epoch"]
+                               + summ.get("eval_halo_bytes_per_epoch", 0.0)) / 1e6)
+                    epoch.append(summ["epoch_time_s"])
+                    split.append(summ["time_split"])
+                    if summ.get("energy_kwh") is not None:
+                        kwh.append(1000 * summ["energy_kwh"])
+                        net_share.append(100 * summ["energy"].get("network_share", 0.0))
+                n = len(runs)
+                sp = {k: statistics.mean(x[k] for x in split) for k in ("compute", "comm", "idle")}
+                plan_name = ""
+                if name == "plan":
+                    pt = out / f"{ds}-{link}-plan.toml"
+                    m = re.search(r"# commgnn plan: '([^']*)'", pt.read_text()) if pt.is_file() else None
+                    plan_name = m.group(1) if m else ""
+                rows.append({
+                    "dataset": ds, "link": link, "entry": name + (f" ({plan_name})" if plan_name else ""),
+                    "seeds": n, "test acc": _fmt(accs, 2), "MB/epoch (train+eval)": _fmt(mb, 1),
+                    "epoch s": _fmt(epoch, 2),
+                    "split compute/comm/idle s": f"{sp['compute']:.2f} / {sp['comm']:.2f} / {sp['idle']:.2f}",
+                    "s to exact best val": f"{_fmt(t_best, 0)} ({reached}/{n})",
+                    "speed-up": f"{_fmt(speed, 2)}x" if speed else "—",
+                    f"s to best - {TOLERANCE}": f"{_fmt(t_tol, 0)} ({reached_tol}/{n})",
+                    f"speed-up (-{TOLERANCE})": f"{_fmt(speed_tol, 2)}x" if speed_tol else "—",
+                    "energy Wh": _fmt(kwh, 2), "network share %": _fmt(net_share, 0)})
+    stamp = ns.stamp or datetime.date.today().isoformat()
+    stem = Path(__file__).resolve().parent / "results" / f"{stamp}-emulated-grid"
+    write_table(rows, stem, f"Time to accuracy on an emulated cluster ({stamp})", [
+        f"`python benchmarks/emulated_grid.py` (root): {ns.hosts} emulated hosts x "
+        f"{ns.ranks_per_host} ranks in network namespaces, links shaped with tbf (`commgnn cluster`), gloo over the "
+        f"links. GCN {ns.layers}x{ns.hidden}, dropout 0.5, Adam lr 0.01, METIS, {ns.epochs} epochs, no early "
+        "stop, validation every epoch. All hosts share the machine's 2 cores.",
+        "Time = the slowest rank's epoch seconds (training + evaluation), summed until the validation accuracy first "
+        "reaches the same seed's exact run's best (or that less 0.5 points); speed-up = exact's time to that "
+        "accuracy / the entry's, per seed, then averaged. (k/n) = seeds that reached it within the epochs.",
+        "MB/epoch counts every payload handed to a collective (halo forward, backward, evaluation, gradients). "
+        "Energy: CodeCarbon offline (CPU + RAM, all ranks) plus network bytes x 2.34e-5 J/byte."])
+    print(stem.with_suffix(".md").read_text())
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--datasets", nargs="+", default=["CS"])
+    ap.add_argument("--links", nargs="+", default=["100mbit", "1gbit"])
+    ap.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
+    ap.add_argument("--entries", nargs="+", default=list(ENTRIES), choices=list(ENTRIES))
+    ap.add_argument("--one-seed", nargs="*", default=[], choices=list(ENTRIES),
+                    help="entries run with the first seed only (for lack of machine time; the table says so)")
+    ap.add_argument("--hosts", type=int, default=4)
+    ap.add_argument("--ranks-per-host", type=int, default=2)
+    ap.add_argument("--layers", type=int, default=3)
+    ap.add_argument("--hidden", type=int, default=64)
+    ap.add_argument("--epochs", type=int, default=40)
+    ap.add_argument("--probe-epochs", type=int, default=30)
+    ap.add_argument("--root", default=os.environ.get("COMMGNN_DATA_ROOT", "../shared/datasets"))
+    ap.add_argument("--out", default="runs/bench-emulated")
+    ap.add_argument("--stamp", help="date in the result file names (default: today)")
+    ap.add_argument("--report-only", action="store_true")
+    ns = ap.parse_args()
+    ns.entry_seeds = {e: ns.seeds[:1] for e in ns.one_seed}
+    out = Path(ns.out)
+    out.mkdir(parents=True, exist_ok=True)
+    if not ns.report_only:
+        run_grid(ns, out)
+    report(ns, out)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
