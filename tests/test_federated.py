@@ -94,7 +94,7 @@ def test_policy_gate_sees_every_payload_and_nothing_forbidden_crosses(tmp_path):
     fed = Federation(c)
     out = fed.run()
     sent = fed.gate.transcript
-    assert {p.kind for p in sent} == {"update", "embeddings"} and out["embedding_bytes_total"] > 0
+    assert {p.kind for p in sent} == {"update", "embeddings", "evaluation"} and out["embedding_bytes_total"] > 0
     org = fed.policy.organisation_of
     for p in sent:
         assert p.kind != "raw_features"
@@ -104,6 +104,14 @@ def test_policy_gate_sees_every_payload_and_nothing_forbidden_crosses(tmp_path):
         if p.kind == "embeddings" and crossing:
             assert p.bits is not None and p.bits <= 8
     assert sum(p.nbytes for p in sent if p.kind == "update") == out["uplink_bytes_total"]
+    # evaluation's traffic passes the same gate and is counted apart from training's: one
+    # byte per node for the predicted classes at each evaluation, plus its embedding rows
+    evals = len(out["curve"])
+    predictions = evals * fed.graph.num_nodes
+    eval_rows = out["evaluation_bytes_total"] - predictions
+    assert sum(p.nbytes for p in sent if p.kind == "evaluation") == predictions
+    assert eval_rows > 0 and eval_rows % evals == 0  # the same rows at every evaluation
+    assert sum(p.nbytes for p in sent if p.kind == "embeddings") == out["embedding_bytes_total"] + eval_rows
     # the same policy refuses a plan that would send fp32 embeddings, before any training
     with pytest.raises(ConfigError):
         Federation(cfg(secagg=SecAggConfig(enabled=True), policy=PolicyRef(path=str(policy)),

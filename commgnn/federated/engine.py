@@ -77,6 +77,10 @@ class Tally:
     embeddings: int = 0
     payload_uplink: int = 0
     """Uplink bytes of the update values alone (no keys, shares or unmasking)."""
+    evaluation: int = 0
+    """Bytes that only evaluation moves: predicted classes to the server, and the
+    cross-client embeddings of the evaluation forward pass. Not training traffic, so kept
+    apart from the uplink and embedding totals, but they cross the same links."""
     secagg_s: float = 0.0
     train_s: float = 0.0
     """Seconds of local training of the clients hosted here (all of them in one process)."""
@@ -206,7 +210,7 @@ class Federation:
         """Each client's constant terms ``(C1, C2)`` from its neighbours in other clients
         (``cross_edges = "embeddings"``; None when dropped). Two exchanges: first every
         owner's layer-1 rows, then, with each owner's ``C1`` in hand, its layer-2 rows;
-        every row passes the gate and is counted (evaluation's rows are not training traffic)."""
+        every row passes the gate and is counted (evaluation's rows apart from training's)."""
         fed = self.cfg.federated
         targets = active if active is not None else sorted(self.clients)
         if fed.cross_edges != "embeddings":
@@ -222,9 +226,11 @@ class Federation:
             for src, ids in need[c].items():
                 rows = self.clients[src].layer_rows(self.model, ids, layer, cross1.get(src))
                 rows, nbytes = Client.protect(rows, bits=fed.embedding_bits, noise=fed.embedding_noise, gen=gens[src])
-                if not evaluating:
-                    self.gate.admit(Payload(kind="embeddings", src_client=src, dst=c, nbytes=nbytes,
-                                            bits=fed.embedding_bits, noise_std=fed.embedding_noise))
+                self.gate.admit(Payload(kind="embeddings", src_client=src, dst=c, nbytes=nbytes,
+                                        bits=fed.embedding_bits, noise_std=fed.embedding_noise))
+                if evaluating:
+                    self.tally.evaluation += nbytes
+                else:
                     self.tally.embeddings += nbytes
                     self.tally.client(src, nbytes)
                 incoming[src] = (ids, rows)
@@ -348,7 +354,8 @@ class Federation:
         assembled at the server (None elsewhere)."""
         shared = params if isinstance(params, Tensor) else None
         cross = self._cross_terms(shared, None, evaluating=True) if shared is not None else {c: None for c in self.clients}
-        mine = {c: client.predict(self.model, shared if shared is not None else params[c], cross[c])
+        wire = torch.uint8 if self.num_classes <= 256 else torch.int32  # the narrowest class id
+        mine = {c: client.predict(self.model, shared if shared is not None else params[c], cross[c]).to(wire)
                 for c, client in self.clients.items()}
         got = self.t.gather_dicts(mine)
         if got is None:
@@ -356,7 +363,11 @@ class Federation:
         pred = torch.empty(self.graph.num_nodes, dtype=torch.long)
         nodes = self._nodes()
         for c, p in got.items():
-            pred[nodes[c]] = p
+            nbytes = p.numel() * p.element_size()
+            if self.cfg.federated.algorithm != "central":  # central: no client, nothing crosses
+                self.gate.admit(Payload(kind="evaluation", src_client=c, dst="server", nbytes=nbytes))
+                self.tally.evaluation += nbytes
+            pred[nodes[c]] = p.long()
         return pred
 
     def _nodes(self) -> dict[int, Tensor]:
@@ -397,7 +408,8 @@ class Federation:
                 continue
             row = {"round": r + 1, "val_acc": self._acc(pred, g.val_mask), "test_acc": self._acc(pred, g.test_mask),
                    "uplink_bytes": self.tally.uplink, "downlink_bytes": self.tally.downlink,
-                   "embedding_bytes": self.tally.embeddings, "wall_s": time.perf_counter() - t_start}
+                   "embedding_bytes": self.tally.embeddings, "evaluation_bytes": self.tally.evaluation,
+                   "wall_s": time.perf_counter() - t_start}
             if self.accountant is not None:
                 row["epsilon"] = self.accountant.epsilon()
             curve.append(row)
@@ -420,7 +432,8 @@ class Federation:
             "best_round": best["round"], "rounds": rounds, "worst_client_acc": (fair["worst_client"] or {}).get("accuracy"),
             "uplink_bytes_total": self.tally.uplink, "uplink_payload_bytes_total": self.tally.payload_uplink,
             "uplink_bytes_per_round": self.tally.uplink / rounds, "downlink_bytes_total": self.tally.downlink,
-            "embedding_bytes_total": self.tally.embeddings, "params": self.dim,
+            "embedding_bytes_total": self.tally.embeddings, "evaluation_bytes_total": self.tally.evaluation,
+            "params": self.dim,
             "secure_agg": cfg.secagg.enabled, "secagg_s": self.tally.secagg_s,
             "train_s": self.tally.train_s if self.t.world == 1 else None,  # known where every client runs
             "wall_s": wall, "ranks": self.t.world, "fairness": fair, "split_stats": split_stats(g, self.owner), "gate": self.gate.report(),

@@ -39,6 +39,8 @@ For a crossing, :meth:`PolicyGate.admit` enforces:
 * ``update``: with ``updates = "secure_aggregation"`` only securely aggregated (masked)
   updates; with ``plain`` any;
 * ``control``: always (small protocol messages: round numbers, key-agreement material);
+* ``evaluation``: always (the predicted class of each of the client's own nodes, sent to the
+  server for the accuracy and fairness report; labels never leave with them);
 * every kind: the link's running byte total must stay within ``per_link_mb``.
 
 A refused payload raises :class:`PolicyViolation` and is neither recorded as admitted nor
@@ -63,8 +65,8 @@ from commgnn.errors import ConfigError, UserError
 
 EmbeddingRule = Literal["never", "quantised", "noised", "quantised_or_noised", "quantised_and_noised"]
 EMBEDDING_RULES = ("never", "quantised", "noised", "quantised_or_noised", "quantised_and_noised")
-PayloadKind = Literal["raw_features", "embeddings", "update", "control"]
-PAYLOAD_KINDS = ("raw_features", "embeddings", "update", "control")
+PayloadKind = Literal["raw_features", "embeddings", "update", "control", "evaluation"]
+PAYLOAD_KINDS = ("raw_features", "embeddings", "update", "control", "evaluation")
 SERVER = "server"
 """The server's party name (outside every organisation)."""
 MB = 1_000_000
@@ -294,7 +296,7 @@ class Payload:
     """One message about to leave a client, as the gate sees it."""
 
     kind: PayloadKind
-    """``raw_features``, ``embeddings``, ``update`` or ``control``."""
+    """``raw_features``, ``embeddings``, ``update``, ``control`` or ``evaluation``."""
     src_client: int
     """Sending client."""
     dst: int | str
