@@ -29,7 +29,7 @@ from commgnn.cli.config import RunConfig
 from commgnn.config import dump_toml, from_dict, set_path, to_dict
 from commgnn.errors import UserError
 from commgnn.netmodel import ClusterModel
-from commgnn.netmodel.predict import _rows, per_epoch_traffic
+from commgnn.netmodel.predict import per_epoch_traffic, read_metrics_rows
 
 HALO_PLANS: dict[str, dict[str, Any]] = {
     "exact": {},
@@ -85,7 +85,7 @@ def _with(base: RunConfig, levers: Mapping[str, Any], **paths: Any) -> RunConfig
 def _score(run_dir: Path, model: ClusterModel, compute_scale: float) -> tuple[list[float], list[float], float, float]:
     """Per-epoch validation accuracies, predicted cumulative seconds, predicted comm s/epoch
     and bytes per epoch of a probe run."""
-    rows = _rows(run_dir)
+    rows = read_metrics_rows(run_dir)
     pairs, calls = per_epoch_traffic(run_dir)
     comm = model.predict_epoch(0.0, pairs, calls)["comm"]
     t, cum = 0.0, []

@@ -22,7 +22,7 @@ import time
 from typing import Mapping, Sequence
 
 from commgnn.cluster.config import ClusterConfig
-from commgnn.cluster.netns import EmulatedNetwork, _run
+from commgnn.cluster.netns import EmulatedNetwork, run_tool
 
 
 def torchrun_command(cfg: ClusterConfig, host: int, run_id: str, job_args: Sequence[str]) -> list[str]:
@@ -40,7 +40,7 @@ def torchrun_command(cfg: ClusterConfig, host: int, run_id: str, job_args: Seque
 
 def _kill_namespace_processes(net: EmulatedNetwork) -> None:
     for ns in net.namespaces:
-        pids = _run(["ip", "netns", "pids", ns], check=False).stdout.split()
+        pids = run_tool(["ip", "netns", "pids", ns], check=False).stdout.split()
         for pid in pids:
             try:
                 os.kill(int(pid), signal.SIGKILL)

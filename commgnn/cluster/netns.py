@@ -52,7 +52,8 @@ def check_rights(status_text: str | None = None) -> None:
                             "apt-get install iproute2")
 
 
-def _run(args: Sequence[str], *, check: bool = True) -> subprocess.CompletedProcess[str]:
+def run_tool(args: Sequence[str], *, check: bool = True) -> subprocess.CompletedProcess[str]:
+    """Run an iproute2/tc command; ``check``: raise :class:`OSError` with its stderr on failure."""
     res = subprocess.run(list(args), capture_output=True, text=True)
     if check and res.returncode != 0:
         raise OSError(f"{' '.join(args)}: {res.stderr.strip() or f'exit {res.returncode}'}")
@@ -63,11 +64,11 @@ def netem_available() -> bool:
     """Whether this kernel has the netem qdisc (tried on the loopback of a scratch namespace)."""
     ns = f"commgnn-{os.getpid()}-probe"
     try:
-        _run(["ip", "netns", "add", ns])
-        return _run(["ip", "netns", "exec", ns, "tc", "qdisc", "add", "dev", "lo", "root", "netem", "delay", "1ms"],
+        run_tool(["ip", "netns", "add", ns])
+        return run_tool(["ip", "netns", "exec", ns, "tc", "qdisc", "add", "dev", "lo", "root", "netem", "delay", "1ms"],
                     check=False).returncode == 0
     finally:
-        _run(["ip", "netns", "del", ns], check=False)
+        run_tool(["ip", "netns", "del", ns], check=False)
 
 
 def _pid_alive(pid: int) -> bool:
@@ -83,16 +84,16 @@ def _pid_alive(pid: int) -> bool:
 def remove_stale() -> list[str]:
     """Remove the namespaces and bridges of clusters whose process is gone; their names."""
     removed = []
-    names = _run(["ip", "netns", "list"], check=False).stdout.split()
+    names = run_tool(["ip", "netns", "list"], check=False).stdout.split()
     for name in names:
         m = _NS_RE.match(name)
         if m and not _pid_alive(int(m.group(1))):
-            _run(["ip", "netns", "del", name], check=False)
+            run_tool(["ip", "netns", "del", name], check=False)
             removed.append(name)
-    for line in _run(["ip", "-o", "link", "show", "type", "bridge"], check=False).stdout.splitlines():
+    for line in run_tool(["ip", "-o", "link", "show", "type", "bridge"], check=False).stdout.splitlines():
         m = re.match(r"^\d+:\s+cg(\d+)br[:@]", line)
         if m and not _pid_alive(int(m.group(1))):
-            _run(["ip", "link", "del", f"cg{m.group(1)}br"], check=False)
+            run_tool(["ip", "link", "del", f"cg{m.group(1)}br"], check=False)
             removed.append(f"cg{m.group(1)}br")
     return removed
 
@@ -133,21 +134,21 @@ class EmulatedNetwork:
         if cfg.needs_netem and not netem_available():
             raise UserError("this kernel has no netem qdisc (sch_netem), so --delay and --loss cannot be "
                             "emulated here; --rate alone works (tbf)")
-        _run(["ip", "link", "add", self.bridge, "type", "bridge"])
+        run_tool(["ip", "link", "add", self.bridge, "type", "bridge"])
         self._made.append(("link", self.bridge))
-        _run(["ip", "link", "set", self.bridge, "up"])
+        run_tool(["ip", "link", "set", self.bridge, "up"])
         for i, (ns, hv) in enumerate(zip(self.namespaces, self.host_links)):
-            _run(["ip", "netns", "add", ns])
+            run_tool(["ip", "netns", "add", ns])
             self._made.append(("ns", ns))
-            _run(["ip", "link", "add", hv, "type", "veth", "peer", "name", f"cg{self.pid}p{i}"])
+            run_tool(["ip", "link", "add", hv, "type", "veth", "peer", "name", f"cg{self.pid}p{i}"])
             self._made.append(("link", hv))
-            _run(["ip", "link", "set", f"cg{self.pid}p{i}", "netns", ns])
-            _run(["ip", "-n", ns, "link", "set", f"cg{self.pid}p{i}", "name", "eth0"])
-            _run(["ip", "-n", ns, "addr", "add", f"{cfg.address(i)}/15", "dev", "eth0"])
-            _run(["ip", "-n", ns, "link", "set", "eth0", "up"])
-            _run(["ip", "-n", ns, "link", "set", "lo", "up"])
-            _run(["ip", "link", "set", hv, "master", self.bridge])
-            _run(["ip", "link", "set", hv, "up"])
+            run_tool(["ip", "link", "set", f"cg{self.pid}p{i}", "netns", ns])
+            run_tool(["ip", "-n", ns, "link", "set", f"cg{self.pid}p{i}", "name", "eth0"])
+            run_tool(["ip", "-n", ns, "addr", "add", f"{cfg.address(i)}/15", "dev", "eth0"])
+            run_tool(["ip", "-n", ns, "link", "set", "eth0", "up"])
+            run_tool(["ip", "-n", ns, "link", "set", "lo", "up"])
+            run_tool(["ip", "link", "set", hv, "master", self.bridge])
+            run_tool(["ip", "link", "set", hv, "up"])
             self._shape(ns, hv)
 
     def _tbf(self) -> list[str]:
@@ -160,9 +161,9 @@ class EmulatedNetwork:
 
     def _shape(self, ns: str, hv: str) -> None:
         cfg = self.cfg
-        _run(["tc", "qdisc", "add", "dev", hv, "root", *self._tbf()])  # what the host receives
+        run_tool(["tc", "qdisc", "add", "dev", hv, "root", *self._tbf()])  # what the host receives
         if not cfg.needs_netem:
-            _run(["ip", "netns", "exec", ns, "tc", "qdisc", "add", "dev", "eth0", "root", *self._tbf()])
+            run_tool(["ip", "netns", "exec", ns, "tc", "qdisc", "add", "dev", "eth0", "root", *self._tbf()])
             return
         netem = ["netem", "delay", f"{cfg.delay_s * 1e6:.0f}us"]
         if cfg.jitter_s:
@@ -172,12 +173,12 @@ class EmulatedNetwork:
         # The queue must hold a bandwidth-delay product of packets, or netem drops them.
         limit = max(1000, int(cfg.rate_bps / 8 * (cfg.delay_s + cfg.jitter_s + 0.1) / 1000))
         netem += ["rate", f"{int(cfg.rate_bps)}bit", "limit", str(limit)]
-        _run(["ip", "netns", "exec", ns, "tc", "qdisc", "add", "dev", "eth0", "root", *netem])
+        run_tool(["ip", "netns", "exec", ns, "tc", "qdisc", "add", "dev", "eth0", "root", *netem])
 
     def qdiscs(self, host: int) -> str:
         """``tc qdisc show`` of both ends of host ``host``'s link (for reports and tests)."""
-        inside = _run(["ip", "netns", "exec", self.namespaces[host], "tc", "qdisc", "show", "dev", "eth0"]).stdout
-        outside = _run(["tc", "qdisc", "show", "dev", self.host_links[host]]).stdout
+        inside = run_tool(["ip", "netns", "exec", self.namespaces[host], "tc", "qdisc", "show", "dev", "eth0"]).stdout
+        outside = run_tool(["tc", "qdisc", "show", "dev", self.host_links[host]]).stdout
         return inside + outside
 
     def close(self) -> None:
@@ -185,14 +186,14 @@ class EmulatedNetwork:
         while self._made:
             kind, name = self._made.pop()
             if kind == "ns":
-                _run(["ip", "netns", "del", name], check=False)
+                run_tool(["ip", "netns", "del", name], check=False)
             else:
-                _run(["ip", "link", "del", name], check=False)
+                run_tool(["ip", "link", "del", name], check=False)
 
     def leftovers(self) -> list[str]:
         """Objects of this cluster that still exist (empty after :meth:`close`)."""
-        names = set(_run(["ip", "netns", "list"], check=False).stdout.split())
-        links = _run(["ip", "-o", "link", "show"], check=False).stdout
+        names = set(run_tool(["ip", "netns", "list"], check=False).stdout.split())
+        links = run_tool(["ip", "-o", "link", "show"], check=False).stdout
         left = [ns for ns in self.namespaces if ns in names]
         left += [ln for ln in [self.bridge, *self.host_links] if re.search(rf"^\d+:\s+{ln}[:@]", links, re.M)]
         return left

@@ -22,7 +22,8 @@ from commgnn.netmodel.model import ClusterModel
 ALLREDUCE_CALLS = {"grad_sync": 1, "control": 3}
 
 
-def _rows(run_dir: Path) -> list[dict[str, Any]]:
+def read_metrics_rows(run_dir: Path) -> list[dict[str, Any]]:
+    """The rows of ``run_dir``'s ``metrics.jsonl`` (one per epoch), parsed."""
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
 
 
@@ -30,7 +31,7 @@ def per_epoch_traffic(run_dir: Path) -> tuple[dict[str, torch.Tensor], dict[str,
     """``[P, P]`` bytes per class in one (mean) epoch, and collectives per class per epoch
     (negative: ring all-reduces)."""
     summary = json.loads((run_dir / "summary.json").read_text())
-    rows = _rows(run_dir)
+    rows = read_metrics_rows(run_dir)
     n = len(rows)
     pairs, calls = {}, {}
     for c, mat in summary["bytes_by_pair"].items():
@@ -51,7 +52,7 @@ def per_epoch_traffic(run_dir: Path) -> tuple[dict[str, torch.Tensor], dict[str,
 def predict_run(run_dir: Path | str, model: ClusterModel) -> dict[str, Any]:
     """Measured and predicted seconds per epoch (means over epochs 2..n) for ``run_dir``."""
     run_dir = Path(run_dir)
-    rows = _rows(run_dir)
+    rows = read_metrics_rows(run_dir)
     if len(rows) < 2:
         raise ValueError(f"{run_dir}: the comparison needs at least 2 epochs")
     P = len(json.loads((run_dir / "summary.json").read_text())["peak_rss_mb_by_rank"])
