@@ -37,6 +37,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from commgnn.netmodel.predict import read_metrics_rows
 from cost_model import _cluster
 from tables import write_table
 
@@ -48,10 +49,6 @@ ENTRIES: dict[str, list[str]] = {
     "plan": [],
 }
 TOLERANCE = 0.5
-
-
-def _metrics(run: Path) -> list[dict[str, Any]]:
-    return [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines() if x.strip()]
 
 
 def time_to(rows: list[dict[str, Any]], target: float) -> float | None:
@@ -125,7 +122,7 @@ def report(ns: argparse.Namespace, out: Path) -> None:
             for s in ns.seeds:
                 p = out / ds / link / "exact" / f"s{s}"
                 if (p / "summary.json").is_file():
-                    exact[s] = _metrics(p)
+                    exact[s] = read_metrics_rows(p)
             t_exact = {s: time_to(r, max(x["val_acc"] for x in r)) for s, r in exact.items()}
             for name in ns.entries:
                 runs = {s: out / ds / link / name / f"s{s}" for s in exact}
@@ -135,7 +132,7 @@ def report(ns: argparse.Namespace, out: Path) -> None:
                 t_best, t_tol, speed, speed_tol, accs, mb, epoch, split, kwh, net_share = [], [], [], [], [], [], [], [], [], []
                 reached = reached_tol = 0
                 for s, p in runs.items():
-                    r, summ = _metrics(p), json.loads((p / "summary.json").read_text())
+                    r, summ = read_metrics_rows(p), json.loads((p / "summary.json").read_text())
                     best = max(x["val_acc"] for x in exact[s])
                     a, b = time_to(r, best), time_to(r, best - TOLERANCE / 100)
                     b_exact = time_to(exact[s], best - TOLERANCE / 100)
