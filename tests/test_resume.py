@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from commgnn.cli.main import main
 from commgnn.dist.context import free_port
@@ -169,3 +170,19 @@ def _seeded(cls, *args):
         torch.manual_seed(0)
         return cls(*args)
     return make
+
+
+def test_lever_state_returns_to_the_run_device_but_generator_states_stay_on_cpu():
+    """Checkpoints load onto the CPU; the levers' tensors go back to the run's device (here
+    the ``meta`` device stands in for a GPU), generator states stay CPU byte tensors."""
+    from commgnn.trainers.checkpoint import state_to_device
+
+    gen = torch.Generator().get_state()
+    state = {"inner": {"residual": torch.ones(3), "gen": gen, "ages": [torch.zeros(2, dtype=torch.long)]},
+             "powersgd": {"error_dict": {0: torch.ones(4)}, "iter": 7}, "pair": (torch.ones(1), 2), "none": None}
+    out = state_to_device(state, torch.device("meta"))
+    assert out["inner"]["residual"].device.type == "meta" and out["inner"]["ages"][0].device.type == "meta"
+    assert out["powersgd"]["error_dict"][0].device.type == "meta" and out["powersgd"]["iter"] == 7
+    assert out["pair"][0].device.type == "meta" and out["pair"][1] == 2 and isinstance(out["pair"], tuple)
+    assert out["inner"]["gen"] is gen and out["none"] is None
+    torch.Generator().set_state(out["inner"]["gen"])  # still loadable

@@ -87,3 +87,24 @@ def load_rank(run_dir: Path, meta: dict[str, Any], rank: int, *, parts: int, fin
     if not isinstance(state, dict) or state.get("epoch") != meta["epoch"]:
         raise UserError(f"checkpoint file {path} does not hold epoch {meta['epoch']}")
     return state
+
+
+GENERATOR_KEY = "gen"
+"""Where the communication parts keep a ``torch.Generator``'s state in their state dicts."""
+
+
+def state_to_device(state: Any, device: torch.device) -> Any:
+    """``state`` (nested dicts, lists and tuples of tensors) with its tensors on ``device``.
+
+    Checkpoints load onto the CPU (:func:`load_rank`), but a run on a GPU keeps the levers'
+    state (error-feedback residuals, stale rows, gradient-tracking vectors, PowerSGD's
+    memories) where the tensors it meets live. Generator states (values under
+    :data:`GENERATOR_KEY`) stay on the CPU: ``Generator.set_state`` of the CPU generators
+    the levers draw from takes a CPU byte tensor."""
+    if isinstance(state, torch.Tensor):
+        return state.to(device)
+    if isinstance(state, dict):
+        return {k: v if k == GENERATOR_KEY else state_to_device(v, device) for k, v in state.items()}
+    if isinstance(state, (list, tuple)):
+        return type(state)(state_to_device(v, device) for v in state)
+    return state

@@ -39,6 +39,7 @@ from commgnn.models.byo import DistributedModel
 from commgnn.models.deep import MINIBATCH_REFUSED, PRECOMPUTE_REFUSED, ResPlusGNN
 from commgnn.models.net import PartitionGNN, maxk_message_layers
 from commgnn.partition.local import LocalPartition
+from commgnn.trainers.checkpoint import state_to_device
 from commgnn.trainers.config import TrainConfig
 
 _DTYPES = {"float32": torch.float32, "float64": torch.float64}
@@ -300,5 +301,6 @@ class FullGraphTrainer:
         self.optimizer.load_state_dict(state["optimizer"])
         if self.scheduler is not None and state.get("scheduler") is not None:
             self.scheduler.load_state_dict(state["scheduler"])
-        self.halo.load_state_dict(state["halo"])
-        self.grad_sync.load_state_dict(state["grad_sync"])
+        # the levers' state back where its tensors live (checkpoints load onto the CPU)
+        self.halo.load_state_dict(state_to_device(state["halo"], self.ctx.device))
+        self.grad_sync.load_state_dict(state_to_device(state["grad_sync"], self.ctx.device))
