@@ -190,7 +190,7 @@ def report(ns: argparse.Namespace, out: Path) -> None:
         "measured compute, with the link calibrated on the same emulated cluster (`commgnn calibrate`); error = "
         "(predicted - measured) / measured, mean over seeds.",
         "MB/epoch counts every payload handed to a collective (halo forward, backward, evaluation, gradients). "
-        "Energy: CodeCarbon offline (CPU + RAM, all ranks) plus network bytes x 2.34e-5 J/byte."])
+        "Energy: CodeCarbon offline (CPU + RAM, all ranks) plus network bytes x 2.34e-5 J/byte.", *ns.note])
     print(stem.with_suffix(".md").read_text())
 
 
@@ -212,6 +212,7 @@ def main() -> None:
     ap.add_argument("--out", default="runs/bench-emulated")
     ap.add_argument("--stamp", help="date in the result file names (default: today)")
     ap.add_argument("--report-only", action="store_true")
+    ap.add_argument("--note", action="append", default=[], help="a note on this run for the table")
     ns = ap.parse_args()
     ns.entry_seeds = {e: ns.seeds[:1] for e in ns.one_seed}
     out = Path(ns.out)

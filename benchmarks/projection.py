@@ -28,11 +28,12 @@ from commgnn.partition.config import PartitionConfig
 from tables import write_table
 
 
-def powersgd_ratio(F: int, h: int, C: int, rank: int = 1) -> float:
-    """Bytes of rank-r PowerSGD over fp32, for a 2-layer GCN's weights (biases uncompressed)."""
-    mats = [(F, h), (h, C)]
-    full = sum(a * b for a, b in mats) + h + C
-    return (sum(rank * (a + b) for a, b in mats) + h + C) / full
+def powersgd_ratio(F: int, h: int, C: int, rank: int = 1, layers: int = 2) -> float:
+    """Bytes of rank-r PowerSGD over fp32, for an L-layer GCN's weights (biases uncompressed)."""
+    mats = [(F, h)] + [(h, h)] * (layers - 2) + [(h, C)]
+    biases = h * (layers - 1) + C
+    full = sum(a * b for a, b in mats) + biases
+    return (sum(rank * (a + b) for a, b in mats) + biases) / full
 
 
 def main() -> None:
@@ -43,11 +44,13 @@ def main() -> None:
     ap.add_argument("--rates-gbit", nargs="+", type=float, default=[1.0, 10.0, 25.0])
     ap.add_argument("--out", default="runs/bench-projection")
     ap.add_argument("--note", action="append", default=[], help="a note on this run for the table")
+    ap.add_argument("--layers", type=int, default=2, help="GCN layers (3: the emulated grid's model)")
+    ap.add_argument("--stamp", help="name of the result files (default: DATE-projection)")
     ns = ap.parse_args()
-    L, h, P_ref = 2, 64, 4
+    L, h, P_ref = ns.layers, 64, 4
     rows = []
     for ds in ns.datasets:
-        ref = Path(ns.out) / f"{ds}-ref"
+        ref = Path(ns.out) / (f"{ds}-ref" if L == 2 else f"{ds}-ref-L{L}")
         if not (ref / "summary.json").is_file():
             subprocess.run(["rm", "-rf", str(ref)], check=True)
             subprocess.run(["commgnn", "train", "--dataset", ds, "--data-root", ns.root, "--parts", str(P_ref),
@@ -61,9 +64,11 @@ def main() -> None:
         work_ref = float(work(ei, ref_parts, P_ref, F, h, L).max())
         levers = [Levers(name="exact"), Levers(name="8-bit halo", bits=8), Levers(name="4-bit halo", bits=4),
                   Levers(name="transform-first", transform_first=True),
+                  Levers(name="transform-first + 4-bit", transform_first=True, bits=4),
+                  Levers(name="precompute + transform-first", precompute=True, transform_first=True),
                   Levers(name="precompute + 4-bit", bits=4, precompute=True),
                   Levers(name="precompute + 4-bit + PowerSGD r1", bits=4, precompute=True,
-                         grad_ratio=powersgd_ratio(F, h, C))]
+                         grad_ratio=powersgd_ratio(F, h, C, layers=L))]
         for hosts in ns.hosts:
             parts = partition_graph(ei, data.num_nodes, hosts, PartitionConfig())
             for gbit in ns.rates_gbit:
@@ -79,7 +84,7 @@ def main() -> None:
                                  "MB_per_epoch": f"{p['bytes'] / 1e6:.1f}", "speedup_vs_exact": f"{base / p['epoch']:.2f}"})
         print(f"{ds}: compute alone at P={P_ref}: {summary['compute_alone_s'] * 1e3:.1f} ms", flush=True)
     stamp = datetime.date.today().isoformat()
-    stem = Path(__file__).resolve().parent / "results" / f"{stamp}-projection"
+    stem = Path(__file__).resolve().parent / "results" / (ns.stamp or f"{stamp}-projection")
     write_table(rows, stem, f"Projected epoch time on 8 and 32 hosts ({stamp}): a cost-model projection, not a run", [
         f"GCN {L}x{h}, METIS, one rank per host (each with its own cores). Compute: the {P_ref}-rank reference "
         "run's compute alone, scaled by the busiest rank's work; comm: the halo rows each pair exchanges "
