@@ -37,7 +37,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from commgnn.netmodel.predict import read_metrics_rows
+from commgnn.netmodel import ClusterModel
+from commgnn.netmodel.predict import predict_run, read_metrics_rows
 from cost_model import _cluster
 from tables import write_table
 
@@ -153,6 +154,9 @@ def report(ns: argparse.Namespace, out: Path) -> None:
                         kwh.append(1000 * summ["energy_kwh"])
                         net_share.append(100 * summ["energy"].get("network_share", 0.0))
                 n = len(runs)
+                net = out / f"{ds}-{link}-net.json"
+                model = ClusterModel.from_dict(json.loads(net.read_text())) if net.is_file() else None
+                preds = [predict_run(p, model) for p in runs.values()] if model is not None else []
                 sp = {k: statistics.mean(x[k] for x in split) for k in ("compute", "comm", "idle")}
                 plan_name = ""
                 if name == "plan":
@@ -163,6 +167,9 @@ def report(ns: argparse.Namespace, out: Path) -> None:
                     "dataset": ds, "link": link, "entry": name + (f" ({plan_name})" if plan_name else ""),
                     "seeds": n, "test acc": _fmt(accs, 2), "MB/epoch (train+eval)": _fmt(mb, 1),
                     "epoch s": _fmt(epoch, 2),
+                    "model epoch s (error)": (f"{_fmt([q['predicted_epoch_s'] for q in preds], 2)} "
+                                              f"({statistics.mean(100 * q['error'] for q in preds):+.1f}%)")
+                    if preds else "—",
                     "split compute/comm/idle s": f"{sp['compute']:.2f} / {sp['comm']:.2f} / {sp['idle']:.2f}",
                     "s to exact best val": f"{_fmt(t_best, 0)} ({reached}/{n})",
                     "speed-up": f"{_fmt(speed, 2)}x" if speed else "—",
@@ -179,6 +186,9 @@ def report(ns: argparse.Namespace, out: Path) -> None:
         "Time = the slowest rank's epoch seconds (training + evaluation), summed until the validation accuracy first "
         "reaches the same seed's exact run's best (or that less 0.5 points); speed-up = exact's time to that "
         "accuracy / the entry's, per seed, then averaged. (k/n) = seeds that reached it within the epochs.",
+        "Model epoch s: the cost model's prediction from the run's recorded per-pair bytes and its busiest rank's "
+        "measured compute, with the link calibrated on the same emulated cluster (`commgnn calibrate`); error = "
+        "(predicted - measured) / measured, mean over seeds.",
         "MB/epoch counts every payload handed to a collective (halo forward, backward, evaluation, gradients). "
         "Energy: CodeCarbon offline (CPU + RAM, all ranks) plus network bytes x 2.34e-5 J/byte."])
     print(stem.with_suffix(".md").read_text())

@@ -258,3 +258,22 @@ def test_rank_r_error_feedback_and_unbiased_mode_track_the_update() -> None:
         assert (sent - 100 * g).norm() / (100 * g).norm() < tol
         if feedback:
             assert codec.residual.norm() < 5 * g.norm()
+
+
+@pytest.mark.parametrize("kind", ["randk", "rankr"])
+def test_damped_residual_keeps_beta_times_what_was_not_sent(kind: str) -> None:
+    """residual_decay beta: the kept residual is beta (acc - sent), so it stays below the
+    plain residual's pile-up; beta = 1 is plain error feedback, bit for bit."""
+    shapes = [(11, 13), (13,), (13, 10), (10,)]
+    make = {"randk": lambda **kw: uplink.RandomK(0.25, dim=296, seed=1, bits=10, clip=50.0, **kw),
+            "rankr": lambda **kw: uplink.RankR(2, shapes=shapes, seed=1, bits=12, clip=50.0, **kw)}[kind]
+    plain, one, damped = make(), make(residual_decay=1.0), make(residual_decay=0.5)
+    g = torch.randn(plain.dim, generator=torch.Generator().manual_seed(5))
+    assert torch.equal(plain.encode(g, 0), one.encode(g, 0)) and torch.equal(plain.residual, one.residual)
+    damped.encode(g, 0)
+    assert torch.allclose(damped.residual, 0.5 * plain.residual)  # same first round, half of it kept
+    for r in range(1, 40):
+        plain.encode(g, r), damped.encode(g, r)
+    assert damped.residual.norm() < 0.5 * plain.residual.norm()  # bounded by about 1 / (1 - beta) rounds
+    with pytest.raises(ConfigError, match="residual decay"):
+        make(residual_decay=0.0)

@@ -51,6 +51,7 @@ FLAG_KEYS: dict[str, str] = {
     "uplink_bits": "uplink.bits",
     "uplink_fraction": "uplink.fraction",
     "uplink_rank": "uplink.rank",
+    "uplink_residual_decay": "uplink.residual_decay",
     "policy": "policy.path",
     "out": "output.out",
     "parts": "runtime.parts",
@@ -129,6 +130,9 @@ def add_parser(sub: Any) -> None:
                    help="randomk: share of coordinates sent (without --uplink: implies randomk)")
     s.add_argument("--uplink-rank", dest="uplink_rank", type=int,
                    help="rank: columns of each projection (without --uplink: implies rank)")
+    s.add_argument("--uplink-residual-decay", dest="uplink_residual_decay", type=float,
+                   help="randomk/rank: damp the error-feedback residual by this each round, in (0, 1] "
+                        "(default 1: plain error feedback)")
     s.add_argument("--policy", metavar="FILE.toml", help="governance policy (organisations, what may cross)")
     r = p.add_argument_group("ranks ([runtime])")
     r.add_argument("--parts", type=int, help="ranks: 1 = server and clients in this process; W > 1 = rank 0 "
@@ -201,6 +205,8 @@ def _check_flags_apply(cfg: Any, flags: Mapping[str, Any]) -> None:
         ("uplink_fraction", cfg.uplink.codec == "randomk",
          f"--uplink-fraction applies to --uplink randomk, not {cfg.uplink.codec}"),
         ("uplink_rank", cfg.uplink.codec == "rank", f"--uplink-rank applies to --uplink rank, not {cfg.uplink.codec}"),
+        ("uplink_residual_decay", cfg.uplink.codec in ("randomk", "rank") and cfg.uplink.error_feedback,
+         f"--uplink-residual-decay applies to --uplink randomk or rank with error feedback, not {cfg.uplink.codec}"),
         ("mu", fed.algorithm == "fedprox", f"--mu applies to --algorithm fedprox, not {fed.algorithm}"),
         ("alpha", cfg.split.method == "dirichlet", f"--alpha applies to --split dirichlet, not {cfg.split.method}"),
         ("embedding_bits", fed.cross_edges == "embeddings", "--embedding-bits applies with --cross-edges embeddings"),

@@ -150,6 +150,10 @@ class UplinkConfig:
     previous round's aggregate (public to every party), at least 1e-3."""
     error_feedback: bool = True
     """randomk/rank: a client keeps what it did not send and adds it to its next update."""
+    residual_decay: float = 1.0
+    """randomk/rank with error feedback: the kept residual is multiplied by this each round,
+    in (0, 1]; 1 = plain error feedback, 0.9 keeps about 10 rounds' worth (a damped residual
+    does not pile up and overshoot when each round sends a small share of the update)."""
 
     def __post_init__(self) -> None:
         if self.codec not in ("fp32", "quant", "randomk", "rank"):
@@ -159,6 +163,9 @@ class UplinkConfig:
         fraction("uplink.fraction", self.fraction, open_low=True)
         positive("uplink.rank", self.rank)
         positive("uplink.clip", self.clip, allow_zero=True)
+        if not (isinstance(self.residual_decay, (int, float)) and 0.0 < self.residual_decay <= 1.0):
+            raise ConfigError(f"uplink.residual_decay must be in (0, 1] (1 = plain error feedback), "
+                              f"got {self.residual_decay!r}")
 
 
 @dataclass(frozen=True, kw_only=True)

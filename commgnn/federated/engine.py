@@ -191,9 +191,9 @@ class Federation:
             return up.SharedScaleQuant(u.bits, clip, dim=self.dim, seed=seed, client=client)
         if u.codec == "randomk":
             return up.RandomK(u.fraction, dim=self.dim, seed=seed, bits=u.bits, clip=clip, client=client,
-                              error_feedback=u.error_feedback)
+                              error_feedback=u.error_feedback, residual_decay=u.residual_decay)
         return up.RankR(u.rank, shapes=self.shapes, seed=seed, bits=u.bits, clip=clip, client=client,
-                        error_feedback=u.error_feedback)
+                        error_feedback=u.error_feedback, residual_decay=u.residual_decay)
 
     def _set_clip(self, clip: float) -> None:
         """Re-scale every quantising codec (keeping error-feedback residuals); under DP the

@@ -26,7 +26,8 @@ aggregation reduces them mod ``2^m``) and back:
 * :class:`Plain` -- float32, no secure aggregation: ``4 d`` bytes (the baseline).
 
 RandomK and RankR keep a client-side error-feedback residual (what was not sent, plus
-the clipping error), saved with :meth:`state_dict`. Randomness is drawn from
+the clipping error; optionally damped, see :class:`_ErrorFeedback`), saved with
+:meth:`state_dict`. Randomness is drawn from
 ``torch.Generator`` seeded by hashing ``(seed, purpose, round[, client])``: the shared
 maps use only ``seed`` and the round; the rounding noise also mixes in ``client`` so
 clients round independently.
@@ -159,14 +160,26 @@ class FixedPoint(SharedScaleQuant):
 
 
 class _ErrorFeedback:
-    """Client-side residual ``e``: ``acc = update + e`` is compressed, ``e = acc - sent``."""
+    """Client-side residual ``e``: ``acc = update + e`` is compressed, ``e = beta (acc - sent)``.
 
-    def __init__(self, dim: int, enabled: bool) -> None:
+    ``beta = 1`` is plain error feedback. ``beta < 1`` (a damped residual) forgets what was not
+    sent at rate ``1 - beta`` per round, so the residual holds about ``1 / (1 - beta)`` rounds of
+    updates instead of all of them: when a codec sends a small share of the update each round
+    (rank 2 of 64 columns) the undamped residual grows until its release overshoots."""
+
+    def __init__(self, dim: int, enabled: bool, decay: float = 1.0) -> None:
+        if not 0.0 < decay <= 1.0:
+            raise ConfigError(f"uplink residual decay must be in (0, 1], got {decay!r}")
         self.error_feedback = enabled
+        self.decay = decay
         self.residual = torch.zeros(dim, dtype=torch.float32)
 
     def _accumulate(self, update: Tensor) -> Tensor:
         return update + self.residual if self.error_feedback else update
+
+    def _keep(self, unsent: Tensor) -> None:
+        """The new residual from what ``acc`` did not send."""
+        self.residual = unsent if self.decay == 1.0 else self.decay * unsent
 
     def state_dict(self) -> dict[str, Tensor]:
         return {"residual": self.residual.clone()}
@@ -187,10 +200,10 @@ class RandomK(_ErrorFeedback):
     secure = True
 
     def __init__(self, fraction: float, *, dim: int, seed: int = 0, bits: int = 16, clip: float = 1.0,
-                 client: int = 0, error_feedback: bool = True) -> None:
+                 client: int = 0, error_feedback: bool = True, residual_decay: float = 1.0) -> None:
         check_fraction("uplink random-k fraction", fraction, open_low=True)
         positive("uplink dim", dim)
-        super().__init__(dim, error_feedback)
+        super().__init__(dim, error_feedback, residual_decay)
         self.fraction, self.dim, self.seed = fraction, dim, seed
         self.k = self.out_dim = max(1, round(fraction * dim))
         self.quant = SharedScaleQuant(bits, clip, dim=self.k, seed=seed, client=client)
@@ -205,8 +218,9 @@ class RandomK(_ErrorFeedback):
         idx = self.indices(round_id)
         kept = acc[idx].clamp(-self.quant.clip, self.quant.clip)
         if self.error_feedback:
-            self.residual = acc.clone()
-            self.residual[idx] -= kept  # what was not sent, including the clipped excess
+            unsent = acc.clone()
+            unsent[idx] -= kept  # what was not sent, including the clipped excess
+            self._keep(unsent)
         return self.quant.quantize(kept, round_id)
 
     def decode_sum(self, sum_ring: Tensor, n_clients: int, round_id: int) -> Tensor:
@@ -230,7 +244,8 @@ class RankR(_ErrorFeedback):
     secure = True
 
     def __init__(self, rank: int, *, shapes: Sequence[Sequence[int]], seed: int = 0, bits: int = 16,
-                 clip: float = 1.0, client: int = 0, error_feedback: bool = True) -> None:
+                 clip: float = 1.0, client: int = 0, error_feedback: bool = True,
+                 residual_decay: float = 1.0) -> None:
         positive("uplink rank", rank)
         if not shapes:
             raise ConfigError("uplink rank-r codec needs the parameter shapes")
@@ -247,7 +262,7 @@ class RankR(_ErrorFeedback):
             off += numel
             out += rows * self.rank if low else numel
         self.dim, self.out_dim = off, out
-        super().__init__(self.dim, error_feedback)
+        super().__init__(self.dim, error_feedback, residual_decay)
         self.quant = SharedScaleQuant(bits, clip, dim=out, seed=seed, client=client)
         self._q_cache: tuple[int, list[Tensor | None]] | None = None
 
@@ -285,7 +300,7 @@ class RankR(_ErrorFeedback):
                 piece = piece.reshape(-1)
             pieces.append(piece)
         if self.error_feedback:
-            self.residual = acc - torch.cat(sent)
+            self._keep(acc - torch.cat(sent))
         return self.quant.quantize(torch.cat(pieces), round_id)
 
     def decode_sum(self, sum_ring: Tensor, n_clients: int, round_id: int) -> Tensor:
