@@ -26,9 +26,9 @@ from torch_geometric.nn import LayerNorm as PygLayerNorm
 from torch_geometric.nn import (APPNP, MLP, BatchNorm, ChebConv, GATConv, GATv2Conv, GCNConv, GINConv, GraphConv,
                                 GraphSAGE, SAGEConv, TransformerConv)
 
-from commgnn.comm.alltoall import AllToAllHalo
 from commgnn.comm.build import build_halo
 from commgnn.comm.config import HaloConfig
+from commgnn.comm.halo.alltoall import AllToAllHalo
 from commgnn.dist.context import DistContext
 from commgnn.dist.events import CommEvent, Hooks
 from commgnn.errors import ConfigError
@@ -117,7 +117,7 @@ def local_graph(part: LocalPartition) -> LocalGraph:
 
 
 def plan_of(part: LocalPartition):
-    from commgnn.comm.halo import HaloPlan
+    from commgnn.comm.halo.protocol import HaloPlan
     return HaloPlan(send_index=part.send_index, send_counts=list(part.send_counts),
                     recv_counts=list(part.recv_counts))
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from commgnn.comm.config import CommConfig, GossipConfig
-from commgnn.comm.gossip import DPSGDAdaptThenCombine
+from commgnn.comm.gossip.dpsgd import DPSGDAdaptThenCombine
 from commgnn.data import SyntheticConfig, make_csbm
 from commgnn.dist.context import DistContext
 from commgnn.dist.events import CommEvent, Hooks

@@ -31,10 +31,10 @@ import pytest
 import torch
 from torch_geometric.data import Data
 
-from commgnn.comm.alltoall import AllToAllHalo
 from commgnn.comm.build import build_halo
 from commgnn.comm.config import CommConfig, GossipConfig, GradConfig, HaloConfig
-from commgnn.comm.halo import HaloPlan
+from commgnn.comm.halo.alltoall import AllToAllHalo
+from commgnn.comm.halo.protocol import HaloPlan
 from commgnn.data import SyntheticConfig, make_csbm
 from commgnn.dist.context import DistContext
 from commgnn.dist.events import Hooks

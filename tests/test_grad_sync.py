@@ -9,14 +9,15 @@ import torch
 from torch import nn
 
 from commgnn.comm.build import build_grad_sync
-from commgnn.comm.cltk import CyclicTopKSync
 from commgnn.comm.config import CommConfig, GossipConfig, GradConfig
-from commgnn.comm.gossip import DPSGD, PushSum
-from commgnn.comm.qsgd import QSGDSync
-from commgnn.comm.signsgd import SignSGDSync
-from commgnn.comm.topk import TopKSync
-from commgnn.comm.topology import Topology
-from commgnn.comm.tracking import AdaptThenCombineTracking, GradientTracking
+from commgnn.comm.gossip.dpsgd import DPSGD
+from commgnn.comm.gossip.pushsum import PushSum
+from commgnn.comm.gossip.topology import Topology
+from commgnn.comm.gossip.tracking import AdaptThenCombineTracking, GradientTracking
+from commgnn.comm.grad.cltk import CyclicTopKSync
+from commgnn.comm.grad.qsgd import QSGDSync
+from commgnn.comm.grad.signsgd import SignSGDSync
+from commgnn.comm.grad.topk import TopKSync
 from commgnn.dist.context import DistContext
 from commgnn.dist.events import CommEvent, Hooks
 from commgnn.errors import ConfigError, UserError
@@ -229,7 +230,7 @@ def test_periodic_global_average_replaces_every_kth_gossip_round(tmp_path):
 
 def test_quasi_global_momentum_follows_its_recurrence():
     """d = g + beta m;  x <- mix(x) - lr d;  m <- beta m + (1 - beta) (x_old - x_new) / lr."""
-    from commgnn.comm.quasi_global import QuasiGlobalMomentum
+    from commgnn.comm.gossip.quasi_global import QuasiGlobalMomentum
 
     sync = build_grad_sync(DistContext.single(), Hooks(), CommConfig(gossip=GossipConfig(momentum=0.5)), seed=0)
     assert isinstance(sync, QuasiGlobalMomentum) and sync.owns_momentum and sync.decentralised
@@ -338,7 +339,7 @@ def test_gradient_tracking_keeps_the_average_gradient(tmp_path, atc):
 
 
 def tiny_grads_rank(ctx: DistContext) -> dict:
-    from commgnn.comm.ddp_hooks import DDPHookSync
+    from commgnn.comm.grad.ddp_hooks import DDPHookSync
 
     out = {}
     for prescale in (False, True):
@@ -359,7 +360,7 @@ def tiny_grads_rank(ctx: DistContext) -> dict:
 
 
 def big_model_rank(ctx: DistContext) -> dict:
-    from commgnn.comm.ddp_hooks import DDPHookSync
+    from commgnn.comm.grad.ddp_hooks import DDPHookSync
 
     torch.manual_seed(0)
     # two 1.4 MB weights: DDP's default rebuild would close a 1 MiB first bucket after the first

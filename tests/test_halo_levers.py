@@ -9,10 +9,10 @@ import pytest
 import torch
 
 from commgnn.comm import quant
-from commgnn.comm.adaptive import relative_stats, solve_bits
-from commgnn.comm.alltoall import AllToAllHalo
 from commgnn.comm.build import build_halo
 from commgnn.comm.config import HaloConfig
+from commgnn.comm.halo.adaptive import relative_stats, solve_bits
+from commgnn.comm.halo.alltoall import AllToAllHalo
 from commgnn.config import from_dict
 from commgnn.dist.context import DistContext
 from commgnn.dist.events import CommEvent, Hooks

@@ -9,10 +9,10 @@ import sys
 import pytest
 import torch
 
-from commgnn.comm.alltoall import AllToAllHalo
-from commgnn.comm.halo import HaloPlan
-from commgnn.comm.maxk_rows import MaxKRows
-from commgnn.comm.sampled import Sampled
+from commgnn.comm.halo.alltoall import AllToAllHalo
+from commgnn.comm.halo.maxk_rows import MaxKRows
+from commgnn.comm.halo.protocol import HaloPlan
+from commgnn.comm.halo.sampled import Sampled
 from commgnn.dist.events import CommEvent, Hooks
 from commgnn.errors import ConfigError
 from commgnn.models.config import ModelConfig

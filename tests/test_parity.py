@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from commgnn.comm.config import CommConfig, HaloConfig
-from commgnn.comm.exchange import RowExchange
+from commgnn.comm.halo.exchange import RowExchange
 from commgnn.dist.context import DistContext
 from commgnn.dist.events import Hooks
 from commgnn.models import ModelConfig

@@ -7,9 +7,9 @@ import time
 import pytest
 import torch
 
-from commgnn.comm.adaptive import AdaptiveQuantized
 from commgnn.comm.config import HaloConfig
-from commgnn.comm.exchange import RowExchange
+from commgnn.comm.halo.adaptive import AdaptiveQuantized
+from commgnn.comm.halo.exchange import RowExchange
 from commgnn.dist.context import DistContext
 from commgnn.dist.events import Hooks
 from commgnn.errors import ConfigError
@@ -81,7 +81,7 @@ class DriftingLink(RowExchange):
 
 
 def test_the_staleness_controller_orders_an_exact_epoch_when_stale_rows_drift_too_far():
-    from commgnn.comm.pipelined import Pipelined
+    from commgnn.comm.halo.pipelined import Pipelined
 
     drift = [0.0, 0.01, 0.01, 0.5, 0.01, 0.01, 0.01]
     link = DriftingLink(drift)

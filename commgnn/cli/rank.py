@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from commgnn.cli.config import RunConfig
-from commgnn.comm.allreduce import counted_all_reduce
+from commgnn.comm.collectives import counted_all_reduce
 from commgnn.dist.context import DistContext
 from commgnn.dist.events import Hooks
 from commgnn.dist.faults import FaultInjector

@@ -12,18 +12,18 @@ from __future__ import annotations
 
 import torch.distributed as dist
 
-from commgnn.comm.adaptive import AdaptiveQuantized
-from commgnn.comm.allreduce import AllReduceSync
-from commgnn.comm.grad_sync import GradSync
-from commgnn.comm.alltoall import AllToAllHalo
 from commgnn.comm.config import BitsConfig, CommConfig, HaloConfig
-from commgnn.comm.exchange import RowExchange
-from commgnn.comm.halo import HaloPlan
-from commgnn.comm.maxk_rows import MaxKRows
-from commgnn.comm.pipelined import Pipelined
-from commgnn.comm.quantized import Quantized
-from commgnn.comm.sampled import Sampled
-from commgnn.comm.skip import SkipUnchanged
+from commgnn.comm.grad.allreduce import AllReduceSync
+from commgnn.comm.grad_sync import GradSync
+from commgnn.comm.halo.adaptive import AdaptiveQuantized
+from commgnn.comm.halo.alltoall import AllToAllHalo
+from commgnn.comm.halo.exchange import RowExchange
+from commgnn.comm.halo.maxk_rows import MaxKRows
+from commgnn.comm.halo.pipelined import Pipelined
+from commgnn.comm.halo.protocol import HaloPlan
+from commgnn.comm.halo.quantized import Quantized
+from commgnn.comm.halo.sampled import Sampled
+from commgnn.comm.halo.skip import SkipUnchanged
 from commgnn.dist.context import DistContext
 from commgnn.dist.events import Hooks
 
@@ -66,18 +66,19 @@ def build_halo(ctx: DistContext, plan: HaloPlan, hooks: Hooks, cfg: HaloConfig, 
 def build_grad_sync(ctx: DistContext, hooks: Hooks, cfg: CommConfig, *, seed: int) -> GradSync:
     """The gradient strategy of ``[comm.grad]``, or gossip when ``[comm.gossip]`` is set."""
     if cfg.gossip is not None:
-        from commgnn.comm.gossip import DPSGD, DPSGDAdaptThenCombine, PushSum
-        from commgnn.comm.tracking import AdaptThenCombineTracking, GradientTracking
+        from commgnn.comm.gossip.dpsgd import DPSGD, DPSGDAdaptThenCombine
+        from commgnn.comm.gossip.pushsum import PushSum
+        from commgnn.comm.gossip.tracking import AdaptThenCombineTracking, GradientTracking
 
         cls = {"dpsgd": DPSGD, "dpsgd-atc": DPSGDAdaptThenCombine, "pushsum": PushSum, "tracking": GradientTracking,
                "tracking-atc": AdaptThenCombineTracking}[cfg.gossip.method]
         gossip = cls(ctx, hooks, cfg.gossip.topology)
         if cfg.gossip.average_every:
-            from commgnn.comm.global_average import PeriodicGlobalAverage
+            from commgnn.comm.gossip.global_average import PeriodicGlobalAverage
 
             gossip = PeriodicGlobalAverage(gossip, ctx, hooks, every=cfg.gossip.average_every)
         if cfg.gossip.momentum:
-            from commgnn.comm.quasi_global import QuasiGlobalMomentum
+            from commgnn.comm.gossip.quasi_global import QuasiGlobalMomentum
 
             gossip = QuasiGlobalMomentum(gossip, beta=cfg.gossip.momentum)
         return gossip
@@ -85,23 +86,23 @@ def build_grad_sync(ctx: DistContext, hooks: Hooks, cfg: CommConfig, *, seed: in
     if g.strategy == "allreduce":
         return AllReduceSync(ctx, hooks)
     if g.strategy in ("fp16", "bf16", "powersgd", "localsgd"):
-        from commgnn.comm.ddp_hooks import DDPHookSync
+        from commgnn.comm.grad.ddp_hooks import DDPHookSync
 
         return DDPHookSync(ctx, hooks, strategy=g.strategy, rank=g.rank, start_iter=g.start_iter, period=g.period,
                            half=g.half, prescale=g.prescale_on)
     if g.strategy == "topk":
-        from commgnn.comm.topk import TopKSync
+        from commgnn.comm.grad.topk import TopKSync
 
         return TopKSync(ctx, hooks, ratio=g.ratio, warmup_steps=g.warmup_steps, warmup_density=g.warmup_density,
                         momentum=g.momentum, clip_norm=g.clip_norm, seed=seed)
     if g.strategy == "cltk":
-        from commgnn.comm.cltk import CyclicTopKSync
+        from commgnn.comm.grad.cltk import CyclicTopKSync
 
         return CyclicTopKSync(ctx, hooks, ratio=g.ratio, half=g.half, momentum=g.momentum, seed=seed)
     if g.strategy == "qsgd":
-        from commgnn.comm.qsgd import QSGDSync
+        from commgnn.comm.grad.qsgd import QSGDSync
 
         return QSGDSync(ctx, hooks, levels=g.levels, bucket=g.bucket, error_feedback=g.error_feedback, seed=seed)
-    from commgnn.comm.signsgd import SignSGDSync
+    from commgnn.comm.grad.signsgd import SignSGDSync
 
     return SignSGDSync(ctx, hooks, seed=seed)

@@ -176,7 +176,7 @@ class GradConfig:
     prescale: bool | None = None
     """fp16 and powersgd with ``half``: divide each bucket by the ranks' largest magnitude
     before the cast (one scalar all-reduce per bucket), so that small gradients do not sink
-    into fp16's subnormals (:mod:`commgnn.comm.prescale`). None = on where fp16 is used."""
+    into fp16's subnormals (:mod:`commgnn.comm.grad.prescale`). None = on where fp16 is used."""
 
     def __post_init__(self) -> None:
         fraction("comm.grad.ratio", self.ratio, open_low=True)
@@ -233,11 +233,11 @@ class GossipConfig:
     adapt-then-combine form (mix after the local change)."""
     momentum: float = 0.0
     """QG-DSGDm: quasi-global heavy-ball momentum of this factor, built from each model's
-    displacement (:mod:`commgnn.comm.quasi_global`); the trainer's SGD then runs without
+    displacement (:mod:`commgnn.comm.gossip.quasi_global`); the trainer's SGD then runs without
     momentum of its own. 0 = off (each rank's optimiser keeps its local momentum)."""
     average_every: int = 0
     """Gossip-PGA: every this many rounds an exact all-reduce average of the models replaces
-    the gossip round (:mod:`commgnn.comm.global_average`); 0 = never. ``dpsgd`` only."""
+    the gossip round (:mod:`commgnn.comm.gossip.global_average`); 0 = never. ``dpsgd`` only."""
 
     def __post_init__(self) -> None:
         if self.method not in get_args(GossipMethod):  # also when built from Python, not TOML

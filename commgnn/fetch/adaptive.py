@@ -1,5 +1,5 @@
 """Adaptive bit-widths for fetched feature rows (the halo exchange's AdaQP-style solver,
-:func:`commgnn.comm.adaptive.solve_bits`, applied to the fetch).
+:func:`commgnn.comm.halo.adaptive.solve_bits`, applied to the fetch).
 
 The *asker* chooses the width of the rows it receives from each owner, so that its
 feature bytes per epoch fit ``budget_bytes``: from the rows received from owner o in the
@@ -22,7 +22,7 @@ import torch
 from torch import Tensor
 
 from commgnn.comm import quant
-from commgnn.comm.adaptive import solve_bits
+from commgnn.comm.halo.adaptive import solve_bits
 
 
 def row_bytes(d: int, bits: int, element_size: int = 4) -> int:

@@ -86,8 +86,8 @@ from torch_geometric.nn import (GATConv, GATv2Conv, GCNConv, GINConv, GraphConv,
                                 TransformerConv)
 from torch_geometric.nn import norm as pyg_norm
 
-from commgnn.comm.alltoall import AllToAllHalo
-from commgnn.comm.halo import HaloExchange
+from commgnn.comm.halo.alltoall import AllToAllHalo
+from commgnn.comm.halo.protocol import HaloExchange
 from commgnn.errors import ConfigError
 from commgnn.models.graph import LocalGraph
 

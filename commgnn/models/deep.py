@@ -37,7 +37,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
-from commgnn.comm.halo import HaloExchange
+from commgnn.comm.halo.protocol import HaloExchange
 from commgnn.errors import ConfigError
 from commgnn.models.config import ModelConfig
 from commgnn.models.gcn import GCNLayer

@@ -5,7 +5,7 @@
 The backward pass is straight-through on the kept entries: ``grad_h = grad_out * mask``,
 the mask of the forward's top-k positions (what autograd gives for ``h * mask`` with the
 mask held constant). Rows leave the activation with at most k non-zeros, which is what
-:class:`commgnn.comm.maxk_rows.MaxKRows` sends as (index, value) pairs.
+:class:`commgnn.comm.halo.maxk_rows.MaxKRows` sends as (index, value) pairs.
 """
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from commgnn.comm.halo import HaloExchange
+from commgnn.comm.halo.protocol import HaloExchange
 from commgnn.errors import ConfigError
 from commgnn.models.config import ModelConfig
 from commgnn.models.gat import GATLayer

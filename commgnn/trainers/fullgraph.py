@@ -22,14 +22,14 @@ from torch import nn
 from torch.nn.utils import vector_to_parameters
 
 from commgnn import kernels
-from commgnn.comm.allreduce import counted_all_reduce
-from commgnn.comm.alltoall import AllToAllHalo
 from commgnn.comm.build import build_grad_sync, build_halo
+from commgnn.comm.collectives import counted_all_reduce
 from commgnn.comm.config import CommConfig
 from commgnn.comm.grad_sync import GradSync
-from commgnn.comm.exchange import RowExchange
-from commgnn.comm.halo import HaloExchange, HaloPlan
-from commgnn.comm.maxk_rows import MaxKRows
+from commgnn.comm.halo.alltoall import AllToAllHalo
+from commgnn.comm.halo.exchange import RowExchange
+from commgnn.comm.halo.maxk_rows import MaxKRows
+from commgnn.comm.halo.protocol import HaloExchange, HaloPlan
 from commgnn.dist.context import DistContext
 from commgnn.dist.events import Hooks
 from commgnn.errors import ConfigError

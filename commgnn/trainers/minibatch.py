@@ -55,7 +55,7 @@ from commgnn.sampling.base import MiniBatch
 from commgnn.sampling.config import SamplerConfig
 from commgnn.sampling.remote import RemoteNeighbors
 from commgnn.trainers.config import TrainConfig
-from commgnn.comm.alltoall import AllToAllHalo
+from commgnn.comm.halo.alltoall import AllToAllHalo
 from commgnn.trainers.fullgraph import FullGraphTrainer, halo_plan
 from commgnn.trainers.mb_setup import (build_cache, build_sampler, cache_capacity, choose_topology, owner_map,
                                        remote_candidates, replicated_topology)

@@ -23,8 +23,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from commgnn.comm.alltoall import AllToAllHalo
-from commgnn.comm.exchange import RowExchange, Wrapper
+from commgnn.comm.halo.alltoall import AllToAllHalo
+from commgnn.comm.halo.exchange import RowExchange, Wrapper
 from commgnn.dist.events import Hooks
 from commgnn.trainers.fullgraph import FullGraphTrainer, halo_plan
 

@@ -20,8 +20,8 @@ from __future__ import annotations
 import torch.distributed as dist
 from torch import Tensor
 
-from commgnn.comm.exchange import RowExchange
-from commgnn.comm.halo import HaloPlan
+from commgnn.comm.halo.exchange import RowExchange
+from commgnn.comm.halo.protocol import HaloPlan
 from commgnn.dist.context import DistContext
 from commgnn.dist.events import Hooks
 

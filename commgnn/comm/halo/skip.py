@@ -23,8 +23,8 @@ import torch
 from torch import Tensor
 
 from commgnn.comm import quant
-from commgnn.comm.exchange import RowExchange, Wrapper
-from commgnn.comm.sampled import block_sums
+from commgnn.comm.halo.exchange import RowExchange, Wrapper
+from commgnn.comm.halo.sampled import block_sums
 
 def pack_bits(mask: Tensor, counts: list[int]) -> tuple[Tensor, list[int]]:
     """Pack a bool mask block by block (each block padded to whole bytes)."""

@@ -16,9 +16,9 @@ plain D-PSGD 85.1, fp32 all-reduce 88.0. Over 3 seeds (150 epochs,
 results/*-grad-sync-sgd-computers.md), every 8 rounds: 85.32 ± 0.27, against D-PSGD's
 85.45 ± 0.31 and all-reduce's 87.68 ± 0.61. The exact averages did not close the gap there;
 the local momentum buffers, which averaging does not touch, are one suspect
-(:mod:`commgnn.comm.quasi_global`).
+(:mod:`commgnn.comm.gossip.quasi_global`).
 
-Wraps :class:`~commgnn.comm.gossip.DPSGD` only: gradient tracking's tracker and push-sum's
+Wraps :class:`~commgnn.comm.gossip.dpsgd.DPSGD` only: gradient tracking's tracker and push-sum's
 weights have invariants that an exact model average would break.
 Written here: torch ships no decentralised optimiser (techniques.md section 5).
 """
@@ -29,8 +29,9 @@ from typing import Any, Iterable
 
 from torch import Tensor, nn
 
-from commgnn.comm.allreduce import counted_all_reduce
-from commgnn.comm.gossip import DPSGD, flat_params, write_params
+from commgnn.comm.collectives import counted_all_reduce
+from commgnn.comm.gossip.base import flat_params, write_params
+from commgnn.comm.gossip.dpsgd import DPSGD
 from commgnn.comm.grad_sync import GradSyncBase
 from commgnn.dist.context import DistContext
 from commgnn.dist.events import Hooks

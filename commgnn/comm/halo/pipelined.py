@@ -22,7 +22,7 @@ from typing import Any
 
 from torch import Tensor
 
-from commgnn.comm.exchange import RowExchange, Wrapper
+from commgnn.comm.halo.exchange import RowExchange, Wrapper
 from commgnn.dist.events import Hooks
 
 

@@ -31,7 +31,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from commgnn.comm import quant
-from commgnn.comm.exchange import RowExchange, Wrapper
+from commgnn.comm.halo.exchange import RowExchange, Wrapper
 from commgnn.dist.context import DistContext
 from commgnn.dist.events import Hooks
 

@@ -9,7 +9,7 @@ is grouped by source rank (``in_counts[q]`` rows from rank q). The forward excha
 ``h[send_index]`` with the plan's counts (``kind`` = ``halo_fwd``); the backward moves the
 halo gradients the other way (``kind`` = ``halo_bwd``) and the owner sums them into
 ``grad_h`` at ``send_index``. :class:`RowExchange` turns ``move`` into the differentiable
-``exchange(h, layer)`` of the :class:`~commgnn.comm.halo.HaloExchange` Protocol.
+``exchange(h, layer)`` of the :class:`~commgnn.comm.halo.protocol.HaloExchange` Protocol.
 
 Levers wrap another strategy and call ``self.inner.move`` on what they decide to send
 (:class:`Wrapper`), so ``Quantized(Sampled(AllToAllHalo(...)))`` composes: sampling picks
@@ -23,7 +23,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from commgnn.comm.halo import HaloPlan
+from commgnn.comm.halo.protocol import HaloPlan
 
 
 class _ExchangeFn(torch.autograd.Function):

@@ -1,4 +1,7 @@
-"""Baseline gradient sync: one fp32 all-reduce (SUM) of all gradients flattened into a bucket.
+"""Counted collectives: the byte model of a ring all-reduce, and an all-reduce that reports it.
+
+Shared by the gradient strategies (:mod:`commgnn.comm.grad`), the gossip wrappers
+(:mod:`commgnn.comm.gossip`) and the trainers, which all put all-reduces on the wire.
 
 Bytes: ``torch.distributed`` does not expose what a backend puts on the wire, so we
 count the ring all-reduce algorithm's payload, ``2 (P-1)/P * n * s`` bytes sent per rank
@@ -9,12 +12,8 @@ send this much for large buckets.
 
 from __future__ import annotations
 
-from typing import Iterable
-
 import torch
-from torch import nn
 
-from commgnn.comm.grad_sync import GradSyncBase, flat_grads, set_grads
 from commgnn.dist.context import DistContext
 from commgnn.dist.events import Hooks, TrafficClass
 
@@ -31,16 +30,3 @@ def counted_all_reduce(ctx: DistContext, hooks: Hooks, t: torch.Tensor, kind: Tr
         with hooks.timed("comm"):
             ctx.all_reduce(t, "sum")
     return t
-
-
-class AllReduceSync(GradSyncBase):
-    """fp32 SUM all-reduce of one flattened bucket (exact)."""
-
-    def __init__(self, ctx: DistContext, hooks: Hooks) -> None:
-        self.ctx, self.hooks = ctx, hooks
-
-    def sync(self, params: Iterable[nn.Parameter]) -> None:
-        if not self.ctx.is_distributed:
-            return
-        params = [p for p in params if p.requires_grad]
-        set_grads(params, counted_all_reduce(self.ctx, self.hooks, flat_grads(params), "grad_sync"))

@@ -11,7 +11,7 @@ from torch import Tensor
 import torch
 
 from commgnn.comm import quant
-from commgnn.comm.compressed import CompressedSync, as_bytes
+from commgnn.comm.grad.compressed import CompressedSync, as_bytes
 
 
 class SignSGDSync(CompressedSync):

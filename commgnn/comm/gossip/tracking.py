@@ -1,7 +1,7 @@
 """Decentralised training with gradient tracking (DIGing / GT-DSGD; Nedić et al. 2017,
 Pu & Nedić 2020), for partitions whose local losses differ a lot.
 
-D-PSGD (:class:`~commgnn.comm.gossip.DPSGD`) steps each model along its *own* gradient.
+D-PSGD (:class:`~commgnn.comm.gossip.dpsgd.DPSGD`) steps each model along its *own* gradient.
 With METIS partitions the local losses are far apart (label mixes differ per part), so the
 local models drift towards their own optima and only the mixing pulls them back. Gradient
 tracking gives every rank an estimate ``y_i`` of the *average* gradient instead::
@@ -53,7 +53,7 @@ from typing import Any, Iterable
 import torch
 from torch import Tensor, nn
 
-from commgnn.comm.gossip import GossipBase, flat_params, write_params
+from commgnn.comm.gossip.base import GossipBase, flat_params, write_params
 from commgnn.comm.grad_sync import flat_grads, set_grads
 
 

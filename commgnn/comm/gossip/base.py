@@ -7,13 +7,17 @@ gradient by P (each rank's loss is its share of the global loss, so the average 
 local steps is the full-gradient step).
 
 * :class:`DPSGD` (Lian et al., NeurIPS'17): ``x_i <- sum_j W_ij x_j`` with a doubly
-  stochastic ``W`` from :class:`~commgnn.comm.topology.Topology`.
+  stochastic ``W`` from :class:`~commgnn.comm.gossip.topology.Topology`.
 * :class:`DPSGDAdaptThenCombine`: the same mixing after the local step (diffusion order).
 * :class:`PushSum` (Stochastic Gradient Push, Assran et al., ICML'19): each rank keeps
   ``(x_i, w_i)``, sends equal shares ``x_i / (d_i + 1)`` and ``w_i / (d_i + 1)`` to its
   ``d_i`` out-neighbours of the round (keeping one share) and computes with
   ``z_i = x_i / w_i``. Sums of x and w are invariant, so directed and time-varying graphs
   still converge to the average.
+
+The strategies live in :mod:`~commgnn.comm.gossip.dpsgd`, :mod:`~commgnn.comm.gossip.pushsum`
+and :mod:`~commgnn.comm.gossip.tracking`; this module holds what they share: the peer
+exchange, flat models and :class:`GossipBase`.
 
 Bytes: a copy of the parameters (in their dtype) to each out-neighbour, plus push-sum's w.
 :meth:`consensus` (an all-reduce, measurement only, not counted) gives the mean distance of
@@ -22,15 +26,15 @@ the local models to their average, and the average itself for evaluation.
 
 from __future__ import annotations
 
-from typing import Any, Iterable
+from typing import Iterable
 
 import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 from torch.nn.utils import parameters_to_vector, vector_to_parameters
 
+from commgnn.comm.gossip.topology import Topology
 from commgnn.comm.grad_sync import GradSyncBase
-from commgnn.comm.topology import Topology
 from commgnn.dist.context import DistContext
 from commgnn.dist.events import Hooks
 
@@ -97,72 +101,3 @@ class GossipBase(GradSyncBase):
         mean = self.ctx.all_reduce(x.clone()) / self.ctx.world_size
         dist_i = torch.tensor([float((x - mean).norm())], dtype=torch.float64)
         return float(self.ctx.all_reduce(dist_i)) / self.ctx.world_size, mean
-
-
-class DPSGD(GossipBase):
-    def sync(self, params: Iterable[nn.Parameter]) -> None:
-        params = [p for p in params if p.requires_grad]
-        self._scale_grads(params)
-        if not self.ctx.is_distributed:
-            return
-        write_params(params, self.mix(flat_params(params)))
-        self.round += 1
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"round": self.round}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.round = state["round"]
-
-
-class DPSGDAdaptThenCombine(DPSGD):
-    """D-PSGD in adapt-then-combine (diffusion) order: ``x_i <- sum_j W_ij (x_j - step_j)``.
-
-    Lian et al.'s D-PSGD mixes *before* the local step (``x <- W x - step``), so each
-    gradient is taken at a model that has moved along its own rank's gradient only. Here the
-    mixing follows the step (:meth:`after_step`), so the next gradient is taken at a mixed
-    model; with ``W = J`` this is exactly the all-reduce update (tested). Same bytes as D-PSGD.
-
-    Measured (session 4, seed 0, SGD momentum 0.9, lr 0.1, GCN, 8 METIS ranks). On a
-    label-skewed synthetic graph (CSBM, 4000 nodes, 8 classes, homophily 0.9: about one
-    class per rank; 100 epochs), where one P-scaled local step fits a rank's own labels,
-    fp32 all-reduce reaches 99.2%. Mix-then-step reaches 75.2% on the exponential graph and
-    83.6% even with exact averaging (``full``); step-then-mix reaches 95.9% and 99.2%. On
-    Computers (150 epochs) it does not help: 84.3% against D-PSGD's 85.1%.
-    """
-
-    def sync(self, params: Iterable[nn.Parameter]) -> None:
-        self._scale_grads([p for p in params if p.requires_grad])
-
-    def after_step(self, params: Iterable[nn.Parameter]) -> None:
-        self.mix_models([p for p in params if p.requires_grad])
-
-
-class PushSum(GossipBase):
-    def __init__(self, ctx: DistContext, hooks: Hooks, topology: str) -> None:
-        super().__init__(ctx, hooks, topology)
-        self.weight = 1.0
-
-    def sync(self, params: Iterable[nn.Parameter]) -> None:
-        params = [p for p in params if p.requires_grad]
-        self._scale_grads(params)
-        if not self.ctx.is_distributed:
-            return
-        send_to, recv_from = self.topology.peers(self.round, self.ctx.rank)
-        share = 1.0 / (len(send_to) + 1)
-        # what travels is (x, w) with x = z * w, both scaled by the share
-        x = flat_params(params)
-        msg = torch.cat([x * self.weight, torch.tensor([self.weight], dtype=x.dtype, device=x.device)]) * share
-        got = exchange_with_peers(self.ctx, self.hooks, msg, send_to, recv_from)
-        total = msg.clone()
-        for m in got.values():
-            total += m
-        self.weight = float(total[-1])
-        write_params(params, total[:-1] / self.weight)
-        self.round += 1
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"round": self.round, "weight": self.weight}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.round, self.weight = state["round"], state["weight"]

@@ -32,7 +32,7 @@ from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
 from torch.nn.parallel import DistributedDataParallel
 
-from commgnn.comm.allreduce import ring_allreduce_bytes
+from commgnn.comm.collectives import ring_allreduce_bytes
 from commgnn.comm.grad_sync import GradSyncBase
 from commgnn.dist.context import DistContext
 from commgnn.dist.events import Hooks
@@ -118,7 +118,7 @@ class DDPHookSync(GradSyncBase):
         return self.ddp
 
     def _maybe_prescaled(self, hook: Any) -> Any:
-        from commgnn.comm.prescale import prescaled
+        from commgnn.comm.grad.prescale import prescaled
 
         return prescaled(hook, self.group) if self.prescale else hook
 

@@ -3,7 +3,7 @@
 With plain D-PSGD every rank runs heavy-ball momentum on its *own* gradient. On partitions
 whose losses differ, each rank's buffer accumulates its own direction, about ``1/(1-beta)``
 times over, and mixing the models does nothing to the buffers. A periodic exact average
-of the models (:mod:`commgnn.comm.global_average`) did not close D-PSGD's gap on Computers
+of the models (:mod:`commgnn.comm.gossip.global_average`) did not close D-PSGD's gap on Computers
 (single seed: 84.6 / 85.0 at every 4 / 8 rounds against 85.1 without). QG-DSGDm builds
 the buffer from the model's actual displacement, which includes the pull of the gossip
 step, so every buffer tends to the global direction::
@@ -33,8 +33,8 @@ from typing import Any, Iterable
 
 from torch import Tensor, nn
 
-from commgnn.comm.global_average import PeriodicGlobalAverage
-from commgnn.comm.gossip import GossipBase, flat_params
+from commgnn.comm.gossip.base import GossipBase, flat_params
+from commgnn.comm.gossip.global_average import PeriodicGlobalAverage
 from commgnn.comm.grad_sync import GradSyncBase, flat_grads, set_grads
 
 

@@ -25,7 +25,7 @@ import torch
 from torch import Tensor
 
 from commgnn.comm import quant
-from commgnn.comm.exchange import RowExchange, Wrapper
+from commgnn.comm.halo.exchange import RowExchange, Wrapper
 
 
 def _idx_bytes(d: int) -> int:

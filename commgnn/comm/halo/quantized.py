@@ -14,7 +14,7 @@ import torch
 from torch import Tensor
 
 from commgnn.comm import quant
-from commgnn.comm.exchange import RowExchange, Wrapper
+from commgnn.comm.halo.exchange import RowExchange, Wrapper
 
 
 class Quantized(Wrapper):

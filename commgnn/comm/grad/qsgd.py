@@ -16,7 +16,7 @@ import torch
 from torch import Tensor
 
 from commgnn.comm import quant
-from commgnn.comm.compressed import CompressedSync, as_bytes
+from commgnn.comm.grad.compressed import CompressedSync, as_bytes
 from commgnn.dist.context import DistContext
 from commgnn.dist.events import Hooks
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from commgnn.comm.exchange import RowExchange, Wrapper
+from commgnn.comm.halo.exchange import RowExchange, Wrapper
 
 
 class Sampled(Wrapper):

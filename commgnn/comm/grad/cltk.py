@@ -1,7 +1,7 @@
 """Cyclic local top-k (CLT-k, after ScaleCom; Chen et al., NeurIPS'20): top-k sparsification
 whose index set is shared, so the values can be *all-reduced* instead of all-gathered.
 
-Plain top-k (:mod:`commgnn.comm.topk`) lets every rank pick its own indices, so the sparse
+Plain top-k (:mod:`commgnn.comm.grad.topk`) lets every rank pick its own indices, so the sparse
 payloads must be all-gathered: each rank sends ``(P-1) x 8k`` bytes, and the saving over a
 ring all-reduce of ``n`` fp32 values is only ``n / (P k)`` (12.5x at 1% density on 8 ranks).
 CLT-k lets one rank choose for everyone. At step ``t`` the leader ``l = t mod P``:
@@ -56,8 +56,8 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
-from commgnn.comm.allreduce import counted_all_reduce
-from commgnn.comm.compressed import CompressedSync
+from commgnn.comm.collectives import counted_all_reduce
+from commgnn.comm.grad.compressed import CompressedSync
 from commgnn.comm.grad_sync import flat_grads, set_grads
 from commgnn.dist.context import DistContext
 from commgnn.dist.events import Hooks
