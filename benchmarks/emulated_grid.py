@@ -40,7 +40,7 @@ from typing import Any
 from commgnn.netmodel import ClusterModel
 from commgnn.netmodel.predict import predict_run, read_metrics_rows
 from cost_model import _cluster
-from tables import write_table
+from tables import time_to, write_table
 
 ENTRIES: dict[str, list[str]] = {
     "exact": [],
@@ -50,16 +50,6 @@ ENTRIES: dict[str, list[str]] = {
     "plan": [],
 }
 TOLERANCE = 0.5
-
-
-def time_to(rows: list[dict[str, Any]], target: float) -> float | None:
-    """Cumulative epoch seconds (slowest rank) until ``val_acc >= target``; None if never."""
-    t = 0.0
-    for r in rows:
-        t += r["epoch_s"]
-        if r["val_acc"] >= target - 1e-12:
-            return t
-    return None
 
 
 def _plan(ns: argparse.Namespace, out: Path, ds: str, link: str, pdir: Path, net: Path) -> Path:

@@ -34,7 +34,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from tables import write_table
+from tables import time_to, write_table
 
 COMMON = ["--model", "sage", "--layers", "2", "--hidden", "64", "--quiet"]
 FULL = ["--epochs", "150", "--patience", "30"]
@@ -102,15 +102,6 @@ def _load(d: Path) -> tuple[dict[str, Any], list[dict[str, Any]]] | None:
     return json.loads((d / "summary.json").read_text()), rows
 
 
-def _time_to(rows: list[dict[str, Any]], target: float) -> float | None:
-    t = 0.0
-    for r in rows:
-        t += r["epoch_s"]
-        if r["val_acc"] >= target - 1e-12:
-            return t
-    return None
-
-
 def _ms(values: list[float], scale: float = 1.0, digits: int = 2) -> str:
     if not values:
         return "—"
@@ -132,8 +123,8 @@ def table(out: Path, datasets: list[str], seeds: list[int]) -> list[dict[str, An
             summ = [r[0] for r in runs]
             split = {k: [statistics.mean(x["time_mean_s"][k] for x in r[1]) for r in runs]
                      for k in ("sample", "fetch", "comm", "compute")}
-            reach = [_time_to(r[1], target) for r in runs] if target else []
-            near = [_time_to(r[1], target - 0.005) for r in runs] if target else []
+            reach = [time_to(r[1], target) for r in runs] if target else []
+            near = [time_to(r[1], target - 0.005) for r in runs] if target else []
             hit = [s["cache_hit_rate"] for s in summ if s.get("cache_hit_rate") is not None]
             opt = [s["cache_hit_rate_optimal"] for s in summ if s.get("cache_hit_rate_optimal") is not None]
             rows_out.append({

@@ -45,3 +45,14 @@ def write_table(rows: Sequence[dict[str, Any]], stem: Path, title: str, notes: S
     lines += ["| " + " | ".join(keys) + " |", "|" + "---|" * len(keys)]
     lines += ["| " + " | ".join(str(r[k]) for k in keys) + " |" for r in rows]
     stem.with_suffix(".md").write_text("\n".join(lines) + "\n")
+
+
+def time_to(rows: Sequence[dict[str, Any]], target: float) -> float | None:
+    """Cumulative epoch seconds (``epoch_s``: the slowest rank's) of ``metrics.jsonl`` rows
+    until ``val_acc`` first reaches ``target``; None if it never does."""
+    t = 0.0
+    for r in rows:
+        t += r["epoch_s"]
+        if r["val_acc"] >= target - 1e-12:
+            return t
+    return None
