@@ -27,7 +27,8 @@ from commgnn.netmodel.predict import predict_run
 from tables import write_table
 
 
-def _cluster(hosts: int, r: int, rate: str, delay: str | None, job: list[str]) -> None:
+def run_on_cluster(hosts: int, r: int, rate: str, delay: str | None, job: list[str]) -> None:
+    """Run ``commgnn cluster ... -- JOB`` (hosts x r ranks at ``rate``, optional delay); raise on failure."""
     cmd = [sys.executable, "-m", "commgnn", "cluster", "--hosts", str(hosts), "--ranks-per-host", str(r),
            "--rate", rate, *(["--delay", delay] if delay else []), "--", *job]
     subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
@@ -62,11 +63,11 @@ def main() -> None:
                 continue
             net = out / f"{tag}-net.json"
             if not net.is_file():
-                _cluster(hosts, ns.ranks_per_host, rate, delay or None, ["calibrate", "--out", str(net)])
+                run_on_cluster(hosts, ns.ranks_per_host, rate, delay or None, ["calibrate", "--out", str(net)])
             run = out / f"{tag}-run"
             if not (run / "summary.json").is_file():
                 subprocess.run(["rm", "-rf", str(run)], check=True)
-                _cluster(hosts, ns.ranks_per_host, rate, delay or None,
+                run_on_cluster(hosts, ns.ranks_per_host, rate, delay or None,
                          ["train", "--dataset", ns.dataset, "--data-root", ns.root, "--partition-dir", str(pdir),
                           "--model", "gcn", "--layers", "2", "--hidden", "64", "--epochs", str(ns.epochs),
                           "--patience", "0", "--quiet", "--no-energy", "--out", str(run)])

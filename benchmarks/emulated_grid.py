@@ -39,7 +39,7 @@ from typing import Any
 
 from commgnn.netmodel import ClusterModel
 from commgnn.netmodel.predict import predict_run, read_metrics_rows
-from cost_model import _cluster
+from cost_model import run_on_cluster
 from tables import time_to, write_table
 
 ENTRIES: dict[str, list[str]] = {
@@ -52,7 +52,7 @@ ENTRIES: dict[str, list[str]] = {
 TOLERANCE = 0.5
 
 
-def _plan(ns: argparse.Namespace, out: Path, ds: str, link: str, pdir: Path, net: Path) -> Path:
+def _plan(ns: argparse.Namespace, out: Path, ds: str, link: str, net: Path) -> Path:
     plan = out / f"{ds}-{link}-plan.toml"
     if not plan.is_file():
         P = ns.hosts * ns.ranks_per_host
@@ -75,7 +75,7 @@ def run_grid(ns: argparse.Namespace, out: Path) -> None:
             for link in ns.links:
                 net = out / f"{ds}-{link}-net.json"
                 if not net.is_file():
-                    _cluster(ns.hosts, ns.ranks_per_host, link, None, ["calibrate", "--out", str(net)])
+                    run_on_cluster(ns.hosts, ns.ranks_per_host, link, None, ["calibrate", "--out", str(net)])
                 for name in ns.entries:
                     if seed not in ns.entry_seeds.get(name, ns.seeds):
                         continue
@@ -86,14 +86,13 @@ def run_grid(ns: argparse.Namespace, out: Path) -> None:
                     run.parent.mkdir(parents=True, exist_ok=True)
                     extra = ENTRIES[name]
                     if name == "plan":
-                        extra = ["--config", str(_plan(ns, out, ds, link, pdir, net))]
+                        extra = ["--config", str(_plan(ns, out, ds, link, net))]
                     job = ["train", *extra, "--dataset", ds, "--data-root", ns.root, "--partition-dir", str(pdir),
                            "--model", "gcn", "--layers", str(ns.layers), "--hidden", str(ns.hidden),
                            "--epochs", str(ns.epochs), "--patience", "0", "--seed", str(seed), "--quiet",
                            "--out", str(run)]
                     t0 = time.perf_counter()
-                    _cluster(ns.hosts, ns.ranks_per_host, link, None, job)
-                    (run / "wall.json").write_text(json.dumps({"wall_s": time.perf_counter() - t0}))
+                    run_on_cluster(ns.hosts, ns.ranks_per_host, link, None, job)
                     print(f"{ds} {link} {name} s{seed}: {time.perf_counter() - t0:.0f} s", flush=True)
 
 
