@@ -5,8 +5,9 @@ calibrate`: ping-pong slope and all-to-all factor), train on it (exact full-grap
 2 layers, hidden 64, Coauthor CS, METIS, `--epochs` epochs, no early stop), and predict the
 run's epoch time from its recorded per-pair bytes and its busiest rank's measured compute
 (`commgnn.netmodel.predict.predict_run`). Error = (predicted - measured) / measured, mean
-epoch time over epochs 2..n. Needs root (network namespaces); 100 Mbit/s + 5 ms needs the
-kernel's netem qdisc and is reported as not run where it is missing.
+epoch time over epochs 2..n. Needs root (network namespaces). The 5 ms delay is netem's where
+the kernel has it, otherwise the user-space delay line's (`commgnn.cluster.delayline`); the
+table says which.
 
     sudo python benchmarks/cost_model.py --hosts 2 4 --ranks-per-host 2 --rates 1gbit 100mbit
 """
@@ -58,9 +59,8 @@ def main() -> None:
             rate, _, delay = spec.partition("+")
             tag = f"h{hosts}-{spec.replace('+', '-')}"
             row = {"hosts": hosts, "ranks_per_host": ns.ranks_per_host, "link": spec}
-            if delay and not netem:
-                rows.append({**row, "note": "not run: this kernel has no netem qdisc (delay cannot be emulated)"})
-                continue
+            if delay:
+                row["delay_by"] = "netem" if netem else "delay line"
             net = out / f"{tag}-net.json"
             if not net.is_file():
                 run_on_cluster(hosts, ns.ranks_per_host, rate, delay or None, ["calibrate", "--out", str(net)])
@@ -81,7 +81,7 @@ def main() -> None:
                          "error_%": f"{100 * p['error']:+.1f}",
                          "compute_s": f"{p['compute_s']:.3f}",
                          "comm_measured_s": f"{p['measured_comm_s']:.3f}",
-                         "comm_predicted_s": f"{p['predicted_comm_s']:.3f}", "note": ""})
+                         "comm_predicted_s": f"{p['predicted_comm_s']:.3f}"})
             print(rows[-1], flush=True)
     cols = list(dict.fromkeys(k for r in rows for k in r))
     rows = [{k: r.get(k, "—") for k in cols} for r in rows]

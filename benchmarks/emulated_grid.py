@@ -19,7 +19,7 @@ busiest rank's time split; energy. All emulated hosts share this machine's 2 cor
 is slower than on a real cluster by about ranks / cores; the comparison between entries is fair
 (same machine, same protocol), the absolute times are not a real cluster's.
 
-    sudo python benchmarks/emulated_grid.py --datasets CS --links 100mbit 1gbit --seeds 0 1 2
+    sudo python benchmarks/emulated_grid.py --datasets CS --links 100mbit 1gbit 100mbit+5ms --seeds 0 1 2
     python benchmarks/emulated_grid.py --report-only
 """
 
@@ -52,6 +52,12 @@ ENTRIES: dict[str, list[str]] = {
 TOLERANCE = 0.5
 
 
+def _link(spec: str) -> tuple[str, str | None]:
+    """``100mbit+5ms`` -> (rate, one-way delay); the delay is None when the spec has none."""
+    rate, _, delay = spec.partition("+")
+    return rate, delay or None
+
+
 def _plan(ns: argparse.Namespace, out: Path, ds: str, link: str, net: Path) -> Path:
     plan = out / f"{ds}-{link}-plan.toml"
     if not plan.is_file():
@@ -75,7 +81,7 @@ def run_grid(ns: argparse.Namespace, out: Path) -> None:
             for link in ns.links:
                 net = out / f"{ds}-{link}-net.json"
                 if not net.is_file():
-                    run_on_cluster(ns.hosts, ns.ranks_per_host, link, None, ["calibrate", "--out", str(net)])
+                    run_on_cluster(ns.hosts, ns.ranks_per_host, *_link(link), ["calibrate", "--out", str(net)])
                 for name in ns.entries:
                     if seed not in ns.entry_seeds.get(name, ns.seeds):
                         continue
@@ -92,7 +98,7 @@ def run_grid(ns: argparse.Namespace, out: Path) -> None:
                            "--epochs", str(ns.epochs), "--patience", "0", "--seed", str(seed), "--quiet",
                            "--out", str(run)]
                     t0 = time.perf_counter()
-                    run_on_cluster(ns.hosts, ns.ranks_per_host, link, None, job)
+                    run_on_cluster(ns.hosts, ns.ranks_per_host, *_link(link), job)
                     print(f"{ds} {link} {name} s{seed}: {time.perf_counter() - t0:.0f} s", flush=True)
 
 
@@ -166,7 +172,7 @@ def report(ns: argparse.Namespace, out: Path) -> None:
                     f"speed-up (-{TOLERANCE})": f"{_fmt(speed_tol, 2)}x" if speed_tol else "—",
                     "energy Wh": _fmt(kwh, 2), "network share %": _fmt(net_share, 0)})
     stamp = ns.stamp or datetime.date.today().isoformat()
-    stem = Path(__file__).resolve().parent / "results" / f"{stamp}-emulated-grid"
+    stem = Path(__file__).resolve().parent / "results" / f"{stamp}-emulated-grid{'-' + ns.tag if ns.tag else ''}"
     write_table(rows, stem, f"Time to accuracy on an emulated cluster ({stamp})", [
         f"`python benchmarks/emulated_grid.py` (root): {ns.hosts} emulated hosts x "
         f"{ns.ranks_per_host} ranks in network namespaces, links shaped with tbf (`commgnn cluster`), gloo over the "
@@ -200,6 +206,7 @@ def main() -> None:
     ap.add_argument("--root", default=os.environ.get("COMMGNN_DATA_ROOT", "../shared/datasets"))
     ap.add_argument("--out", default="runs/bench-emulated")
     ap.add_argument("--stamp", help="date in the result file names (default: today)")
+    ap.add_argument("--tag", default="", help="suffix of the result file names (e.g. the dataset)")
     ap.add_argument("--report-only", action="store_true")
     ap.add_argument("--note", action="append", default=[], help="a note on this run for the table")
     ns = ap.parse_args()

@@ -210,3 +210,80 @@ def test_a_train_job_gets_an_out_dir_and_host_placement_when_hosts_hold_several_
     assert "--place-hosts" not in args and out == tmp_path / "r"
     cal = argparse.Namespace(hosts=2, ranks_per_host=1, train_args=["calibrate", "--out", "x.json"])
     assert _job_args(cal, 2) == (["calibrate", "--out", "x.json"], None)
+
+
+def _round_trips(net: EmulatedNetwork, count: int = 21) -> list[float]:
+    echo = subprocess.Popen([*net.prefix(1), sys.executable, "-m", "commgnn.cluster.probe", "echo",
+                             "--count", str(count)])
+    try:
+        res = subprocess.run([*net.prefix(0), sys.executable, "-m", "commgnn.cluster.probe", "rtt", "--to",
+                              net.cfg.address(1), "--count", str(count)], capture_output=True, text=True, timeout=60)
+        assert res.returncode == 0, res.stderr[-1000:]
+        echo.wait(timeout=10)
+    finally:
+        echo.kill()
+    return [float(x) for x in res.stdout.split()[1:]]  # the first also pays for ARP
+
+
+@needs_netns
+@pytest.mark.timeout(150)
+def test_a_delay_doubles_into_the_round_trip_and_keeps_the_rate(tmp_path):
+    import statistics
+
+    base = statistics.median(_round_trips_of(ClusterConfig(hosts=2, rate_bps=1e8)))
+    cfg = ClusterConfig(hosts=2, rate_bps=1e8, delay_s=0.005)
+    with EmulatedNetwork(cfg) as net:
+        # netem where the kernel has it, the user-space delay line where it does not
+        assert net.delayline or "netem" in net.qdiscs(0)
+        rtts = _round_trips(net)
+        measured = _measure(net, tmp_path, cfg.rate_bps / 8 * 2 / 1e6)
+        made = [*net.namespaces, net.bridge, *net.host_links]
+        assert sorted(net.leftovers()) == sorted(made)
+        line = net._proc
+    # 5 ms each way: the round trip grows by 10 ms (within 0.1 below, 1 ms above: the delay
+    # line's own scheduling may add, never take away)
+    assert 9.9 <= statistics.median(rtts) - base <= 11.0, (base, rtts)
+    assert abs(measured - cfg.rate_bps) / cfg.rate_bps < 0.15, f"{measured / 1e6:.1f} Mbit/s with 5 ms"
+    assert net.leftovers() == []
+    assert line is None or line.poll() is not None  # the delay line stopped, and its TAPs went with it
+
+
+def _round_trips_of(cfg: ClusterConfig) -> list[float]:
+    with EmulatedNetwork(cfg) as net:
+        return _round_trips(net)
+
+
+def _pipes(n: int) -> tuple[list[tuple[int, int]], list[int]]:
+    """``n`` (inner, outer) pairs whose outer end is a pipe's write end, and the read ends."""
+    pairs, reads = [], []
+    for _ in range(n):
+        r, w = os.pipe()
+        os.set_blocking(r, False)
+        pairs.append((-1, w))
+        reads.append(r)
+    return pairs, reads
+
+
+def test_the_delay_line_holds_frames_in_order_and_drops_like_per_packet_loss():
+    from commgnn.cluster.delayline import DelayLine, frame_mtu
+
+    assert frame_mtu(1e8) == 6250 and frame_mtu(1e6) == 1500 and frame_mtu(1e10) == 65000
+    pairs, reads = _pipes(2)
+    line = DelayLine(pairs, delay_s=0.010, jitter_s=0.004, seed=1)
+    for k in range(200):
+        line._hold(k % 2, b"%04d" % k, now=k * 1e-4)
+    releases = sorted(r for r, *_ in line.held)
+    assert releases[0] >= 0.006 and releases[-1] <= 199e-4 + 0.014
+    line._release_due(now=0.005)  # nothing is due before the delay less the jitter
+    with pytest.raises(BlockingIOError):
+        os.read(reads[0], 1)
+    line._release_due(now=1.0)  # everything is due: each host's frames come out in the order they went in
+    for host in (0, 1):
+        data = os.read(reads[host], 1 << 16)
+        assert [int(data[i:i + 4]) for i in range(0, len(data), 4)] == list(range(host, 200, 2))
+    # loss p per 1500-byte packet: a frame of k such packets survives with (1 - p)^k
+    for size, keep in ((1514, 0.8), (3 * 1514, 0.8 ** 3)):
+        lossy = DelayLine(_pipes(1)[0], delay_s=0.0, loss=0.2, seed=2)
+        for _ in range(4000):
+            lossy._hold(0, b"x" * size, now=0.0)
+        assert abs(len(lossy.held) / 4000 - keep) < 0.03, (size, len(lossy.held))

@@ -28,9 +28,10 @@ def add_parser(sub: Any) -> None:
     c.add_argument("--ranks-per-host", dest="ranks_per_host", type=int, default=1,
                    help="ranks per host, torchrun's --nproc-per-node (default: 1)")
     c.add_argument("--rate", default="1gbit", help="each host's link rate per direction, tc units (default: 1gbit)")
-    c.add_argument("--delay", default="0ms", help="one-way delay per host, e.g. 5ms (needs netem)")
-    c.add_argument("--jitter", default="0ms", help="netem jitter around --delay")
-    c.add_argument("--loss", default="0%", help="packet loss per host, e.g. 0.1%% (needs netem)")
+    c.add_argument("--delay", default="0ms", help="one-way delay per host, e.g. 5ms (netem, or the "
+                   "user-space delay line where the kernel has no netem)")
+    c.add_argument("--jitter", default="0ms", help="uniform jitter around --delay, e.g. 1ms")
+    c.add_argument("--loss", default="0%", help="packet loss per host, e.g. 0.1%% (of 1500-byte packets)")
     c.add_argument("--rdzv-port", dest="rdzv_port", type=int, default=29400, help="rendezvous port on host 0")
     c.add_argument("--cleanup", action="store_true",
                    help="only remove namespaces and bridges left by killed `commgnn cluster` runs")

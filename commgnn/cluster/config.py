@@ -54,12 +54,13 @@ class ClusterConfig:
     """Each host's link rate in bits per second, in each direction (tbf on both ends of
     its veth, like a full-duplex NIC port)."""
     delay_s: float = 0.0
-    """One-way delay added to every packet a host sends (netem); a round trip between two
-    hosts takes twice this."""
+    """One-way delay added to every packet a host sends (netem, or the user-space delay line
+    of :mod:`commgnn.cluster.delayline` where the kernel has no netem); a round trip between
+    two hosts takes twice this."""
     jitter_s: float = 0.0
-    """netem jitter around ``delay_s`` (needs a delay)."""
+    """Uniform jitter around ``delay_s`` (needs a delay); packets keep their order."""
     loss: float = 0.0
-    """Fraction of the packets a host sends that netem drops (TCP retransmits them)."""
+    """Fraction of the (1500-byte) packets a host sends that are dropped (TCP retransmits them)."""
     rdzv_port: int = 29400
     """Port of torchrun's c10d rendezvous store on host 0."""
 

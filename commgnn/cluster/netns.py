@@ -12,8 +12,9 @@ Shaping, per host, like a full-duplex NIC port of rate ``r``: ``tbf rate r`` on 
 (what the host sends) and on ``cg<PID>v<i>`` (what it receives). A delay or loss puts
 ``netem delay d [jitter j] loss p rate r`` on ``eth0`` instead of the tbf there, so a
 packet between two hosts is delayed once (one-way ``d``, round trip ``2d``). Many kernels
-built for containers lack ``sch_netem``; then ``--delay``/``--loss`` are refused up front
-and ``--rate`` still works.
+built for containers lack ``sch_netem``; there the veth pairs become TAP pairs joined by
+the user-space delay line of :mod:`commgnn.cluster.delayline`, which holds what each host
+sends for ``d``, while tbf keeps the rates.
 
 Everything made is recorded as it is made and removed by :meth:`EmulatedNetwork.close`
 (on success, error and Ctrl-C); :func:`remove_stale` removes what a killed process left.
@@ -25,10 +26,12 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 from typing import Sequence
 
 from commgnn.cluster.config import ClusterConfig
+from commgnn.cluster.delayline import frame_mtu
 from commgnn.errors import UserError
 
 CAP_NET_ADMIN, CAP_SYS_ADMIN = 12, 21
@@ -111,7 +114,11 @@ class EmulatedNetwork:
         self.bridge = f"cg{self.pid}br"
         self.namespaces = [f"commgnn-{self.pid}-h{i}" for i in range(cfg.hosts)]
         self.host_links = [f"cg{self.pid}v{i}" for i in range(cfg.hosts)]
-        self._made: list[tuple[str, str]] = []  # ("ns"|"link", name), in creation order
+        self._made: list[tuple[str, str]] = []  # ("ns"|"link"|"proc", name), in creation order
+        self._proc: subprocess.Popen[str] | None = None
+        self.delayline = False
+        """Whether delay and loss go through :mod:`commgnn.cluster.delayline` (no netem here)."""
+        self.delayline_realtime = False
 
     def __enter__(self) -> "EmulatedNetwork":
         try:
@@ -131,19 +138,26 @@ class EmulatedNetwork:
     def build(self) -> None:
         check_rights()
         cfg = self.cfg
-        if cfg.needs_netem and not netem_available():
-            raise UserError("this kernel has no netem qdisc (sch_netem), so --delay and --loss cannot be "
-                            "emulated here; --rate alone works (tbf)")
+        # Without sch_netem a delay or loss goes through the user-space delay line.
+        self.delayline = cfg.needs_netem and not netem_available()
         run_tool(["ip", "link", "add", self.bridge, "type", "bridge"])
         self._made.append(("link", self.bridge))
         run_tool(["ip", "link", "set", self.bridge, "up"])
-        for i, (ns, hv) in enumerate(zip(self.namespaces, self.host_links)):
+        for ns in self.namespaces:
             run_tool(["ip", "netns", "add", ns])
             self._made.append(("ns", ns))
-            run_tool(["ip", "link", "add", hv, "type", "veth", "peer", "name", f"cg{self.pid}p{i}"])
-            self._made.append(("link", hv))
-            run_tool(["ip", "link", "set", f"cg{self.pid}p{i}", "netns", ns])
-            run_tool(["ip", "-n", ns, "link", "set", f"cg{self.pid}p{i}", "name", "eth0"])
+        if self.delayline:
+            self._start_delayline()
+        for i, (ns, hv) in enumerate(zip(self.namespaces, self.host_links)):
+            if not self.delayline:
+                run_tool(["ip", "link", "add", hv, "type", "veth", "peer", "name", f"cg{self.pid}p{i}"])
+                self._made.append(("link", hv))
+                run_tool(["ip", "link", "set", f"cg{self.pid}p{i}", "netns", ns])
+                run_tool(["ip", "-n", ns, "link", "set", f"cg{self.pid}p{i}", "name", "eth0"])
+            else:
+                mtu = str(frame_mtu(cfg.rate_bps))
+                run_tool(["ip", "-n", ns, "link", "set", "eth0", "mtu", mtu])
+                run_tool(["ip", "link", "set", hv, "mtu", mtu])
             run_tool(["ip", "-n", ns, "addr", "add", f"{cfg.address(i)}/15", "dev", "eth0"])
             run_tool(["ip", "-n", ns, "link", "set", "eth0", "up"])
             run_tool(["ip", "-n", ns, "link", "set", "lo", "up"])
@@ -151,18 +165,35 @@ class EmulatedNetwork:
             run_tool(["ip", "link", "set", hv, "up"])
             self._shape(ns, hv)
 
+    def _start_delayline(self) -> None:
+        """Start the delay line; it makes each host's TAP pair and holds it until stopped."""
+        cfg = self.cfg
+        proc = subprocess.Popen([sys.executable, "-m", "commgnn.cluster.delayline", "--pid", str(self.pid),
+                                 "--hosts", str(cfg.hosts), "--delay-us", f"{cfg.delay_s * 1e6:.0f}",
+                                 "--jitter-us", f"{cfg.jitter_s * 1e6:.0f}", "--loss", repr(cfg.loss)],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        self._proc = proc
+        self._made.append(("proc", str(proc.pid)))
+        ready = proc.stdout.readline() if proc.stdout is not None else ""
+        if not ready.startswith("ready"):
+            proc.kill()
+            err = proc.stderr.read().strip().splitlines() if proc.stderr is not None else []
+            raise OSError(f"the delay line did not start: {err[-1] if err else f'exit {proc.wait()}'}")
+        self.delayline_realtime = ready.strip().endswith("realtime=1")
+
     def _tbf(self) -> list[str]:
         rate = self.cfg.rate_bps
         # burst: 1 ms at line rate (at least two frames), so even small messages see the
         # rate, as on a real port (tbf splits GSO super-packets larger than the bucket into
         # frames); queue: 100 ms at line rate, as a switch port holds.
-        burst = max(int(rate / 8 * 0.001), 3028)
+        frame = frame_mtu(rate) + 14 if self.delayline else 1514
+        burst = max(int(rate / 8 * 0.001), 2 * frame)
         return ["tbf", "rate", f"{int(rate)}bit", "burst", str(burst), "latency", "100ms"]
 
     def _shape(self, ns: str, hv: str) -> None:
         cfg = self.cfg
         run_tool(["tc", "qdisc", "add", "dev", hv, "root", *self._tbf()])  # what the host receives
-        if not cfg.needs_netem:
+        if not cfg.needs_netem or self.delayline:
             run_tool(["ip", "netns", "exec", ns, "tc", "qdisc", "add", "dev", "eth0", "root", *self._tbf()])
             return
         netem = ["netem", "delay", f"{cfg.delay_s * 1e6:.0f}us"]
@@ -185,7 +216,14 @@ class EmulatedNetwork:
         """Remove everything made, newest first; deleting a namespace deletes its veth pair."""
         while self._made:
             kind, name = self._made.pop()
-            if kind == "ns":
+            if kind == "proc" and self._proc is not None:  # the delay line: its TAPs go with it
+                self._proc.terminate()
+                try:
+                    self._proc.wait(timeout=5)
+                except subprocess.TimeoutExpired:
+                    self._proc.kill()
+                    self._proc.wait()
+            elif kind == "ns":
                 run_tool(["ip", "netns", "del", name], check=False)
             else:
                 run_tool(["ip", "link", "del", name], check=False)
