@@ -51,6 +51,8 @@ def test_config_defaults_are_off_with_sensible_delta():
     ({"noise_at": "peer"}, "noise_at"),
     ({"adaptive_clip": True}, "needs DP on"),
     ({"count_stddev": 1.0, "epsilon": 1.0}, "only used with adaptive_clip"),
+    ({"max_clip": 2.0, "epsilon": 1.0}, "only used with adaptive_clip"),
+    ({"adaptive_clip": True, "epsilon": 1.0, "clip": 2.0, "max_clip": 1.0}, "at least clip"),
     ({"epsilon": float("nan")}, "finite"),
 ])
 def test_config_validation_is_one_line(kw, words):
@@ -245,7 +247,8 @@ def test_adaptive_clip_noise_split():
 
 
 def test_adaptive_clip_tracks_the_target_quantile():
-    cfg = DPConfig(noise_multiplier=1.0, adaptive_clip=True, clip=0.1, target_quantile=0.5, count_stddev=1e-6)
+    cfg = DPConfig(noise_multiplier=1.0, adaptive_clip=True, clip=0.1, max_clip=10.0, target_quantile=0.5,
+                   count_stddev=1e-6)
     n = 50
     ad = AdaptiveClip(cfg, n_participants=n)
     g = torch.Generator().manual_seed(4)

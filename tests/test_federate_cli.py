@@ -161,10 +161,15 @@ def test_flags_override_the_file_and_imply_codecs(small_toml, tmp_path):
     assert resolve_federate_config(None, {}, {"COMMGNN_DATA_ROOT": "/data"}).data.root == "/data"
     assert resolve_federate_config(None, {"data_root": "/mine"}, {"COMMGNN_DATA_ROOT": "/data"}).data.root == "/mine"
     assert resolve_federate_config(None, {}, {}).data.root is None
+    adaptive = resolve_federate_config(None, {"dp_epsilon": 4.0, "secure_agg": True, "dp_adaptive_clip": True,
+                                              "dp_max_clip": 3.0, "dp_count_stddev": 2.5}, {}).dp
+    assert (adaptive.adaptive_clip, adaptive.max_clip, adaptive.count_stddev) == (True, 3.0, 2.5)
     for flags, match in (({"uplink_bits": 4, "uplink": "fp32"}, "--uplink-bits does not apply"),
                          ({"mu": 0.1}, "--mu applies to --algorithm fedprox"),
                          ({"threshold": 2.0}, "--threshold applies to secure aggregation"),
                          ({"dp_clip": 0.5}, "--dp-clip applies with DP on"),
+                         ({"dp_epsilon": 4.0, "secure_agg": True, "dp_target_quantile": 0.7},
+                          "--dp-target-quantile applies with --dp-adaptive-clip"),
                          ({"uplink_fraction": 0.1, "uplink_rank": 2}, "name different codecs")):
         with pytest.raises(UserError, match=match):
             resolve_federate_config(None, flags, {})

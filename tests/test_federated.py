@@ -205,3 +205,44 @@ class _FakeCtx:
     """Only what Transport reads: a two-rank world (the check fires before any collective)."""
 
     world_size, rank, group = 2, 0, None
+
+
+def _adaptive(secure: bool, **dp) -> FederateConfig:
+    return cfg(rounds=10, fed={"eval_every": 1},
+               dp=DPConfig(noise_multiplier=0.05, adaptive_clip=True, clip=50.0, count_stddev=0.05, clip_lr=0.5,
+                           noise_at="server", **dp),
+               secagg=SecAggConfig(enabled=secure))
+
+
+@pytest.mark.timeout(120)
+def test_adaptive_clipping_in_a_run_shrinks_the_clip_and_splits_the_noise():
+    fed = Federation(_adaptive(True))
+    # the accountant is charged the total z; the updates get z_delta = (z^-2 - (2 sigma_b)^-2)^-1/2
+    assert fed.accountant.noise_multiplier == 0.05
+    assert fed.sigma == pytest.approx((0.05 ** -2 - 0.1 ** -2) ** -0.5)
+    sec = fed.run()
+    clips = [r["clip"] for r in sec["curve"]]
+    # every update norm is far below 50, so nearly every bit is 1 and C falls by about
+    # exp(-0.5 (1 - 0.5)) a round until it nears the median norm
+    assert clips[0] == pytest.approx(50 * 0.7788, rel=0.05) and clips[-1] < 10 and clips == sorted(clips, reverse=True)
+    assert sec["dp"]["clip"] < 50 and sec["epsilon"] > 0
+    # The count through its own secure sum decodes to the plain count (fixed point 2^-16):
+    # the same clip trajectory as with the bits in the clear.
+    plain = Federation(_adaptive(False)).run()
+    assert clips == pytest.approx([r["clip"] for r in plain["curve"]], rel=1e-3)
+    # and costs a secure sum's key material on top of the update's
+    assert sec["uplink_bytes_total"] > Federation(cfg(rounds=10, fed={"eval_every": 1},
+                                                     dp=DPConfig(noise_multiplier=0.05, clip=50.0, noise_at="server"),
+                                                     secagg=SecAggConfig(enabled=True))).run()["uplink_bytes_total"]
+
+
+def test_adaptive_clipping_never_exceeds_its_ceiling_and_refuses_a_small_count_noise():
+    # norms far above the clip: every bit is 0 and C wants to grow, but stays at max_clip
+    run = Federation(cfg(rounds=4, fed={"eval_every": 1},
+                         dp=DPConfig(noise_multiplier=0.05, adaptive_clip=True, clip=1e-4, max_clip=2e-4,
+                                     count_stddev=0.05, clip_lr=1.0),
+                         secagg=SecAggConfig(enabled=True))).run()
+    assert max(r["clip"] for r in run["curve"]) == pytest.approx(2e-4)
+    with pytest.raises(ConfigError, match="count_stddev"):
+        Federation(cfg(dp=DPConfig(noise_multiplier=1.0, adaptive_clip=True, count_stddev=0.1),
+                       secagg=SecAggConfig(enabled=True)))

@@ -47,6 +47,10 @@ FLAG_KEYS: dict[str, str] = {
     "dp_epsilon": "dp.epsilon",
     "dp_delta": "dp.delta",
     "dp_clip": "dp.clip",
+    "dp_adaptive_clip": "dp.adaptive_clip",
+    "dp_target_quantile": "dp.target_quantile",
+    "dp_max_clip": "dp.max_clip",
+    "dp_count_stddev": "dp.count_stddev",
     "uplink": "uplink.codec",
     "uplink_bits": "uplink.bits",
     "uplink_fraction": "uplink.fraction",
@@ -123,6 +127,16 @@ def add_parser(sub: Any) -> None:
                    help="client-level differential privacy: target epsilon over the run (0 = off)")
     s.add_argument("--dp-delta", dest="dp_delta", type=float, help="DP: target delta")
     s.add_argument("--dp-clip", dest="dp_clip", type=float, help="DP: L2 bound on a client's update per round")
+    s.add_argument("--dp-adaptive-clip", dest="dp_adaptive_clip", action="store_const", const=True,
+                   help="DP: move the clip toward a quantile of the update norms (Andrew et al. 2021); "
+                        "--dp-clip is then its start")
+    s.add_argument("--dp-target-quantile", dest="dp_target_quantile", type=float,
+                   help="adaptive clip: share of updates left unclipped (default 0.5)")
+    s.add_argument("--dp-max-clip", dest="dp_max_clip", type=float,
+                   help="adaptive clip: the largest clip (default: --dp-clip; sizes the secure-sum range)")
+    s.add_argument("--dp-count-stddev", dest="dp_count_stddev", type=float,
+                   help="adaptive clip: noise std on the clipped count (default: participants / 20; "
+                        "must exceed the noise multiplier / 2)")
     s.add_argument("--uplink", help="fp32 | quant | randomk | rank (how updates travel to the server)")
     s.add_argument("--uplink-bits", dest="uplink_bits", type=int,
                    help="bits per transmitted value (without --uplink: implies quant)")
@@ -201,6 +215,10 @@ def _check_flags_apply(cfg: Any, flags: Mapping[str, Any]) -> None:
         ("threshold", cfg.secagg.enabled, "--threshold applies to secure aggregation: add --secure-agg"),
         ("dp_delta", cfg.dp.enabled, "--dp-delta applies with DP on: add --dp-epsilon EPS"),
         ("dp_clip", cfg.dp.enabled, "--dp-clip applies with DP on: add --dp-epsilon EPS"),
+        ("dp_adaptive_clip", cfg.dp.enabled, "--dp-adaptive-clip applies with DP on: add --dp-epsilon EPS"),
+        ("dp_target_quantile", cfg.dp.adaptive_clip, "--dp-target-quantile applies with --dp-adaptive-clip"),
+        ("dp_max_clip", cfg.dp.adaptive_clip, "--dp-max-clip applies with --dp-adaptive-clip"),
+        ("dp_count_stddev", cfg.dp.adaptive_clip, "--dp-count-stddev applies with --dp-adaptive-clip"),
         ("uplink_bits", cfg.uplink.codec != "fp32", "--uplink-bits does not apply to --uplink fp32"),
         ("uplink_fraction", cfg.uplink.codec == "randomk",
          f"--uplink-fraction applies to --uplink randomk, not {cfg.uplink.codec}"),

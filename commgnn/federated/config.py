@@ -229,8 +229,6 @@ class FederateConfig:
             if self.dp.noise_at == "clients" and not self.secagg.enabled:
                 raise ConfigError("dp.noise_at = 'clients' protects only the sum, which the server sees alone "
                                   "under secure aggregation: add --secure-agg, or set dp.noise_at = 'server'")
-            if self.dp.adaptive_clip:
-                raise ConfigError("dp.adaptive_clip is not wired into federated training yet; use a fixed dp.clip")
             if self.uplink.codec in ("randomk", "rank") and self.uplink.error_feedback:
                 raise ConfigError(f"uplink.codec = {self.uplink.codec!r} with error feedback re-sends earlier "
                                   f"(clipped, noised) updates, breaking the DP sensitivity bound: set "

@@ -120,6 +120,10 @@ class DPConfig:
     count_stddev: float | None = None
     """adaptive_clip: std sigma_b of the noise on the clipped-count sum; None = participants /
     20, the paper's choice. Must exceed noise_multiplier / 2."""
+    max_clip: float | None = None
+    """adaptive_clip: the largest value C may reach; None = ``clip``. It sizes the fixed-point
+    range of secure aggregation and of quantising uplinks (a value beyond the range would wrap
+    in the ring), so start C where it should be at most and let it shrink, or raise this."""
 
     def __post_init__(self) -> None:
         positive("epsilon", self.epsilon, allow_zero=True)
@@ -142,6 +146,16 @@ class DPConfig:
                 raise ConfigError("count_stddev is only used with adaptive_clip = true")
         if self.adaptive_clip and not self.enabled:
             raise ConfigError("adaptive_clip needs DP on: set epsilon or noise_multiplier")
+        if self.max_clip is not None:
+            if not self.adaptive_clip:
+                raise ConfigError("max_clip is only used with adaptive_clip = true")
+            if not self.max_clip >= self.clip:
+                raise ConfigError(f"max_clip must be at least clip ({self.clip:g}), got {self.max_clip:g}")
+
+    @property
+    def clip_ceiling(self) -> float:
+        """The largest clip a run may use: ``max_clip`` under adaptive clipping, else ``clip``."""
+        return self.max_clip if self.max_clip is not None else self.clip
 
     @property
     def enabled(self) -> bool:
@@ -379,7 +393,8 @@ class AdaptiveClip:
         rest = total ** -2 - (2 * self.count_stddev) ** -2
         if rest <= 0:
             raise ConfigError(f"count_stddev={self.count_stddev:g} is too small for noise multiplier {total:.4g} "
-                              f"(adaptive clipping needs count_stddev > {total / 2:.4g}): raise count_stddev")
+                              f"(adaptive clipping needs count_stddev > {total / 2:.4g}): raise dp.count_stddev "
+                              f"(--dp-count-stddev)")
         return rest ** -0.5
 
     def bit(self, norm: float) -> float:
@@ -395,10 +410,11 @@ class AdaptiveClip:
 
     def update(self, noised_count: float, n_participants: int) -> float:
         """C <- C exp(-eta_C (b_bar - gamma)) with b_bar = noised_count / n (clamped to [0, 1],
-        as noise can push it outside); returns the new C."""
+        as noise can push it outside), capped at ``cfg.clip_ceiling``; returns the new C."""
         positive("n_participants", n_participants)
         b_bar = min(max(noised_count / n_participants, 0.0), 1.0)
-        self.clip *= math.exp(-self.cfg.clip_lr * (b_bar - self.cfg.target_quantile))
+        self.clip = min(self.clip * math.exp(-self.cfg.clip_lr * (b_bar - self.cfg.target_quantile)),
+                        self.cfg.clip_ceiling)
         return self.clip
 
     def state_dict(self) -> dict[str, float]:

@@ -44,6 +44,7 @@ from commgnn.federated.model import FedGCN, flat_params
 from commgnn.federated.policy import Payload, PolicyGate, load_policy
 from commgnn.errors import ConfigError
 from commgnn.federated.robust import make_aggregator
+from commgnn.federated.secagg import ring
 from commgnn.federated.secure_sum import secure_sum
 from commgnn.federated.splits import build_clients, split_from_config, split_stats
 from commgnn.federated.transport import Transport
@@ -143,12 +144,16 @@ class Federation:
         self.cohort = max(1, round(fed.participation * self.t.n_clients))
         # The accountant's sample rate is the real one, K / n, not the nominal participation.
         self.sample_rate = self.cohort / self.t.n_clients
-        self.sigma = 0.0
+        self.sigma = 0.0  # the noise multiplier of the updates
         self.accountant: dpmod.ClientDPAccountant | None = None
+        self.adaptive: dpmod.AdaptiveClip | None = None
         if cfg.dp.enabled:
-            self.sigma = cfg.dp.noise_multiplier or dpmod.calibrate(cfg.dp, fed.rounds, self.sample_rate)
-            self.accountant = dpmod.ClientDPAccountant(delta=cfg.dp.delta, clip=cfg.dp.clip,
-                                                       noise_multiplier=self.sigma)
+            total = cfg.dp.noise_multiplier or dpmod.calibrate(cfg.dp, fed.rounds, self.sample_rate)
+            self.sigma = total
+            if cfg.dp.adaptive_clip:  # the clipped-count release takes its share of the noise
+                self.adaptive = dpmod.AdaptiveClip(cfg.dp, n_participants=self.cohort)
+                self.sigma = self.adaptive.update_noise_multiplier(total)
+            self.accountant = dpmod.ClientDPAccountant(delta=cfg.dp.delta, clip=cfg.dp.clip, noise_multiplier=total)
         self.codecs = {c: self._codec(c) for c in self.clients}
         self.decoder = self._codec(0)  # the server's copy: decodes sums, never encodes
         self.aggregator = (make_aggregator(fed.aggregator, **self._agg_kw()) if fed.aggregator != "mean" else None)
@@ -168,8 +173,9 @@ class Federation:
         accountant counts on (None without DP)."""
         if not self.cfg.dp.enabled:
             return None
-        share = self.sigma * self.cfg.dp.clip / math.sqrt(self.cohort) if self.cfg.dp.noise_at == "clients" else 0.0
-        return self.cfg.dp.clip + 6.0 * share
+        clip = self.cfg.dp.clip_ceiling  # an adaptive clip never goes above it
+        share = self.sigma * clip / math.sqrt(self.cohort) if self.cfg.dp.noise_at == "clients" else 0.0
+        return clip + 6.0 * share
 
     def _agg_kw(self) -> dict[str, Any]:
         fed = self.cfg.federated
@@ -265,30 +271,79 @@ class Federation:
         updates = {c: self.clients[c].train(self.model, params, cross=cross[c], gen=self.cgen[c])[0] for c in mine}
         self.tally.train_s += time.perf_counter() - t0
         K = len(active)
+        clip = self.adaptive.clip if self.adaptive is not None else cfg.dp.clip
+        norms: dict[int, float] = {}
         if cfg.dp.enabled:  # clip, then each client adds its share of the noise
             for c in mine:
-                updates[c], _ = dpmod.privatise_update(updates[c], clip=cfg.dp.clip, sigma=self.sigma,
-                                                       n_participants=K, at=cfg.dp.noise_at, generator=self.cgen[c])
+                updates[c], norms[c] = dpmod.privatise_update(updates[c], clip=clip, sigma=self.sigma,
+                                                              n_participants=K, at=cfg.dp.noise_at,
+                                                              generator=self.cgen[c])
         for c in mine:
             if c < fed.byzantine:  # the harness: this client forges its update
                 updates[c] = self.attack(updates[c][None], updates[c][None], self.cgen[c])[0]
         weights = self._weights(active)
         scaled = {c: updates[c] * weights[c] for c in mine}
         total = self._combine(r, active, scaled)
-        new: tuple[Tensor, float] | None = None
+        count = self._clipped_count(r, active, norms) if self.adaptive is not None else None
+        new: tuple[Tensor, float, float | None] | None = None
         if self.t.is_server:
             assert total is not None
             if cfg.dp.enabled and cfg.dp.noise_at == "server":
-                total = total + dpmod.noise_for((self.dim,), self.sigma, cfg.dp.clip, K, self.noise_gen, "server")
+                total = total + dpmod.noise_for((self.dim,), self.sigma, clip, K, self.noise_gen, "server")
             if self.accountant is not None:
-                self.accountant.step(sample_rate=self.sample_rate)
+                self.accountant.step(sample_rate=self.sample_rate, clip=clip)
             mean = total / K
+            next_clip = None
+            if self.adaptive is not None:
+                assert count is not None
+                next_clip = self.adaptive.update(count, K)
             # The next round's shared quantiser scale, from what every party sees (the aggregate).
-            new = (params + fed.server_lr * mean, max(1e-3, 4.0 * float(mean.abs().max())))
-        params, clip = self.t.broadcast(new)
+            new = (params + fed.server_lr * mean, max(1e-3, 4.0 * float(mean.abs().max())), next_clip)
+        params, scale, next_clip = self.t.broadcast(new)
+        if self.adaptive is not None:  # every rank's clients clip the next round with the server's C
+            self.adaptive.clip = next_clip
         if not cfg.uplink.clip:
-            self._set_clip(clip)
+            self._set_clip(scale)
         return params
+
+    def _clipped_count(self, r: int, active: list[int], norms: dict[int, float]) -> float | None:
+        """Adaptive clipping's release: sum_c 1[||u_c|| <= C] + N(0, sigma_b^2), on the server.
+
+        Each client's bit carries its noise share (``noise_at = "clients"``) and, under secure
+        aggregation, travels through its own secure sum (fixed point, 16 fraction bits in a
+        32-bit ring), so the server learns only the noised count; otherwise the bits go in the
+        clear (4 bytes each) and the server adds the noise.
+        """
+        cfg, ad = self.cfg, self.adaptive
+        assert ad is not None
+        K = len(active)
+        at = cfg.dp.noise_at
+        bits = {c: ad.bit(n) + (ad.count_noise(K, self.cgen[c], "clients") if at == "clients" else 0.0)
+                for c, n in norms.items()}
+        if cfg.secagg.enabled:
+            m, frac = 32, 16
+            codes = {c: ring.encode(torch.tensor([b], dtype=torch.float64), m=m, frac_bits=frac, generator=self.cgen[c])
+                     for c, b in bits.items()}
+            s, stats = secure_sum(self.t, codes, dim=1, cohort=active, m=m, threshold=cfg.secagg.threshold_count(K),
+                                  round_id=r, neighbours=cfg.secagg.neighbours or None,
+                                  graph_seed=cfg.federated.seed + r)
+            if s is None:
+                return None
+            self.tally.secagg_s += stats.seconds
+            for c in active:
+                self._uplink(c, sum(stats.up.get(c, {}).values()), 4, secure=True)
+                self.tally.downlink += sum(stats.down.get(c, {}).values())
+            total = float(ring.decode(s, m=m, frac_bits=frac, dtype=torch.float64)[0])
+        else:
+            got = self.t.gather_dicts(bits)
+            if got is None:
+                return None
+            for c in got:
+                self._uplink(c, 4, 4, secure=False)
+            total = float(sum(got.values()))
+        if at == "server":
+            total += ad.count_noise(K, self.noise_gen, "server")
+        return total
 
     def _weights(self, active: list[int]) -> dict[int, float]:
         """``a_c``: ``K n_c / sum n`` (FedAvg) or 1 (uniform; forced by DP)."""
@@ -412,6 +467,8 @@ class Federation:
                    "wall_s": time.perf_counter() - t_start}
             if self.accountant is not None:
                 row["epsilon"] = self.accountant.epsilon()
+            if self.adaptive is not None:
+                row["clip"] = self.adaptive.clip  # what the next round clips to
             curve.append(row)
             if on_eval:
                 on_eval(row)
