@@ -30,17 +30,21 @@ def bytes_per_row(d: int, bits: int) -> int:
 
 
 def pack_codes(q: Tensor, bits: int) -> Tensor:
-    """Pack ``uint8`` codes ``[n, d]`` below ``2^bits`` into ``[n, ceil(d bits / 8)]`` bytes."""
+    """Pack ``uint8`` codes ``[n, d]`` below ``2^bits`` into ``[n, ceil(d bits / 8)]`` bytes:
+    code ``j`` of each group of ``8 / bits`` sits at bit ``j * bits`` of its byte."""
     n, d = q.shape
     per = 8 // bits
     pad = (-d) % per
     if pad:
         q = torch.cat([q, q.new_zeros(n, pad)], dim=1)
-    q = q.view(n, (d + pad) // per, per)
     if per == 1:
-        return q[:, :, 0]
-    shifts = torch.arange(0, 8, bits, dtype=torch.uint8, device=q.device)
-    return (q << shifts).sum(dim=2, dtype=torch.uint8)
+        return q
+    # One strided OR per position in the byte (at most 8), not a reduction over a new axis:
+    # 2-6x faster on the CPU for 64- to 6805-wide rows.
+    out = q[:, 0::per].clone()
+    for j in range(1, per):
+        out |= q[:, j::per] << (j * bits)
+    return out
 
 
 def unpack_codes(packed: Tensor, bits: int, d: int) -> Tensor:
@@ -49,8 +53,8 @@ def unpack_codes(packed: Tensor, bits: int, d: int) -> Tensor:
     per = 8 // bits
     if per == 1:
         return packed[:, :d]
-    shifts = torch.arange(0, 8, bits, dtype=torch.uint8, device=packed.device)
-    q = (packed.unsqueeze(-1) >> shifts) & ((1 << bits) - 1)
+    mask = (1 << bits) - 1
+    q = torch.stack([(packed >> (j * bits)) & mask for j in range(per)], dim=2)
     return q.reshape(n, packed.shape[1] * per)[:, :d]
 
 
@@ -61,8 +65,7 @@ def encode(x: Tensor, bits: int, generator: torch.Generator | None = None) -> Te
     n, d = x.shape
     xf = x.detach().to(torch.float32)
     levels = (1 << bits) - 1
-    lo = xf.min(dim=1).values if d else xf.new_zeros(n)
-    hi = xf.max(dim=1).values if d else xf.new_zeros(n)
+    lo, hi = torch.aminmax(xf, dim=1) if d else (xf.new_zeros(n), xf.new_zeros(n))
     step = (hi - lo) / levels
     step = torch.where(step > 0, step, torch.ones_like(step))
     u = torch.rand(xf.shape, generator=generator, device=xf.device)
