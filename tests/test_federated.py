@@ -246,3 +246,18 @@ def test_adaptive_clipping_never_exceeds_its_ceiling_and_refuses_a_small_count_n
     with pytest.raises(ConfigError, match="count_stddev"):
         Federation(cfg(dp=DPConfig(noise_multiplier=1.0, adaptive_clip=True, count_stddev=0.1),
                        secagg=SecAggConfig(enabled=True)))
+
+
+def test_the_secure_clipped_count_is_the_plain_count_with_centred_bits_and_noise_at_the_clients():
+    fed = Federation(cfg(dp=DPConfig(noise_multiplier=1e-3, adaptive_clip=True, clip=1.0, count_stddev=1e-3),
+                         secagg=SecAggConfig(enabled=True)))
+    assert fed.cfg.dp.noise_at == "clients"
+    active = [0, 1, 2, 3]
+    norms = {0: 0.5, 1: 2.0, 2: 3.0, 3: 1.0}  # three bits 0 or 1 -> centred -1/2 and 1/2: negative ring sums
+    count, summed = fed._clipped_count(0, active, norms)
+    assert summed == 4 and count == pytest.approx(2.0, abs=0.01)  # two within the clip, plus noise of std 1e-3
+    count, _ = fed._clipped_count(1, active, {c: 5.0 for c in active})  # all clipped: the ring sum is -2
+    assert count == pytest.approx(0.0, abs=0.01)
+    report = Federation(cfg(rounds=2, dp=DPConfig(noise_multiplier=0.05, adaptive_clip=True, count_stddev=0.05),
+                            secagg=SecAggConfig(enabled=True))).run()["dp"]["adaptive_clip"]
+    assert report["ceiling"] == 1.0 and report["update_noise_multiplier"] > 0.05

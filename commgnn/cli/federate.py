@@ -133,7 +133,8 @@ def add_parser(sub: Any) -> None:
     s.add_argument("--dp-target-quantile", dest="dp_target_quantile", type=float,
                    help="adaptive clip: share of updates left unclipped (default 0.5)")
     s.add_argument("--dp-max-clip", dest="dp_max_clip", type=float,
-                   help="adaptive clip: the largest clip (default: --dp-clip; sizes the secure-sum range)")
+                   help="adaptive clip: the largest clip (default: --dp-clip, so the clip only shrinks from its start; "
+                        "it sizes the secure-sum range)")
     s.add_argument("--dp-count-stddev", dest="dp_count_stddev", type=float,
                    help="adaptive clip: noise std on the clipped count (default: participants / 20; "
                         "must exceed the noise multiplier / 2)")

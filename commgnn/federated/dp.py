@@ -52,14 +52,17 @@ Caveats that the numbers rest on:
 Adaptive clipping (optional, ``adaptive_clip = True``) follows Andrew, Thakkar, McMahan,
 Ramaswamy 2021 ("Differentially private learning with adaptive clipping"), as Flower's
 ``DifferentialPrivacy*AdaptiveClipping`` strategies do: each participant also reports the
-bit b_i = 1[||u_i|| <= C]; the server receives sum b_i + N(0, sigma_b^2) and moves C
-geometrically toward the target quantile gamma of the update norms::
+bit b_i = 1[||u_i|| <= C], *centred*: it sends b_i - 1/2, so that adding or removing one
+client moves the released sum by at most 1/2 (sensitivity 1/2, not 1). The server receives
+sum (b_i - 1/2) + N(0, sigma_b^2), adds back n/2 (n, the number summed, is public) and moves
+C geometrically toward the target quantile gamma of the update norms::
 
-    C <- C * exp(-eta_C * (b_bar - gamma)),   b_bar = (sum b_i + N(0, sigma_b^2)) / n.
+    C <- C * exp(-eta_C * (b_bar - gamma)),   b_bar = (sum (b_i - 1/2) + N(0, sigma_b^2) + n/2) / n.
 
 Releasing the count costs privacy; the paper splits one noise multiplier z between the
-two releases (the count's bits, centred, have sensitivity 1/2): the updates get z_delta = (z^-2 - (2 sigma_b)^-2)^(-1/2), and the
-accountant is charged z. :class:`AdaptiveClip` does the bookkeeping.
+two releases (the centred count's noise multiplier is sigma_b / (1/2) = 2 sigma_b): the
+updates get z_delta = (z^-2 - (2 sigma_b)^-2)^(-1/2), and the accountant is charged z.
+:class:`AdaptiveClip` does the bookkeeping.
 
 Hand-written here: clipping, noise and the adaptive-clip update (a few lines each, and they
 must act on flat federated updates, not on per-sample gradients as opacus's
@@ -400,6 +403,11 @@ class AdaptiveClip:
     def bit(self, norm: float) -> float:
         """1.0 when a pre-clip ``norm`` is within the current clip, else 0.0."""
         return 1.0 if norm <= self.clip else 0.0
+
+    def centred_bit(self, norm: float) -> float:
+        """What a participant releases: ``bit(norm) - 1/2`` (sensitivity 1/2; the server adds
+        back n/2 for the n bits summed)."""
+        return self.bit(norm) - 0.5
 
     def count_noise(self, n_participants: int, generator: torch.Generator | None = None,
                     at: NoiseAt = "clients") -> float:

@@ -296,7 +296,7 @@ class Federation:
             next_clip = None
             if self.adaptive is not None:
                 assert count is not None
-                next_clip = self.adaptive.update(count, K)
+                next_clip = self.adaptive.update(*count)
             # The next round's shared quantiser scale, from what every party sees (the aggregate).
             new = (params + fed.server_lr * mean, max(1e-3, 4.0 * float(mean.abs().max())), next_clip)
         params, scale, next_clip = self.t.broadcast(new)
@@ -306,24 +306,32 @@ class Federation:
             self._set_clip(scale)
         return params
 
-    def _clipped_count(self, r: int, active: list[int], norms: dict[int, float]) -> float | None:
-        """Adaptive clipping's release: sum_c 1[||u_c|| <= C] + N(0, sigma_b^2), on the server.
+    def _clipped_count(self, r: int, active: list[int], norms: dict[int, float]) -> tuple[float, int] | None:
+        """Adaptive clipping's release, on the server: ``(sum_c 1[||u_c|| <= C] + N(0, sigma_b^2),
+        n summed)`` (None on other ranks).
 
-        Each client's bit carries its noise share (``noise_at = "clients"``) and, under secure
-        aggregation, travels through its own secure sum (fixed point, 16 fraction bits in a
-        32-bit ring), so the server learns only the noised count; otherwise the bits go in the
-        clear (4 bytes each) and the server adds the noise.
+        Each client releases its centred bit ``b_c - 1/2`` (sensitivity 1/2, the noise split
+        of :class:`~commgnn.federated.dp.AdaptiveClip`) with its noise share
+        (``noise_at = "clients"``). Under secure aggregation the bits travel through their own
+        secure sum (fixed point, 16 fraction bits in a 32-bit ring), so the server learns only
+        the noised sum; otherwise they go in the clear (4 bytes each) and the server adds the
+        noise. The server adds back n/2, and tops the noise up for clients whose share is
+        missing from the sum (dropped out), so the count always carries N(0, sigma_b^2).
         """
         cfg, ad = self.cfg, self.adaptive
         assert ad is not None
-        K = len(active)
-        at = cfg.dp.noise_at
-        bits = {c: ad.bit(n) + (ad.count_noise(K, self.cgen[c], "clients") if at == "clients" else 0.0)
+        K, at = len(active), cfg.dp.noise_at
+        sent = {c: ad.centred_bit(n) + (ad.count_noise(K, self.cgen[c], "clients") if at == "clients" else 0.0)
                 for c, n in norms.items()}
-        if cfg.secagg.enabled:
+        secure = cfg.secagg.enabled
+        if isinstance(self.gate, PolicyGate):
+            for c in sent:
+                self.gate.check(Payload(kind="update", src_client=c, dst="server", nbytes=4, secure=secure))
+        per_client: dict[int, int] = {}
+        if secure:
             m, frac = 32, 16
             codes = {c: ring.encode(torch.tensor([b], dtype=torch.float64), m=m, frac_bits=frac, generator=self.cgen[c])
-                     for c, b in bits.items()}
+                     for c, b in sent.items()}
             s, stats = secure_sum(self.t, codes, dim=1, cohort=active, m=m, threshold=cfg.secagg.threshold_count(K),
                                   round_id=r, neighbours=cfg.secagg.neighbours or None,
                                   graph_seed=cfg.federated.seed + r)
@@ -331,19 +339,28 @@ class Federation:
                 return None
             self.tally.secagg_s += stats.seconds
             for c in active:
-                self._uplink(c, sum(stats.up.get(c, {}).values()), 4, secure=True)
+                per_client[c] = sum(stats.up.get(c, {}).values())
                 self.tally.downlink += sum(stats.down.get(c, {}).values())
+            summed = len(stats.survivors)
             total = float(ring.decode(s, m=m, frac_bits=frac, dtype=torch.float64)[0])
         else:
-            got = self.t.gather_dicts(bits)
+            got = self.t.gather_dicts(sent)
             if got is None:
                 return None
-            for c in got:
-                self._uplink(c, 4, 4, secure=False)
+            per_client = {c: 4 for c in got}
+            summed = len(got)
             total = float(sum(got.values()))
+        for c, nbytes in per_client.items():
+            self.gate.admit(Payload(kind="update", src_client=c, dst="server", nbytes=nbytes, secure=secure))
+            self.tally.uplink += nbytes
+            self.tally.payload_uplink += 4
+            self.tally.client(c, nbytes)
+        total += summed / 2
         if at == "server":
             total += ad.count_noise(K, self.noise_gen, "server")
-        return total
+        elif summed < K:  # the dropped clients' noise shares: N(0, sigma_b^2 (K - summed) / K)
+            total += ad.count_noise(K, self.noise_gen, "server") * math.sqrt((K - summed) / K)
+        return total, summed
 
     def _weights(self, active: list[int]) -> dict[int, float]:
         """``a_c``: ``K n_c / sum n`` (FedAvg) or 1 (uniform; forced by DP)."""
@@ -498,5 +515,9 @@ class Federation:
         }
         if self.accountant is not None:
             rep = self.accountant.report()
+            if self.adaptive is not None:  # the noise split and the range the clip moved in
+                rep["adaptive_clip"] = {"update_noise_multiplier": self.sigma, "count_stddev": self.adaptive.count_stddev,
+                                        "target_quantile": cfg.dp.target_quantile, "start": cfg.dp.clip,
+                                        "ceiling": cfg.dp.clip_ceiling}
             out.update(epsilon=rep["epsilon"], delta=rep["delta"], dp=rep)
         return out
