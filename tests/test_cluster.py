@@ -227,14 +227,16 @@ def _round_trips(net: EmulatedNetwork, count: int = 21) -> list[float]:
 
 @needs_netns
 @pytest.mark.timeout(150)
-def test_a_delay_doubles_into_the_round_trip_and_keeps_the_rate(tmp_path):
+@pytest.mark.parametrize("delayline", [None, True], ids=["auto", "delayline"])
+def test_a_delay_doubles_into_the_round_trip_and_keeps_the_rate(tmp_path, delayline):
     import statistics
 
     base = statistics.median(_round_trips_of(ClusterConfig(hosts=2, rate_bps=1e8)))
     cfg = ClusterConfig(hosts=2, rate_bps=1e8, delay_s=0.005)
-    with EmulatedNetwork(cfg) as net:
-        # netem where the kernel has it, the user-space delay line where it does not
+    with EmulatedNetwork(cfg, delayline=delayline) as net:
+        # netem where the kernel has it, the user-space delay line where it does not (or forced)
         assert net.delayline or "netem" in net.qdiscs(0)
+        assert net.delayline or delayline is None
         rtts = _round_trips(net)
         measured = _measure(net, tmp_path, cfg.rate_bps / 8 * 2 / 1e6)
         made = [*net.namespaces, net.bridge, *net.host_links]
@@ -248,9 +250,33 @@ def test_a_delay_doubles_into_the_round_trip_and_keeps_the_rate(tmp_path):
     assert line is None or line.poll() is not None  # the delay line stopped, and its TAPs went with it
 
 
-def _round_trips_of(cfg: ClusterConfig) -> list[float]:
-    with EmulatedNetwork(cfg) as net:
+def _round_trips_of(cfg: ClusterConfig, **kw: object) -> list[float]:
+    with EmulatedNetwork(cfg, **kw) as net:  # type: ignore[arg-type]
         return _round_trips(net)
+
+
+@needs_netns
+@pytest.mark.timeout(120)
+def test_the_delay_line_keeps_sub_millisecond_delays_and_outlives_ctrl_c_until_closed():
+    import statistics
+
+    base = statistics.median(_round_trips_of(ClusterConfig(hosts=2, rate_bps=1e8)))
+    cfg = ClusterConfig(hosts=2, rate_bps=1e8, delay_s=0.0005)
+    with EmulatedNetwork(cfg, delayline=True) as net:
+        line = net._proc
+        assert line is not None
+        # a terminal's Ctrl-C reaches the process group: the line must keep the links up
+        # while the ranks shut down, until the cluster itself closes
+        os.kill(line.pid, signal.SIGINT)
+        time.sleep(0.3)
+        assert line.poll() is None and net.failure() is None
+        extra = statistics.median(_round_trips(net)) - base
+        # 0.5 ms each way: +1 ms (epoll's whole-millisecond timeouts would make it ~2 ms)
+        assert 0.9 <= extra <= 1.6, extra
+        line.kill()  # a crash while the cluster is up is reported, not waited out
+        line.wait(timeout=10)
+        assert "delay line exited" in (net.failure() or "")
+    assert net.leftovers() == []
 
 
 def _pipes(n: int) -> tuple[list[tuple[int, int]], list[int]]:

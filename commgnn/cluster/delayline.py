@@ -15,7 +15,9 @@ Layout for host ``i`` of a cluster made by process ``PID`` (the veth pair of
 A frame from host ``a`` to host ``b`` is delayed once (one-way ``d``, round trip ``2d``, as with
 netem on ``eth0``) and meets both hosts' tbf, as on the veth links. The frames are at most
 :func:`frame_mtu` bytes; a larger MTU than Ethernet's keeps the frame rate, and so this
-process's CPU, low at high rates. A frame is dropped with the probability that any of its
+process's CPU, low at high rates (unlike netem's 1500-byte frames, so TCP's segments, and
+with them its initial window in bytes, are larger: a calibrated latency is comparable only
+between runs on the same path). A frame is dropped with the probability that any of its
 1500-byte packets would be, ``1 - (1 - p)^ceil(len / 1514)``, so ``loss`` means what it
 means for netem on 1500-byte frames.
 
@@ -79,20 +81,24 @@ def open_tap(name: str) -> int:
 def open_taps(pid: int, hosts: int) -> list[tuple[int, int]]:
     """Per host, ``(fd of eth0 in its namespace, fd of cg<pid>v<i> in the root namespace)``."""
     root_fd = os.open("/proc/self/ns/net", os.O_RDONLY)  # the way back, held before leaving
-    pairs = []
+    fds: list[int] = []
     try:
         for i in range(hosts):
             host_fd = os.open(f"/run/netns/commgnn-{pid}-h{i}", os.O_RDONLY)
             try:
                 _setns(host_fd, f"commgnn-{pid}-h{i}")
-                inner = open_tap("eth0")
+                fds.append(open_tap("eth0"))
             finally:
                 os.close(host_fd)
                 _setns(root_fd, "the root namespace")
-            pairs.append((inner, open_tap(f"cg{pid}v{i}")))
+            fds.append(open_tap(f"cg{pid}v{i}"))
+    except BaseException:
+        for fd in fds:  # the TAPs made so far go with their descriptors
+            os.close(fd)
+        raise
     finally:
         os.close(root_fd)
-    return pairs
+    return [(fds[k], fds[k + 1]) for k in range(0, len(fds), 2)]
 
 
 class DelayLine:
@@ -139,7 +145,9 @@ class DelayLine:
 
     def serve(self) -> None:
         """Run until :attr:`stopped` (set by SIGTERM/SIGINT)."""
-        sel = selectors.DefaultSelector()
+        # select(2), not epoll: epoll rounds a timeout up to whole milliseconds, which would
+        # add up to 1 ms to every frame and release them in 1 ms bunches.
+        sel = selectors.SelectSelector()
         for host, (inner, outer) in enumerate(self.pairs):
             sel.register(inner, selectors.EVENT_READ, (host, True))
             sel.register(outer, selectors.EVENT_READ, (host, False))
@@ -153,7 +161,10 @@ class DelayLine:
                     except BlockingIOError:
                         break
                     except OSError as exc:
-                        if exc.errno in (errno.EAGAIN, errno.EIO):  # EIO: the device is not up yet
+                        if exc.errno == errno.EIO:  # the device is not up (yet, or any more): back off
+                            time.sleep(0.001)  # at real-time priority a retry loop would starve the host
+                            break
+                        if exc.errno == errno.EAGAIN:
                             break
                         raise
                     if upward:
@@ -172,16 +183,20 @@ def _realtime() -> bool:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m commgnn.cluster.delayline", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m commgnn.cluster.delayline", description=(__doc__ or "").split("\n")[0])
     ap.add_argument("--pid", type=int, required=True, help="the cluster's owner pid (names its namespaces)")
     ap.add_argument("--hosts", type=int, required=True)
     ap.add_argument("--delay-us", type=float, required=True)
     ap.add_argument("--jitter-us", type=float, default=0.0)
     ap.add_argument("--loss", type=float, default=0.0, help="fraction of 1500-byte packets lost")
-    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--seed", type=int, default=0, help="seed of the jitter and loss draws")
+    ap.add_argument("--parent", type=int, default=0, help="the owner's pid: exit at once if it is gone")
     ns = ap.parse_args(argv)
-    # Die with the cluster that started this (PR_SET_PDEATHSIG), so a killed owner leaves no line.
+    # Die with the cluster that started this (PR_SET_PDEATHSIG), so a killed owner leaves no
+    # line; if the owner died before that was set, this is already an orphan: leave.
     ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)
+    if ns.parent and os.getppid() != ns.parent:
+        return 1
     missing = [h for h in range(ns.hosts) if not Path(f"/run/netns/commgnn-{ns.pid}-h{h}").exists()]
     if missing:
         print(f"delayline: namespace commgnn-{ns.pid}-h{missing[0]} does not exist", file=sys.stderr)
@@ -193,7 +208,9 @@ def main(argv: list[str] | None = None) -> int:
         line.stopped = True
 
     signal.signal(signal.SIGTERM, stop)
-    signal.signal(signal.SIGINT, stop)
+    # Ctrl-C is the owner's to handle: the ranks shut down over the links first, then the
+    # owner stops this line (SIGTERM). It runs in its own session besides.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     rt = _realtime()
     print(f"ready realtime={int(rt)}", flush=True)  # the parent configures the TAPs from here on
     line.serve()

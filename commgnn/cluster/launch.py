@@ -91,6 +91,11 @@ def run_cluster(cfg: ClusterConfig, job_args: Sequence[str], *, env: Mapping[str
                 for p in procs:
                     if p.returncode not in (None, 0) and not code:
                         code, failed_at = p.returncode, time.monotonic()
+                why = net.failure()
+                if why is not None:  # the hosts lost their links: no rank can finish
+                    print(f"commgnn cluster: {why}", file=sys.stderr, flush=True)
+                    code = code or 1
+                    break
                 if failed_at is not None and time.monotonic() - failed_at > grace_s:
                     break
                 time.sleep(0.2)

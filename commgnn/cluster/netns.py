@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import os
 import re
+import select
 import shutil
 import subprocess
 import sys
@@ -108,7 +109,9 @@ class EmulatedNetwork:
     ``cfg.address(i)``; :meth:`prefix` is the command prefix that runs a program on host i.
     """
 
-    def __init__(self, cfg: ClusterConfig, *, owner_pid: int | None = None) -> None:
+    def __init__(self, cfg: ClusterConfig, *, owner_pid: int | None = None, delayline: bool | None = None) -> None:
+        """``delayline``: True forces the user-space delay line for a delay or loss (for tests
+        on kernels that have netem), False forbids it, None uses it only without netem."""
         self.cfg = cfg
         self.pid = os.getpid() if owner_pid is None else owner_pid
         self.bridge = f"cg{self.pid}br"
@@ -116,6 +119,8 @@ class EmulatedNetwork:
         self.host_links = [f"cg{self.pid}v{i}" for i in range(cfg.hosts)]
         self._made: list[tuple[str, str]] = []  # ("ns"|"link"|"proc", name), in creation order
         self._proc: subprocess.Popen[str] | None = None
+        self._want_delayline = delayline
+        self._failure: str | None = None
         self.delayline = False
         """Whether delay and loss go through :mod:`commgnn.cluster.delayline` (no netem here)."""
         self.delayline_realtime = False
@@ -139,7 +144,12 @@ class EmulatedNetwork:
         check_rights()
         cfg = self.cfg
         # Without sch_netem a delay or loss goes through the user-space delay line.
-        self.delayline = cfg.needs_netem and not netem_available()
+        want = self._want_delayline
+        has_netem = netem_available() if cfg.needs_netem and want is not True else True
+        self.delayline = cfg.needs_netem and (want is True or (want is None and not has_netem))
+        if not has_netem and not self.delayline:
+            raise UserError("this kernel has no netem qdisc (sch_netem), and the delay line was turned off: "
+                            "--delay and --loss cannot be emulated")
         run_tool(["ip", "link", "add", self.bridge, "type", "bridge"])
         self._made.append(("link", self.bridge))
         run_tool(["ip", "link", "set", self.bridge, "up"])
@@ -168,18 +178,41 @@ class EmulatedNetwork:
     def _start_delayline(self) -> None:
         """Start the delay line; it makes each host's TAP pair and holds it until stopped."""
         cfg = self.cfg
+        # Its own session: the terminal's Ctrl-C must not cut the links while the ranks shut down.
         proc = subprocess.Popen([sys.executable, "-m", "commgnn.cluster.delayline", "--pid", str(self.pid),
                                  "--hosts", str(cfg.hosts), "--delay-us", f"{cfg.delay_s * 1e6:.0f}",
-                                 "--jitter-us", f"{cfg.jitter_s * 1e6:.0f}", "--loss", repr(cfg.loss)],
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                                 "--jitter-us", f"{cfg.jitter_s * 1e6:.0f}", "--loss", repr(cfg.loss),
+                                 "--parent", str(os.getpid())],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
         self._proc = proc
         self._made.append(("proc", str(proc.pid)))
-        ready = proc.stdout.readline() if proc.stdout is not None else ""
+        assert proc.stdout is not None
+        ready = proc.stdout.readline() if select.select([proc.stdout], [], [], 60.0)[0] else ""
         if not ready.startswith("ready"):
-            proc.kill()
-            err = proc.stderr.read().strip().splitlines() if proc.stderr is not None else []
-            raise OSError(f"the delay line did not start: {err[-1] if err else f'exit {proc.wait()}'}")
+            lines = self._reap().strip().splitlines()
+            raise OSError(f"the delay line did not start: {lines[-1] if lines else 'no reply within 60 s'}")
         self.delayline_realtime = ready.strip().endswith("realtime=1")
+
+    def failure(self) -> str | None:
+        """Why the delay line stopped while the cluster is up (its last error line), else None."""
+        if self._proc is not None and self._proc.poll() is not None:
+            code = self._proc.returncode
+            lines = self._reap().strip().splitlines()
+            self._failure = f"the delay line exited ({code}): {lines[-1] if lines else 'no message'}"
+        return self._failure
+
+    def _reap(self) -> str:
+        """Stop the delay line (SIGTERM, then SIGKILL after 5 s) and close its pipes; its stderr."""
+        proc, self._proc = self._proc, None
+        if proc is None:
+            return ""
+        if proc.poll() is None:
+            proc.terminate()
+        try:
+            return proc.communicate(timeout=5)[1] or ""
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            return proc.communicate()[1] or ""
 
     def _tbf(self) -> list[str]:
         rate = self.cfg.rate_bps
@@ -216,13 +249,8 @@ class EmulatedNetwork:
         """Remove everything made, newest first; deleting a namespace deletes its veth pair."""
         while self._made:
             kind, name = self._made.pop()
-            if kind == "proc" and self._proc is not None:  # the delay line: its TAPs go with it
-                self._proc.terminate()
-                try:
-                    self._proc.wait(timeout=5)
-                except subprocess.TimeoutExpired:
-                    self._proc.kill()
-                    self._proc.wait()
+            if kind == "proc":  # the delay line: its TAPs go with it
+                self._reap()
             elif kind == "ns":
                 run_tool(["ip", "netns", "del", name], check=False)
             else:
