@@ -19,6 +19,12 @@ busiest rank's time split; energy. All emulated hosts share this machine's 2 cor
 is slower than on a real cluster by about ranks / cores; the comparison between entries is fair
 (same machine, same protocol), the absolute times are not a real cluster's.
 
+An entry written ``NAME@E`` (e.g. ``plan@100``) trains NAME for E epochs instead of the
+grid's: a time-bounded protocol for entries whose epochs are cheap, so that one that has not
+reached the target when exact's epoch count runs out is not scored as "never" for being cut
+short. The target stays the exact run's best over the grid's epochs; exact's own time to it
+is unchanged, so E below exact's wall time / the entry's epoch time changes no ratio's meaning.
+
     sudo python benchmarks/emulated_grid.py --datasets CS --links 100mbit 1gbit 100mbit+5ms --seeds 0 1 2
     python benchmarks/emulated_grid.py --report-only
 """
