@@ -15,6 +15,7 @@ from commgnn.federated.policy import PolicyViolation
 from commgnn.federated.run import federate
 from commgnn.federated.secagg.config import SecAggConfig
 from commgnn.federated.splits import SplitConfig
+from commgnn.models.graph import CSRPair
 
 DATA = DataConfig(dataset="synthetic", synthetic=SyntheticConfig(num_nodes=600, feature_dim=16, num_classes=4,
                                                                 avg_degree=6))
@@ -160,7 +161,7 @@ def test_sparse_features_train_like_dense_ones():
     graph = load_dataset(DATA)
     graph.x = (graph.x > 1.5).float()  # ~7% ones, like a bag of words
     fed = Federation(cfg(), graph=graph)
-    client = next(c for c in fed.clients.values() if c.x_op.layout == torch.sparse_csr)
+    client = next(c for c in fed.clients.values() if isinstance(c.x_op, CSRPair))
     start = torch.cat([p.detach().reshape(-1) for p in fed.model.parameters()])
     sparse, _ = client.train(fed.model, start, cross=None, gen=torch.Generator().manual_seed(3))
     client.x_op = client.data.x

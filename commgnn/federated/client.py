@@ -17,7 +17,7 @@ from commgnn.comm import quant
 from commgnn.federated.config import FedConfig
 from commgnn.federated.model import FedGCN, flat_params, gcn_operator, load_flat
 from commgnn.federated.splits import ClientData
-from commgnn.models.graph import spmm
+from commgnn.models.graph import CSRPair, spmm
 
 
 class Client:
@@ -36,7 +36,10 @@ class Client:
         # Bag-of-words features are mostly zeros (CS: ~1%): X W1 as a sparse product costs
         # nnz(X) h instead of n F h, forward and backward (W1's gradient is X^T G).
         density = float((data.x != 0).float().mean()) if data.x.numel() else 1.0
-        self.x_op = data.x.to_sparse_csr() if density < 0.1 else data.x
+        self.x_op: Tensor | CSRPair = data.x
+        if density < 0.1:
+            nz = data.x.nonzero().t()
+            self.x_op = CSRPair.build(nz[0], nz[1], data.x[nz[0], nz[1]], (n, data.x.shape[1]))
 
     # ---------------------------------------------------------------- cross-client rows
     def layer_rows(self, model: FedGCN, ids: Tensor, layer: int, cross1: Tensor | None = None) -> Tensor:
@@ -92,9 +95,7 @@ class Client:
         loss = torch.zeros(())
         for _ in range(cfg.local_epochs):
             opt.zero_grad()
-            with torch.random.fork_rng(devices=[]):
-                torch.manual_seed(int(torch.randint(0, 2**62, (1,), generator=gen)))  # dropout, seeded per step
-                logits = model(self.x_op, self.adj, cross)
+            logits = model(self.x_op, self.adj, cross, gen)  # the dropout masks come from gen
             loss = F.cross_entropy(logits[d.train_mask], d.y[d.train_mask])
             if anchor is not None:
                 loss = loss + 0.5 * cfg.mu * sum(((p - a) ** 2).sum() for p, a in zip(model.parameters(), anchor))
