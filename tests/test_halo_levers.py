@@ -45,6 +45,24 @@ def test_quantization_is_unbiased(bits):
     assert ((mean - x).abs() <= 5 * step[:, None] / 2 / math.sqrt(draws) + 1e-6).all()
 
 
+@pytest.mark.parametrize("bits", quant.BITS)
+def test_codes_and_values_are_the_reference_formula_bit_for_bit(bits):
+    """The in-place encoder and the strided packer compute exactly floor((x - lo) / step + u)
+    and lo + q step, laid out code j of a byte at bit j * bits (the wire format)."""
+    x = torch.randn(300, 77)
+    payload = quant.encode(x, bits, torch.Generator().manual_seed(3))
+    lo, hi = x.min(1).values, x.max(1).values
+    levels = (1 << bits) - 1
+    step = (hi - lo) / levels
+    step = torch.where(step > 0, step, torch.ones_like(step))
+    u = torch.rand(x.shape, generator=torch.Generator().manual_seed(3))
+    q = torch.floor((x - lo[:, None]) / step[:, None] + u).clamp_(0, levels).to(torch.uint8)
+    per, padded = 8 // bits, torch.cat([q, q.new_zeros(300, (-77) % (8 // bits))], dim=1).long()
+    packed = sum(padded[:, j::per] << (j * bits) for j in range(per)).to(torch.uint8)
+    assert torch.equal(payload[:, :-8], packed)
+    assert torch.equal(quant.decode(payload, bits, 77), lo[:, None] + q.float() * step[:, None])
+
+
 def test_quantization_is_exact_on_grid_values():
     x = torch.tensor([[0.0, 1.0, 2.0, 3.0], [5.0, 5.0, 5.0, 5.0]])
     assert torch.equal(quant.decode(quant.encode(x, 2), 2, 4), x)
