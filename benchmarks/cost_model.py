@@ -44,6 +44,7 @@ def main() -> None:
     ap.add_argument("--root", default=os.environ.get("COMMGNN_DATA_ROOT", "../shared/datasets"))
     ap.add_argument("--epochs", type=int, default=6)
     ap.add_argument("--out", default="runs/bench-cost-model")
+    ap.add_argument("--tag", default="", help="suffix of the result file names (e.g. delay)")
     ns = ap.parse_args()
     out = Path(ns.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -86,7 +87,7 @@ def main() -> None:
     cols = list(dict.fromkeys(k for r in rows for k in r))
     rows = [{k: r.get(k, "—") for k in cols} for r in rows]
     stamp = datetime.date.today().isoformat()
-    stem = Path(__file__).resolve().parent / "results" / f"{stamp}-cost-model"
+    stem = Path(__file__).resolve().parent / "results" / f"{stamp}-cost-model{'-' + ns.tag if ns.tag else ''}"
     write_table(rows, stem, f"Cost model: prediction against emulated-cluster runs ({stamp})", [
         "All emulated hosts share this machine's cores; links shaped with tbf in network namespaces (`commgnn cluster`). GCN 2x64 exact on "
         f"{ns.dataset}, METIS, {ns.epochs} epochs; mean over epochs 2..n. Predicted = busiest rank's measured "
