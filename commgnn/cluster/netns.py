@@ -123,7 +123,6 @@ class EmulatedNetwork:
         self._failure: str | None = None
         self.delayline = False
         """Whether delay and loss go through :mod:`commgnn.cluster.delayline` (no netem here)."""
-        self.delayline_realtime = False
 
     def __enter__(self) -> "EmulatedNetwork":
         try:
@@ -191,7 +190,6 @@ class EmulatedNetwork:
         if not ready.startswith("ready"):
             lines = self._reap().strip().splitlines()
             raise OSError(f"the delay line did not start: {lines[-1] if lines else 'no reply within 60 s'}")
-        self.delayline_realtime = ready.strip().endswith("realtime=1")
 
     def failure(self) -> str | None:
         """Why the delay line stopped while the cluster is up (its last error line), else None."""
