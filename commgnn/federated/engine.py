@@ -351,10 +351,7 @@ class Federation:
             summed = len(got)
             total = float(sum(got.values()))
         for c, nbytes in per_client.items():
-            self.gate.admit(Payload(kind="update", src_client=c, dst="server", nbytes=nbytes, secure=secure))
-            self.tally.uplink += nbytes
-            self.tally.payload_uplink += 4
-            self.tally.client(c, nbytes)
+            self._uplink(c, nbytes, 4, secure=secure, codec_bits=False)
         total += summed / 2
         if at == "server":
             total += ad.count_noise(K, self.noise_gen, "server")
@@ -411,9 +408,11 @@ class Federation:
             self._uplink(c, per_client, per_client, secure=False)
         return self.decoder.decode_sum(torch.stack(list(got.values())).sum(0), K, r)
 
-    def _uplink(self, c: int, nbytes: int, payload: int, *, secure: bool) -> None:
+    def _uplink(self, c: int, nbytes: int, payload: int, *, secure: bool, codec_bits: bool = True) -> None:
+        """Admit and count one client's upload; ``codec_bits=False``: its values are 32-bit,
+        not the uplink codec's (the adaptive clip's count)."""
         u = self.cfg.uplink
-        bits = None if u.codec == "fp32" else u.bits
+        bits = None if u.codec == "fp32" or not codec_bits else u.bits
         self.gate.admit(Payload(kind="update", src_client=c, dst="server", nbytes=nbytes, bits=bits,
                                 noise_std=0.0, secure=secure))
         self.tally.uplink += nbytes
