@@ -291,7 +291,8 @@ def test_ring_of_8_is_not_yet_exact_after_8_rounds(tmp_path):
     assert max(float((r["final"] - avg).abs().max()) for r in res) > 1e-2
 
 
-@pytest.mark.parametrize("topology", ["exponential", "ring"])
+# The directed exponential graph is push-sum's case; the ring runs outside CI (CI time).
+@pytest.mark.parametrize("topology", ["exponential", pytest.param("ring", marks=pytest.mark.slow)])
 def test_push_sum_keeps_the_average(tmp_path, topology):
     n = 4
     res = run_on_ranks(gossip_rank, n, tmp_path, "pushsum", topology, 12)
