@@ -115,11 +115,13 @@ def table(runs: dict[tuple[str, int, str, str, int], dict[str, Any]]) -> list[di
         up = statistics.mean(s["uplink_bytes_total"] for s in by_seed.values())
         ref_up = statistics.mean(s["uplink_bytes_total"] for s in fedavg.values()) if fedavg else 0
         delta = [s["test_acc"] - central[sd]["test_acc"] for sd, s in by_seed.items() if sd in central]
+        vs_fedavg = [s["test_acc"] - fedavg[sd]["test_acc"] for sd, s in by_seed.items() if sd in fedavg]
         reach = [rounds_to(s["curve"], central[sd]["test_acc"] - 0.01) for sd, s in by_seed.items() if sd in central]
         overhead = [s["uplink_bytes_total"] - s["uplink_payload_bytes_total"] for s in by_seed.values()]
         rows.append({
             "dataset": ds, "clients": k, "split": split, "entry": entry, "seeds": len(by_seed),
             "test acc %": _ms(accs), "Δ vs central (pts)": f"{statistics.mean(delta) * 100:+.2f}" if delta else "-",
+            "Δ vs fedavg (pts)": f"{statistics.mean(vs_fedavg) * 100:+.2f}" if vs_fedavg else "-",
             "worst client %": _ms(worst) if worst else "-",
             "uplink MB": f"{up / 1e6:.3f}",
             "vs fedavg fp32": f"{ref_up / up:.1f}x fewer" if up and ref_up else "-",
