@@ -12,6 +12,15 @@ accuracy less ``tolerance`` points; a plan's score is the predicted time (cumula
 epochs) until its validation accuracy reaches the target, and plans that never reach it
 within the probe are ranked after those that do. The best plan is written as a config
 that ``commgnn train --config`` accepts.
+
+Probe length matters on graphs that converge slowly: when the exact probe is still
+improving at its end, its best is a low target that lossy plans reach early, though they
+may plateau below exact later (Computers on 8 ranks at 1 Gbit/s: 30-epoch probes chose
+pipelined + 4-bit, which ended 17 points under exact at 100 epochs). ``probe_epochs=None``
+("auto") therefore trains the exact probe until its validation accuracy has not improved
+for ``probe_patience`` epochs (at most the base run's epochs) and probes every other plan
+for as many epochs; with a fixed length, :attr:`PlanResult.still_rising` flags an exact
+probe whose best came in its last fifth.
 """
 
 from __future__ import annotations
@@ -20,6 +29,7 @@ import os
 import shutil
 import statistics
 import tempfile
+import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
@@ -73,6 +83,10 @@ class PlanResult:
     time_to_target_s: float | None
     """Predicted seconds until validation accuracy reaches the target; None: not in the probe."""
     bytes_per_epoch: float
+    probe_epochs: int = 0
+    """Epochs this plan was probed for."""
+    still_rising: bool = False
+    """This probe's best validation epoch is in its last fifth (it may not have converged)."""
 
 
 def _with(base: RunConfig, levers: Mapping[str, Any], **paths: Any) -> RunConfig:
@@ -96,10 +110,25 @@ def _score(run_dir: Path, model: ClusterModel, compute_scale: float) -> tuple[li
     return [r["val_acc"] for r in rows], cum, comm, statistics.mean(r["total_bytes"] for r in rows)
 
 
-def plan(base: RunConfig, model: ClusterModel, *, tolerance: float, probe_epochs: int = 30,
-         compute_scale: float | None = None, workdir: Path | None = None,
+def _probed(out: Path, length: Mapping[str, int]) -> bool:
+    """A finished probe in ``out`` with this length (a workdir may hold probes of another)."""
+    try:
+        train = tomllib.loads((out / "config.toml").read_text()).get("train", {})
+    except (OSError, tomllib.TOMLDecodeError):
+        return False
+    return (out / "summary.json").is_file() and all(train.get(k.split(".")[1]) == v for k, v in length.items())
+
+
+def plan(base: RunConfig, model: ClusterModel, *, tolerance: float, probe_epochs: int | None = 30,
+         probe_patience: int = 20, compute_scale: float | None = None, workdir: Path | None = None,
          names: list[str] | None = None, log: Any = print) -> list[PlanResult]:
-    """Probe every candidate and rank them (best first)."""
+    """Probe every candidate and rank them (best first). ``probe_epochs=None``: probe as long
+    as the exact plan takes to stop improving for ``probe_patience`` epochs (see the module
+    docstring)."""
+    if probe_epochs is not None and probe_epochs < 2:
+        raise UserError(f"probes need at least 2 epochs, got {probe_epochs}")
+    if probe_patience < 1:
+        raise UserError(f"the probe patience must be at least 1 epoch, got {probe_patience}")
     P = model.world_size
     if compute_scale is None:
         compute_scale = min(1.0, (os.cpu_count() or 1) / P)
@@ -115,20 +144,35 @@ def plan(base: RunConfig, model: ClusterModel, *, tolerance: float, probe_epochs
     hosts_flag = {"partition.hosts": model.hosts} if model.ranks_per_host > 1 else {}
     results, curves = [], {}
     try:
-        for name, levers in grid.items():
+        epochs = probe_epochs
+        for name, levers in grid.items():  # "exact" comes first: auto probes take its length
             out = work / "".join(c if c.isalnum() else "-" for c in name)
-            cfg = _with(base, {**levers, **hosts_flag}, **{"runtime.parts": P, "train.epochs": probe_epochs,
-                                                           "train.patience": 0, "output.quiet": True,
+            auto = epochs is None
+            length = {"train.epochs": base.train.epochs, "train.patience": probe_patience} if auto else \
+                {"train.epochs": epochs, "train.patience": 0}
+            cfg = _with(base, {**levers, **hosts_flag}, **{"runtime.parts": P, **length, "output.quiet": True,
                                                            "output.out": str(out), "energy.track": False})
-            if not (out / "summary.json").is_file():
+            if not _probed(out, length):
                 shutil.rmtree(out, ignore_errors=True)
-                log(f"probe: {name} ({probe_epochs} epochs on {P} local ranks)")
+                what = (f"until {probe_patience} epochs without improvement, at most {base.train.epochs}" if auto
+                        else f"{epochs} epochs")
+                log(f"probe: {name} ({what} on {P} local ranks)")
                 run(cfg, env={})
             curves[name] = (levers, *_score(out, model, compute_scale))
+            if auto:
+                epochs = len(curves[name][1])
+                log(f"probe: exact stopped after {epochs} epochs; every other plan is probed for as many")
         target = max(curves["exact"][1]) - tolerance / 100
         for name, (levers, vals, cum, comm, nbytes) in curves.items():
             reach = next((t for v, t in zip(vals, cum) if v >= target - 1e-12), None)
-            results.append(PlanResult(name, levers, max(vals), cum[-1] / len(cum), comm, reach, nbytes))
+            best_at = max(range(len(vals)), key=vals.__getitem__)
+            rising = best_at + 1 > 0.8 * len(vals) and probe_epochs is not None
+            results.append(PlanResult(name, levers, max(vals), cum[-1] / len(cum), comm, reach, nbytes,
+                                      len(vals), rising))
+        if next(r for r in results if r.name == "exact").still_rising:  # the target may be low
+            log(f"warning: the exact probe was still improving at epoch {len(curves['exact'][1])} (its best came in "
+                f"the last fifth), so the target may be too low for lossy plans; probe longer "
+                f"(--probe-epochs auto, or more epochs)")
     finally:
         if own:
             shutil.rmtree(work, ignore_errors=True)

@@ -47,8 +47,46 @@ def test_plans_are_ranked_by_predicted_time_to_target_and_the_best_is_a_train_co
     assert f"chosen: {chosen}" in capsys.readouterr().out
 
 
+@pytest.mark.slow  # four probes of up to 60 epochs; the flag test below runs in CI
+@pytest.mark.timeout(240)
+def test_auto_probes_run_as_long_as_exact_takes_to_converge(tmp_path):
+    toml = tmp_path / "small.toml"
+    toml.write_text("[data.synthetic]\nnum_nodes = 600\n[train]\nepochs = 60\n")
+    base = resolve_config(str(toml), {}, {})
+    lines: list[str] = []
+    net = ClusterModel.written(2, 1, 1e9)
+    ranked = plan(base, net, tolerance=1.0, probe_epochs=None, probe_patience=3, workdir=tmp_path / "wd",
+                  names=["8-bit halo"], log=lines.append)
+    by = {r.name: r for r in ranked}
+    exact = by["exact"].probe_epochs
+    assert 3 < exact < 60  # stopped by the patience, not the cap
+    assert by["8-bit halo"].probe_epochs == exact and not by["exact"].still_rising
+    assert any(f"stopped after {exact} epochs" in line for line in lines)
+    # a rerun in the same workdir reuses both probes; a fixed length different from theirs reruns them
+    lines.clear()
+    plan(base, net, tolerance=1.0, probe_epochs=None, probe_patience=3, workdir=tmp_path / "wd",
+         names=["8-bit halo"], log=lines.append)
+    assert not any(line.startswith("probe: exact (") for line in lines)
+    short = plan(base, net, tolerance=1.0, probe_epochs=exact - 1, workdir=tmp_path / "wd", names=["8-bit halo"],
+                 log=lines.append)
+    assert {r.probe_epochs for r in short} == {exact - 1}
+
+
+def test_a_probe_still_rising_is_flagged(tmp_path):
+    toml = tmp_path / "small.toml"
+    toml.write_text("[data.synthetic]\nnum_nodes = 600\n")
+    lines: list[str] = []
+    ranked = plan(resolve_config(str(toml), {}, {}), ClusterModel.written(2, 1, 1e9), tolerance=1.0, probe_epochs=3,
+                  workdir=tmp_path / "wd", names=["8-bit halo"], log=lines.append)
+    exact = next(r for r in ranked if r.name == "exact")
+    # three epochs from a random start: the best is (almost surely) the last
+    assert exact.still_rising == any(line.startswith("warning: the exact probe was still improving") for line in lines)
+    assert exact.still_rising
+
+
 @pytest.mark.parametrize("argv, message", [
     (["--tolerance", "-1"], "--tolerance"), (["--probe-epochs", "1"], "--probe-epochs"),
+    (["--probe-epochs", "soon"], "'auto'"), (["--probe-patience", "0"], "--probe-patience"),
     (["--hosts", "1"], "at least 2 ranks"), (["--plans", "warp drive"], "unknown plan"),
 ])
 def test_bad_plan_requests_are_one_line(tmp_path, capsys, argv, message):

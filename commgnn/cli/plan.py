@@ -33,7 +33,11 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--delay", default="0ms", help="one-way delay between hosts (written cluster model)")
     p.add_argument("--net", help="a calibrated model (`commgnn calibrate --out`) instead of --rate/--delay")
     p.add_argument("--tolerance", type=float, default=0.5, help="accuracy points below exact allowed (default 0.5)")
-    p.add_argument("--probe-epochs", dest="probe_epochs", type=int, default=30, help="epochs per probe (default 30)")
+    p.add_argument("--probe-epochs", dest="probe_epochs", default="30",
+                   help="epochs per probe (default 30), or 'auto': as long as the exact probe takes to stop "
+                        "improving (--probe-patience epochs without a better validation accuracy)")
+    p.add_argument("--probe-patience", dest="probe_patience", type=int, default=20,
+                   help="with --probe-epochs auto: epochs without improvement that end the exact probe (default 20)")
     p.add_argument("--compute-scale", dest="compute_scale", type=float,
                    help="factor on the probes' compute (default: cores / ranks when ranks outnumber cores)")
     p.add_argument("--plans", nargs="+", help="only these candidate names (exact is always probed)")
@@ -49,8 +53,17 @@ def cmd_plan(ns: argparse.Namespace) -> int:
 
     if ns.tolerance < 0:
         raise UserError(f"--tolerance must be >= 0 points, got {ns.tolerance}")
-    if ns.probe_epochs < 2:
-        raise UserError(f"--probe-epochs must be at least 2, got {ns.probe_epochs}")
+    if ns.probe_epochs == "auto":
+        probe_epochs = None
+    else:
+        try:
+            probe_epochs = int(ns.probe_epochs)
+        except ValueError:
+            raise UserError(f"--probe-epochs must be a number of epochs or 'auto', got {ns.probe_epochs!r}") from None
+        if probe_epochs < 2:
+            raise UserError(f"--probe-epochs must be at least 2, got {probe_epochs}")
+    if ns.probe_patience < 1:
+        raise UserError(f"--probe-patience must be at least 1 epoch, got {ns.probe_patience}")
     out = Path(ns.out)
     if not out.parent.is_dir():
         raise UserError(f"--out {out}: folder {out.parent} does not exist")
@@ -69,8 +82,8 @@ def cmd_plan(ns: argparse.Namespace) -> int:
     workdir = Path(ns.workdir) if ns.workdir else None
     if workdir is not None:
         workdir.mkdir(parents=True, exist_ok=True)
-    ranked = plan(base, model, tolerance=ns.tolerance, probe_epochs=ns.probe_epochs, compute_scale=ns.compute_scale,
-                  workdir=workdir, names=ns.plans)
+    ranked = plan(base, model, tolerance=ns.tolerance, probe_epochs=probe_epochs, probe_patience=ns.probe_patience,
+                  compute_scale=ns.compute_scale, workdir=workdir, names=ns.plans)
     print(f"{'plan':40s} {'best val':>8s} {'s/epoch':>8s} {'comm s':>8s} {'MB/epoch':>9s} {'to target':>10s}")
     for r in ranked:
         reach = f"{r.time_to_target_s:.1f} s" if r.time_to_target_s is not None else "not reached"
