@@ -13,7 +13,9 @@ nodes' 8-bit embeddings for both layers (``d^-1/2 x W1`` and ``d^-1/2 h W2``), c
 as embedding bytes (client to client), not uplink. Compressed uplinks: rank-r projections of each weight
 matrix on a shared random basis (error feedback at the clients), values at b bits, summed
 in a ring of b + ceil(log2 n) bits under SecAgg. DP is client-level (clip 1, noise at the clients, RDP accounting with opacus,
-delta 1e-5), under secure aggregation. One process plays server and clients
+delta 1e-5), under secure aggregation; its noise (and the embeddings' rounding) is drawn from
+the run's seeded generators (``dp.reproducible_noise``) so that every run repeats; a
+deployment keeps the default secret seeds, which change no accuracy in distribution. One process plays server and clients
 (``runtime.parts = 1``; the multi-rank transport gives identical results, tested), one
 thread. Bytes are each message's size on the wire: uplink = everything a client sends
 to the server (masked updates plus the key, share and unmasking messages under SecAgg).
@@ -59,9 +61,9 @@ ENTRIES: dict[str, dict[str, Any]] = {
     "fedprox": {"fed": {"algorithm": "fedprox", "mu": 0.01}},
     "fedavg+secagg": dict(SECURE),
     "fedavg+secagg+emb8": {**SECURE, "fed": {"cross_edges": "embeddings", "embedding_bits": 8}},
-    "dp eps=1": {**SECURE, "dp": DPConfig(epsilon=1.0)},
-    "dp eps=4": {**SECURE, "dp": DPConfig(epsilon=4.0)},
-    "dp eps=8": {**SECURE, "dp": DPConfig(epsilon=8.0)},
+    "dp eps=1": {**SECURE, "dp": DPConfig(epsilon=1.0, reproducible_noise=True)},
+    "dp eps=4": {**SECURE, "dp": DPConfig(epsilon=4.0, reproducible_noise=True)},
+    "dp eps=8": {**SECURE, "dp": DPConfig(epsilon=8.0, reproducible_noise=True)},
     "rank2 4-bit+secagg": {**SECURE, "uplink": UplinkConfig(codec="rank", rank=2, bits=4)},
     "rank2 3-bit+secagg": {**SECURE, "uplink": UplinkConfig(codec="rank", rank=2, bits=3)},
     "rank2 3-bit+secagg+k4": {"secagg": SecAggConfig(enabled=True, neighbours=4),
@@ -73,6 +75,7 @@ def config(dataset: str, root: str, clients: int, split: str, seed: int, entry: 
            rounds: int) -> FederateConfig:
     fed = {"rounds": rounds, "eval_every": 5, "seed": seed, **entry.get("fed", {})}
     rest = {k: v for k, v in entry.items() if k != "fed"}
+    rest.setdefault("dp", DPConfig(reproducible_noise=True))  # seeded noise and rounding: runs repeat
     return FederateConfig(data=DataConfig(dataset=dataset, root=root, cache_dir="/tmp/commgnn-cache"),
                           split=SplitConfig(method=split, clients=clients, seed=seed),
                           federated=FedConfig(**fed), runtime=FedRuntimeConfig(threads=1), **rest)

@@ -70,6 +70,58 @@ def test_compressed_secure_uplink_is_smaller_and_still_learns():
     assert small["test_acc"] > 0.5  # four classes: chance is 0.25
 
 
+def _trained(c: FederateConfig) -> tuple[torch.Tensor, dict]:
+    """The final global model (flat) and the run's summary."""
+    fed = Federation(c)
+    out = fed.run()
+    return torch.cat([p.detach().flatten() for p in fed.model.parameters()]), out
+
+
+@pytest.mark.timeout(120)
+def test_dp_noise_is_secret_unless_reproducible_noise_is_asked_for():
+    """With the run's seed in config.toml, seeded noise could be regenerated and subtracted:
+    by default two runs of one config must differ by their noise alone, and only
+    ``reproducible_noise`` repeats a run bit for bit (and says it is not private)."""
+    def run(noise_at: str, reproducible: bool) -> tuple[torch.Tensor, dict]:
+        return _trained(cfg(rounds=3, dp=DPConfig(noise_multiplier=1.0, clip=0.5, noise_at=noise_at,
+                                                  reproducible_noise=reproducible),
+                            secagg=SecAggConfig(enabled=True)))
+    for at in ("clients", "server"):
+        a, out_a = run(at, False)
+        b, _ = run(at, False)
+        assert not torch.equal(a, b), at
+        assert out_a["dp"]["noise"].startswith("secret")
+        r1, out_r = run(at, True)
+        r2, _ = run(at, True)
+        assert torch.equal(r1, r2), at
+        assert "not private" in out_r["dp"]["noise"]
+    # without DP nothing is noised: runs repeat exactly
+    assert torch.equal(*(_trained(cfg(rounds=2, secagg=SecAggConfig(enabled=True)))[0] for _ in range(2)))
+
+
+def test_a_client_missing_from_a_dp_secure_sum_stops_the_run(monkeypatch):
+    """Each client carries 1/K of the noise; a sum without one would be under-noised."""
+    import commgnn.federated.engine as engine
+
+    real = engine.secure_sum
+
+    def lossy(*args, **kw):
+        total, stats = real(*args, **kw)
+        if stats is not None and kw.get("dim", 0) > 1:  # the update's sum, not the clip count's
+            stats.survivors = tuple(stats.survivors)[1:]
+        return total, stats
+
+    monkeypatch.setattr(engine, "secure_sum", lossy)
+    with pytest.raises(ConfigError, match="dropped out of the secure sum under DP"):
+        Federation(cfg(rounds=2, dp=DPConfig(noise_multiplier=1.0), secagg=SecAggConfig(enabled=True))).run()
+
+
+def test_an_adaptive_count_that_would_wrap_its_ring_is_refused():
+    with pytest.raises(ConfigError, match="overflow"):
+        Federation(cfg(dp=DPConfig(noise_multiplier=1.0, adaptive_clip=True, count_stddev=5000.0),
+                       secagg=SecAggConfig(enabled=True)))
+
+
 def test_dp_run_reports_its_budget():
     out = Federation(cfg(rounds=5, dp=DPConfig(epsilon=4.0, clip=0.5), secagg=SecAggConfig(enabled=True))).run()
     assert 3.0 < out["epsilon"] <= 4.0 + 1e-6 and out["delta"] == 1e-5
@@ -211,7 +263,7 @@ class _FakeCtx:
 def _adaptive(secure: bool, **dp) -> FederateConfig:
     return cfg(rounds=10, fed={"eval_every": 1},
                dp=DPConfig(noise_multiplier=0.05, adaptive_clip=True, clip=50.0, count_stddev=0.05, clip_lr=0.5,
-                           noise_at="server", **dp),
+                           noise_at="server", reproducible_noise=True, **dp),
                secagg=SecAggConfig(enabled=secure))
 
 

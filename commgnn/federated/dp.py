@@ -41,10 +41,16 @@ Caveats that the numbers rest on:
   private data (the planned number of participants). Dividing by the realised count is
   the common approximation when participation is fixed.
 * Distributed noise assumes every participant's noise share reaches the sum. If k of n
-  participants drop out after masking, the sum carries only (n - k)/n of the variance;
-  the trainer should then add the missing (sigma C)^2 k / n at the server (``noise_for``
+  participants drop out before their masked input arrives (clients that drop after it are
+  unmasked and stay in the sum), the sum carries only (n - k)/n of the variance; the
+  trainer should then add the missing (sigma C)^2 k / n at the server (``noise_for``
   with ``at = "clients"`` and ``n_participants = n / k`` draws exactly that) or account
-  with the smaller sigma.
+  with the smaller sigma. The round engine does the first for the adaptive clip's count
+  and stops the run for the update (fail closed).
+* The noise must come from seeds nobody else knows: with the run's seed (in
+  ``config.toml``) anyone can regenerate it and subtract it. The engine draws it from
+  ``secrets.randbits`` seeds unless ``reproducible_noise`` asks for seeded noise (tests,
+  benchmarks).
   A participant colluding with the server removes its own share from the noise as well.
 * Clipping is the only bound on a client's influence: a client that does not clip (a
   Byzantine one) is not covered by DP; see :mod:`commgnn.federated.robust` for that.
@@ -127,6 +133,11 @@ class DPConfig:
     """adaptive_clip: the largest value C may reach; None = ``clip``. It sizes the fixed-point
     range of secure aggregation and of quantising uplinks (a value beyond the range would wrap
     in the ring), so start C where it should be at most and let it shrink, or raise this."""
+    reproducible_noise: bool = False
+    """Draw the DP noise from the run's seeded generators, so a run repeats bit for bit (tests,
+    benchmarks). Not private: the seed is in ``config.toml``, and whoever holds it can regenerate
+    the noise and subtract it. False (the default): every client and the server draw their
+    noise from a generator seeded by ``secrets.randbits`` that nobody else sees."""
 
     def __post_init__(self) -> None:
         positive("epsilon", self.epsilon, allow_zero=True)

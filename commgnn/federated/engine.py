@@ -24,6 +24,7 @@ organisations (the server counts them), whatever the placement.
 from __future__ import annotations
 
 import math
+import secrets
 import time
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable
@@ -48,6 +49,11 @@ from commgnn.federated.secagg import ring
 from commgnn.federated.secure_sum import secure_sum
 from commgnn.federated.splits import build_clients, split_from_config, split_stats
 from commgnn.federated.transport import Transport
+
+
+COUNT_RING_BITS, COUNT_FRAC_BITS = 32, 16
+"""The adaptive clip's secure count: fixed point with 2^-16 resolution in a 32-bit ring, so
+the noised sum of centred bits must stay inside +-2^15 (checked at start-up)."""
 
 
 class CountingGate:
@@ -140,6 +146,15 @@ class Federation:
         self.noise_gen = torch.Generator().manual_seed(fed.seed + 2)  # the server's DP noise (server only)
         self.cgen = {c: torch.Generator().manual_seed(fed.seed * 1_000_003 + 7919 * (c + 1)) for c in self.clients}
         self.eval_gen = {c: torch.Generator() for c in self.clients}  # evaluation never moves training's draws
+        # Protective noise (DP noise, the cross-client embeddings' noise): from secret seeds that
+        # only the party drawing it knows, unless the config asks for reproducible (seeded, not
+        # private) noise; then the draws are training's (and evaluation's) generators'.
+        if cfg.dp.reproducible_noise:
+            self.dp_gen, self.dp_eval_gen, self.dp_server_gen = dict(self.cgen), self.eval_gen, self.noise_gen
+        else:
+            self.dp_gen = {c: torch.Generator().manual_seed(secrets.randbits(63)) for c in self.clients}
+            self.dp_eval_gen = self.dp_gen
+            self.dp_server_gen = torch.Generator().manual_seed(secrets.randbits(63))
         self.tally = Tally()
         self.cohort = max(1, round(fed.participation * self.t.n_clients))
         # The accountant's sample rate is the real one, K / n, not the nominal participation.
@@ -166,6 +181,14 @@ class Federation:
                                   f"raise --participation or --clients")
             cfg.secagg.threshold_count(self.cohort)  # a threshold or ring the cohort cannot meet fails now
             self.decoder.ring_bits(self.cohort)
+            if self.adaptive is not None:  # the noised count (|sum| <= K/2, plus noise) must not wrap
+                bound = self.cohort / 2 + 8 * self.adaptive.count_stddev
+                if bound >= 2 ** (COUNT_RING_BITS - COUNT_FRAC_BITS - 1):
+                    raise ConfigError(f"the adaptive clip's secure count would overflow its "
+                                      f"{COUNT_RING_BITS}-bit ring: {self.cohort} participants and count_stddev "
+                                      f"{self.adaptive.count_stddev:g} reach {bound:.0f} "
+                                      f"(limit {2 ** (COUNT_RING_BITS - COUNT_FRAC_BITS - 1)}); "
+                                      f"lower --participation or dp.count_stddev")
 
     def _dp_clip(self) -> float | None:
         """Under DP, the per-coordinate range of a codec: the clip bound plus six standard
@@ -223,7 +246,7 @@ class Federation:
             return {c: None for c in targets}
         from commgnn.federated.model import load_flat
         load_flat(self.model, params)
-        gens = self.eval_gen if evaluating else self.cgen
+        gens = self.dp_eval_gen if evaluating else self.dp_gen
         need = {c: self.clients[c].needs_from() for c in self.clients}
 
         def exchange(c: int, layer: int, cross1: dict[int, Tensor]) -> Tensor:
@@ -277,7 +300,7 @@ class Federation:
             for c in mine:
                 updates[c], norms[c] = dpmod.privatise_update(updates[c], clip=clip, sigma=self.sigma,
                                                               n_participants=K, at=cfg.dp.noise_at,
-                                                              generator=self.cgen[c])
+                                                              generator=self.dp_gen[c])
         for c in mine:
             if c < fed.byzantine:  # the harness: this client forges its update
                 updates[c] = self.attack(updates[c][None], updates[c][None], self.cgen[c])[0]
@@ -289,7 +312,7 @@ class Federation:
         if self.t.is_server:
             assert total is not None
             if cfg.dp.enabled and cfg.dp.noise_at == "server":
-                total = total + dpmod.noise_for((self.dim,), self.sigma, clip, K, self.noise_gen, "server")
+                total = total + dpmod.noise_for((self.dim,), self.sigma, clip, K, self.dp_server_gen, "server")
             if self.accountant is not None:
                 self.accountant.step(sample_rate=self.sample_rate, clip=clip)
             mean = total / K
@@ -321,7 +344,7 @@ class Federation:
         cfg, ad = self.cfg, self.adaptive
         assert ad is not None
         K, at = len(active), cfg.dp.noise_at
-        sent = {c: ad.centred_bit(n) + (ad.count_noise(K, self.cgen[c], "clients") if at == "clients" else 0.0)
+        sent = {c: ad.centred_bit(n) + (ad.count_noise(K, self.dp_gen[c], "clients") if at == "clients" else 0.0)
                 for c, n in norms.items()}
         secure = cfg.secagg.enabled
         if isinstance(self.gate, PolicyGate):
@@ -329,7 +352,7 @@ class Federation:
                 self.gate.check(Payload(kind="update", src_client=c, dst="server", nbytes=4, secure=secure))
         per_client: dict[int, int] = {}
         if secure:
-            m, frac = 32, 16
+            m, frac = COUNT_RING_BITS, COUNT_FRAC_BITS
             codes = {c: ring.encode(torch.tensor([b], dtype=torch.float64), m=m, frac_bits=frac, generator=self.cgen[c])
                      for c, b in sent.items()}
             s, stats = secure_sum(self.t, codes, dim=1, cohort=active, m=m, threshold=cfg.secagg.threshold_count(K),
@@ -354,9 +377,9 @@ class Federation:
             self._uplink(c, nbytes, 4, secure=secure, codec_bits=False)
         total += summed / 2
         if at == "server":
-            total += ad.count_noise(K, self.noise_gen, "server")
+            total += ad.count_noise(K, self.dp_server_gen, "server")
         elif summed < K:  # the dropped clients' noise shares: N(0, sigma_b^2 (K - summed) / K)
-            total += ad.count_noise(K, self.noise_gen, "server") * math.sqrt((K - summed) / K)
+            total += ad.count_noise(K, self.dp_server_gen, "server") * math.sqrt((K - summed) / K)
         return total, summed
 
     def _weights(self, active: list[int]) -> dict[int, float]:
@@ -395,6 +418,12 @@ class Federation:
             if total is None:
                 return None
             self.tally.secagg_s += stats.seconds
+            if cfg.dp.enabled and len(stats.survivors) < K:
+                # Each client carries 1/K of the noise variance: a sum without some of them is
+                # noised below what the accountant was charged. Fail closed (no top-up is
+                # implemented for the update; today's transport never drops a client).
+                raise ConfigError(f"round {r}: {K - len(stats.survivors)} client(s) dropped out of the secure "
+                                  f"sum under DP, so the update would carry less noise than accounted; stopping")
             payload = self.decoder.payload_bytes(K)
             for c in active:
                 self._uplink(c, sum(stats.up.get(c, {}).values()), payload, secure=True)
@@ -518,5 +547,7 @@ class Federation:
                 rep["adaptive_clip"] = {"update_noise_multiplier": self.sigma, "count_stddev": self.adaptive.count_stddev,
                                         "target_quantile": cfg.dp.target_quantile, "start": cfg.dp.clip,
                                         "ceiling": cfg.dp.clip_ceiling}
+            rep["noise"] = ("seeded: reproducible_noise is on, and anyone with config.toml can regenerate it "
+                            "(not private)" if cfg.dp.reproducible_noise else "secret seeds (secrets.randbits)")
             out.update(epsilon=rep["epsilon"], delta=rep["delta"], dp=rep)
         return out
