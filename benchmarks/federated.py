@@ -185,12 +185,12 @@ def main() -> None:
     ap.add_argument("--out", default="benchmarks/results")
     ap.add_argument("--tag", default="federated")
     ap.add_argument("--report-only", action="store_true",
-                    help="tabulate every finished run in --runs (all datasets, clients, splits)")
+                    help="run nothing; tabulate every finished run in --runs (every call's table does)")
     ap.add_argument("--jobs", type=int, default=1,
                     help="runs side by side, one thread each (wall s then includes the sharing)")
     args = ap.parse_args()
     torch.set_num_threads(1)
-    runs = collected(Path(args.runs)) if args.report_only else {}
+    runs = collected(Path(args.runs))  # the table covers every finished run in --runs, not just this call's
     todo = []
     for ds in [] if args.report_only else args.datasets:
         for k in args.clients:
