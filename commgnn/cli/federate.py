@@ -61,6 +61,8 @@ FLAG_KEYS: dict[str, str] = {
     "parts": "runtime.parts",
     "threads": "runtime.threads",
     "quiet": "output.quiet",
+    "neighgen": "neighgen.enabled",
+    "neighgen_rounds": "neighgen.rounds",
 }
 """argparse dest -> dotted FederateConfig key (``--seed`` sets two: :data:`SEED_KEYS`)."""
 
@@ -92,8 +94,8 @@ def add_parser(sub: Any) -> None:
     p = sub.add_parser("federate", help="federated training: clients keep their subgraphs, a server averages "
                                         "their updates (FedAvg / FedProx, secure aggregation, DP)",
                        formatter_class=_DefaultsFormatter)
-    p.add_argument("--config", help="TOML file with [data] [split] [federated] [uplink] [secagg] [dp] [policy] "
-                                     "[output]; flags override it")
+    p.add_argument("--config", help="TOML file with [data] [split] [federated] [neighgen] [uplink] [secagg] [dp] "
+                                    "[policy] [output]; flags override it")
     d = p.add_argument_group("data and split ([data], [split])")
     d.add_argument("--dataset", help="'synthetic', a dataset name (see `commgnn datasets`) or a .pt graph")
     d.add_argument("--data-root", dest="data_root",
@@ -112,6 +114,11 @@ def add_parser(sub: Any) -> None:
     f.add_argument("--participation", type=float, help="fraction of clients drawn each round, in (0, 1]")
     f.add_argument("--aggregator", help="mean | median | trimmed_mean | krum")
     f.add_argument("--cross-edges", dest="cross_edges", help="drop | embeddings (edges between clients)")
+    f.add_argument("--neighgen", action="store_const", const=True,
+                   help="mend each client's subgraph with generated missing neighbours before training "
+                        "(FedSage+-style; [neighgen])")
+    f.add_argument("--neighgen-rounds", dest="neighgen_rounds", type=int,
+                   help="neighgen: FedAvg rounds that train the generator (default 20)")
     f.add_argument("--embedding-bits", dest="embedding_bits", type=int,
                    help="cross_edges embeddings: bits per value (1, 2, 4, 8 or 32)")
     f.add_argument("--embedding-noise", dest="embedding_noise", type=float,
@@ -213,6 +220,7 @@ def _check_flags_apply(cfg: Any, flags: Mapping[str, Any]) -> None:
     """A flag given on the command line that the resolved run would ignore is an error."""
     fed = cfg.federated
     rules = (
+        ("neighgen_rounds", cfg.neighgen.enabled, "--neighgen-rounds applies with --neighgen"),
         ("threshold", cfg.secagg.enabled, "--threshold applies to secure aggregation: add --secure-agg"),
         ("dp_delta", cfg.dp.enabled, "--dp-delta applies with DP on: add --dp-epsilon EPS"),
         ("dp_clip", cfg.dp.enabled, "--dp-clip applies with DP on: add --dp-epsilon EPS"),

@@ -15,7 +15,8 @@ from torch import Tensor
 
 from commgnn.comm import quant
 from commgnn.federated.config import FedConfig
-from commgnn.federated.model import FedGCN, flat_params, gcn_operator, load_flat
+from commgnn.federated.model import FedGCN, feature_operator, flat_params, gcn_operator, load_flat
+from commgnn.federated.neighgen import Generated
 from commgnn.federated.splits import ClientData
 from commgnn.models.graph import CSRPair, spmm
 
@@ -24,22 +25,26 @@ class Client:
     """One organisation's data and local training (stateless between rounds, except for
     the uplink codec's error-feedback residual, which the engine keeps)."""
 
-    def __init__(self, data: ClientData, cfg: FedConfig, *, global_degree: Tensor | None) -> None:
+    def __init__(self, data: ClientData, cfg: FedConfig, *, global_degree: Tensor | None,
+                 generated: Generated | None = None) -> None:
         self.data, self.cfg = data, cfg
-        n = data.num_nodes
-        own_degree = torch.bincount(data.edge_index[1], minlength=n)
+        # Mended subgraphs (neighgen) append generated neighbours after the real nodes: they
+        # enter the aggregation, never the loss or the predictions.
+        self.num_real = data.num_nodes
+        x, edge_index = data.x, data.edge_index
+        if generated is not None and generated.num_nodes:
+            x = torch.cat([x.to_dense() if x.is_sparse else x, generated.x])
+            edge_index = torch.cat([edge_index, generated.edge_index], 1)
+        n = x.shape[0]
+        own_degree = torch.bincount(edge_index[1], minlength=n)
         # With embeddings crossing, normalise by whole-graph degrees (module docstring of model.py).
         self.degree = global_degree[data.nodes] if global_degree is not None else own_degree
-        self.adj = gcn_operator(data.edge_index, n, self.degree)
+        self.adj = gcn_operator(edge_index, n, self.degree)
         self.dinv = (self.degree.to(torch.float32) + 1).pow(-0.5)
         self.num_train = int(data.train_mask.sum())
         # Bag-of-words features are mostly zeros (CS: ~1%): X W1 as a sparse product costs
         # nnz(X) h instead of n F h, forward and backward (W1's gradient is X^T G).
-        density = float((data.x != 0).float().mean()) if data.x.numel() else 1.0
-        self.x_op: Tensor | CSRPair = data.x
-        if density < 0.1:
-            nz = data.x.nonzero().t()
-            self.x_op = CSRPair.build(nz[0], nz[1], data.x[nz[0], nz[1]], (n, data.x.shape[1]))
+        self.x_op: Tensor | CSRPair = feature_operator(x)
 
     # ---------------------------------------------------------------- cross-client rows
     def layer_rows(self, model: FedGCN, ids: Tensor, layer: int, cross1: Tensor | None = None) -> Tensor:
@@ -95,7 +100,7 @@ class Client:
         loss = torch.zeros(())
         for _ in range(cfg.local_epochs):
             opt.zero_grad()
-            logits = model(self.x_op, self.adj, cross, gen)  # the dropout masks come from gen
+            logits = model(self.x_op, self.adj, cross, gen)[: self.num_real]  # dropout masks from gen
             loss = F.cross_entropy(logits[d.train_mask], d.y[d.train_mask])
             if anchor is not None:
                 loss = loss + 0.5 * cfg.mu * sum(((p - a) ** 2).sum() for p, a in zip(model.parameters(), anchor))
@@ -108,4 +113,4 @@ class Client:
         load_flat(model, params)
         model.eval()
         with torch.no_grad():
-            return model(self.x_op, self.adj, cross).argmax(1)
+            return model(self.x_op, self.adj, cross).argmax(1)[: self.num_real]

@@ -26,6 +26,7 @@ from commgnn.data.config import DataConfig
 from commgnn.dist.context import RuntimeConfig
 from commgnn.errors import ConfigError
 from commgnn.federated.dp import DPConfig
+from commgnn.federated.neighgen import NeighGenConfig
 from commgnn.federated.secagg.config import SecAggConfig
 from commgnn.federated.splits import SplitConfig
 
@@ -208,6 +209,7 @@ class FederateConfig:
     uplink: UplinkConfig = field(default_factory=UplinkConfig)
     secagg: SecAggConfig = field(default_factory=SecAggConfig)
     dp: DPConfig = field(default_factory=DPConfig)
+    neighgen: NeighGenConfig = field(default_factory=NeighGenConfig)
     policy: PolicyRef = field(default_factory=PolicyRef)
     output: FedOutput = field(default_factory=FedOutput)
     runtime: FedRuntimeConfig = field(default_factory=FedRuntimeConfig)
@@ -233,6 +235,13 @@ class FederateConfig:
                 raise ConfigError(f"uplink.codec = {self.uplink.codec!r} with error feedback re-sends earlier "
                                   f"(clipped, noised) updates, breaking the DP sensitivity bound: set "
                                   f"uplink.error_feedback = false or use codec 'quant' or 'fp32'")
+        if self.neighgen.enabled:
+            if fed.algorithm not in ("fedavg", "fedprox") or fed.cross_edges != "drop":
+                raise ConfigError("neighgen mends the subgraphs that dropped cross-client edges before FedAvg "
+                                  "or FedProx: it needs algorithm fedavg/fedprox and cross_edges = 'drop'")
+            if self.dp.enabled:
+                raise ConfigError("neighgen's generator rounds are not covered by the DP accountant: "
+                                  "turn DP off or neighgen off")
         if fed.algorithm in ("central", "local") and fed.cross_edges != "drop":
             raise ConfigError(f"federated.algorithm = {fed.algorithm!r} exchanges nothing between clients; "
                               f"cross_edges = 'embeddings' applies to fedavg and fedprox")

@@ -27,7 +27,7 @@ import math
 import secrets
 import time
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 import torch
 from torch import Tensor
@@ -36,6 +36,7 @@ from commgnn.data import load_dataset
 from commgnn.dist.context import DistContext
 from commgnn.data.splits import stratified_split
 from commgnn.federated import dp as dpmod
+from commgnn.federated import neighgen
 from commgnn.federated import uplink as up
 from commgnn.federated.byzantine import GaussianNoise, ScaleAttack, SignFlip
 from commgnn.federated.client import Client
@@ -117,9 +118,11 @@ class Federation:
         self.owner = split_from_config(g, cfg.split)
         self.n_clients = int(self.owner.max()) + 1
         self.t = Transport(ctx, 1 if fed.algorithm == "central" else self.n_clients)
-        if self.t.world > 1 and (fed.algorithm in ("local", "central") or fed.cross_edges == "embeddings"):
-            raise ConfigError(f"{'cross_edges = embeddings' if fed.cross_edges == 'embeddings' else fed.algorithm} "
-                              f"runs in one process for now: use --parts 1")
+        if self.t.world > 1 and (fed.algorithm in ("local", "central") or fed.cross_edges == "embeddings"
+                                 or cfg.neighgen.enabled):
+            what = ("cross_edges = embeddings" if fed.cross_edges == "embeddings" else "neighgen"
+                    if cfg.neighgen.enabled else fed.algorithm)
+            raise ConfigError(f"{what} runs in one process for now: use --parts 1")
         self.policy = load_policy(cfg.policy.path) if cfg.policy.path else None
         if self.policy is not None:
             self.policy.validate_for(self.n_clients)
@@ -156,6 +159,7 @@ class Federation:
             self.dp_eval_gen = self.dp_gen
             self.dp_server_gen = torch.Generator().manual_seed(secrets.randbits(63))
         self.tally = Tally()
+        self.neighgen_report: dict[str, Any] | None = None
         self.cohort = max(1, round(fed.participation * self.t.n_clients))
         # The accountant's sample rate is the real one, K / n, not the nominal participation.
         self.sample_rate = self.cohort / self.t.n_clients
@@ -448,6 +452,46 @@ class Federation:
         self.tally.payload_uplink += payload
         self.tally.client(c, nbytes)
 
+    # ---------------------------------------------------------------- neighgen
+    def _mend(self) -> None:
+        """Train the missing-neighbour generator by FedAvg (its bytes counted like updates),
+        then rebuild every client on its mended subgraph (:mod:`commgnn.federated.neighgen`)."""
+        ng, fed = self.cfg.neighgen, self.cfg.federated
+        datas = {c: client.data for c, client in self.clients.items()}
+        model, params, rep = neighgen.train_generator(datas, int(self.graph.x.shape[1]), ng, seed=fed.seed + 3,
+                                                      gens=self.cgen, summed=self._generator_sum)
+        made = 0
+        for c, client in list(self.clients.items()):
+            extra = neighgen.mend(model, params, client.data, client.x_op, client.adj, ng.num_pred)
+            self.clients[c] = Client(client.data, fed, global_degree=None, generated=extra)
+            made += extra.num_nodes
+        self.neighgen_report = {**rep, "rounds": ng.rounds, "generator_params": int(params.numel()),
+                                "generated_nodes": made, "cut_links": sum(d.num_cross for d in datas.values()),
+                                "uplink_bytes": self.tally.uplink, "downlink_bytes": self.tally.downlink}
+
+    def _generator_sum(self, r: int, updates: Mapping[int, Tensor]) -> Tensor:
+        """One generator round's sum over the clients: secure (the ``[secagg]`` fixed point)
+        when secure aggregation is on, on its own round ids so no mask is ever reused."""
+        active, dim, sa = sorted(updates), int(next(iter(updates.values())).numel()), self.cfg.secagg
+        K, rid = len(active), 1_000_000 + r
+        self.tally.downlink += K * dim * 4  # the generator to each client
+        if not sa.enabled:
+            for c in active:
+                self._uplink(c, dim * 4, dim * 4, secure=False, codec_bits=False)
+            return torch.stack([updates[c] for c in active]).sum(0)
+        codecs = {c: up.FixedPoint(sa, dim=dim, seed=self.cfg.federated.seed + 3, client=c) for c in active}
+        m = codecs[active[0]].ring_bits(K)
+        total, stats = secure_sum(self.t, {c: codecs[c].encode(updates[c], rid) for c in active}, dim=dim,
+                                  cohort=active, m=m, threshold=sa.threshold_count(K), round_id=rid,
+                                  neighbours=sa.neighbours or None, graph_seed=self.cfg.federated.seed + rid)
+        assert total is not None  # one process (checked at start-up)
+        self.tally.secagg_s += stats.seconds
+        for c in active:
+            self._uplink(c, sum(stats.up.get(c, {}).values()), codecs[c].payload_bytes(K), secure=True,
+                         codec_bits=False)
+            self.tally.downlink += sum(stats.down.get(c, {}).values())
+        return codecs[active[0]].decode_sum(total, K, rid)
+
     # ---------------------------------------------------------------- evaluation
     def _predict(self, params: dict[int, Tensor] | Tensor) -> Tensor | None:
         """Predictions ``[N]`` of every node by its own client (its own model for ``local``),
@@ -489,6 +533,8 @@ class Federation:
             params = {c: params.clone() for c in self.clients}
         best = {"val": -1.0, "round": 0, "pred": None}
         t_start = time.perf_counter()
+        if self.cfg.neighgen.enabled:
+            self._mend()
         curve = []
         for r in range(fed.rounds):
             if fed.algorithm in ("fedavg", "fedprox"):
@@ -541,6 +587,8 @@ class Federation:
             "wall_s": wall, "ranks": self.t.world, "fairness": fair, "split_stats": split_stats(g, self.owner), "gate": self.gate.report(),
             "curve": curve,
         }
+        if self.neighgen_report is not None:
+            out["neighgen"] = self.neighgen_report
         if self.accountant is not None:
             rep = self.accountant.report()
             if self.adaptive is not None:  # the noise split and the range the clip moved in
