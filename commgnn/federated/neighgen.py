@@ -108,11 +108,14 @@ class NeighGen(nn.Module):
         """``n^``: ``[n]``, non-negative."""
         return F.softplus(self.degree(z)).squeeze(-1)
 
-    def features(self, z: Tensor, gen: torch.Generator | None = None) -> Tensor:
-        """Generated neighbours' features ``[n, num_pred, F]`` (noise from ``gen`` when training)."""
+    def features(self, z: Tensor, gen: torch.Generator | None = None, slot: Tensor | None = None) -> Tensor:
+        """Generated neighbours' features ``[n, num_pred, F]`` (noise from ``gen`` when
+        training), or only slot ``slot[i]`` of row ``i`` (``[n, F]``)."""
         if self.training and self.noise > 0:
             z = z + self.noise * torch.randn(z.shape, generator=gen)
         lat = F.relu(self.slots(z)).view(-1, self.num_pred, self.latent)
+        if slot is not None:  # decode only the slots wanted: [n, F], not [n, num_pred, F]
+            lat = lat[torch.arange(lat.shape[0]), slot]
         return self.decode(lat)
 
 
@@ -218,8 +221,7 @@ def mend(model: NeighGen, params: Tensor, data: ClientData, x_op: Tensor | CSRPa
         count = model.missing_degree(z).round().clamp(0, num_pred).to(torch.int64)
         owners = torch.repeat_interleave(torch.arange(data.num_nodes), count)
         slot = torch.arange(owners.numel()) - torch.repeat_interleave(torch.cumsum(count, 0) - count, count)
-        feats = model.features(z[owners])[torch.arange(owners.numel()), slot] if owners.numel() else \
-            torch.zeros(0, data.x.shape[1])
+        feats = model.features(z[owners], slot=slot) if owners.numel() else torch.zeros(0, data.x.shape[1])
         dense = data.x.to_dense() if data.x.is_sparse else data.x
         feats = feats.clamp(float(dense.min()), float(dense.max())) if dense.numel() else feats
     new = torch.arange(owners.numel()) + data.num_nodes
@@ -237,8 +239,9 @@ def train_generator(datas: Mapping[int, ClientData], in_dim: int, cfg: NeighGenC
     the updates, weighted by the client's node count, are combined by ``summed`` (the
     engine's secure or plain sum, which also counts the bytes). Returns the model, its
     trained flat parameters and a report (last mean loss, degree MAE against a constant)."""
-    torch.manual_seed(seed)
-    model = NeighGen(in_dim, cfg)
+    with torch.random.fork_rng():  # the initialisation's seed, without moving the global generator
+        torch.manual_seed(seed)
+        model = NeighGen(in_dim, cfg)
     params = flat_params(model)
     impaired = {c: impair(d, cfg.hidden_fraction, gens[c]) for c, d in datas.items()}
     sizes = {c: float(d.missing.numel()) for c, d in impaired.items()}
