@@ -15,7 +15,8 @@ from commgnn.federated.client import Client
 from commgnn.federated.config import FedConfig, FederateConfig, FedRuntimeConfig
 from commgnn.federated.dp import DPConfig
 from commgnn.federated.engine import Federation
-from commgnn.federated.model import FedGCN
+from commgnn.federated.model import FedGCN, RowBlocks
+from commgnn.models.graph import CSRPair
 from commgnn.federated.secagg.config import SecAggConfig
 from commgnn.federated.neighgen import (Generated, NeighGen, NeighGenConfig, feature_loss, impair, mend,
                                         train_generator)
@@ -28,10 +29,12 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def client_data(n: int = 12, seed: int = 0) -> ClientData:
-    """A random undirected subgraph of ``n`` nodes with distinct features."""
+    """A random undirected subgraph of ``n`` nodes with distinct features, plus one edge in
+    one direction only (so that a swapped source and target would show)."""
     g = torch.Generator().manual_seed(seed)
     pairs = [(u, v) for u, v in itertools.combinations(range(n), 2) if torch.rand(1, generator=g) < 0.3]
-    edges = torch.tensor(pairs + [(v, u) for u, v in pairs], dtype=torch.int64).t()
+    one_way = [(u, v) for u in range(n) for v in range(n) if u != v and (u, v) not in pairs and (v, u) not in pairs][:1]
+    edges = torch.tensor(pairs + [(v, u) for u, v in pairs] + one_way, dtype=torch.int64).t()
     mask = torch.zeros(n, dtype=torch.bool)
     empty = torch.zeros(2, 0, dtype=torch.int64)
     return ClientData(client=0, nodes=torch.arange(n), x=torch.randn(n, 5, generator=g), y=torch.zeros(n, dtype=torch.int64),
@@ -48,9 +51,10 @@ def test_the_impaired_graph_counts_each_nodes_hidden_neighbours():
     edges = data.edge_index.t().tolist()
     want = [sum(1 for u, v in edges if v == old and hidden[u]) for old in keep]
     assert got.missing.tolist() == want and got.adj.a.shape[0] == len(keep)
-    # every (node left, hidden neighbour) pair carries the hidden node's features
-    pairs = sorted((new[v], tuple(data.x[u].tolist())) for u, v in edges if hidden[u] and not hidden[v])
-    assert sorted(zip(got.pair_node.tolist(), map(tuple, got.pair_feat.tolist()))) == pairs
+    # every (node left, hidden neighbour) pair points at the hidden node, whose features are the target
+    pairs = sorted((new[v], u) for u, v in edges if hidden[u] and not hidden[v])
+    assert sorted(zip(got.pair_node.tolist(), got.pair_src.tolist())) == pairs
+    assert got.features is data.x  # a reference, not a copy
 
 
 def test_the_feature_loss_matches_each_slot_to_its_nearest_hidden_neighbour():
@@ -65,7 +69,13 @@ def test_the_feature_loss_matches_each_slot_to_its_nearest_hidden_neighbour():
         mine = [pair_feat[p] for p in range(4) if pair_node[p] == v]
         for j in range(min(int(missing[v]), 2)):
             terms.append(min(float(((generated[b, j] - f) ** 2).sum()) / 4 for f in mine))
-    assert float(feature_loss(generated, nodes, missing, pair_node, pair_feat)) == pytest.approx(sum(terms) / len(terms))
+    assert float(feature_loss(generated, nodes, missing, pair_node, pair_feat)) == pytest.approx(sum(terms) / len(terms),
+                                                                                                rel=1e-5)
+    # more hidden neighbours than batch rows takes the other branch of the distance: same value
+    many = torch.cat([pair_node, torch.zeros(3, dtype=torch.int64)])
+    feats = torch.cat([pair_feat, pair_feat[:1].repeat(3, 1)])  # duplicates of node 0's first neighbour
+    assert float(feature_loss(generated, nodes, missing, many, feats)) == pytest.approx(sum(terms) / len(terms),
+                                                                                        rel=1e-5)
     # a generator that reproduces the hidden neighbours exactly costs nothing
     perfect = torch.stack([torch.stack([pair_feat[0], pair_feat[1]]), pair_feat[2][None].repeat(2, 1),
                            torch.zeros(2, 4)])
@@ -91,6 +101,20 @@ def test_mending_adds_the_predicted_number_of_neighbours_both_ways():
             assert torch.equal(extra.edge_index[:, g:], extra.edge_index[:, :g].flip(0))
             # generated features stay in the range of the client's own
             assert g == 0 or (extra.x.min() >= data.x.min() and extra.x.max() <= data.x.max())
+
+
+def test_a_mended_client_keeps_its_sparse_rows_sparse():
+    data = client_data()
+    sparse_x = torch.zeros(12, 40)
+    sparse_x[torch.arange(12), torch.arange(12)] = 1.0  # 2.5% dense: the CSR path
+    data = ClientData(**{**data.__dict__, "x": sparse_x})
+    extra = Generated(x=torch.rand(2, 40), edge_index=torch.tensor([[12, 13, 0, 5], [0, 5, 12, 13]]))
+    mended = Client(data, FedConfig(), global_degree=None, generated=extra)
+    assert isinstance(mended.x_op, RowBlocks) and isinstance(mended.x_op.head, CSRPair)
+    torch.manual_seed(0)
+    model = FedGCN(40, 8, 3, 0.0)
+    dense = torch.cat([sparse_x, extra.x]) @ model.w1
+    assert torch.allclose(model.embed(mended.x_op), dense, atol=1e-6)
 
 
 def test_a_mended_client_aggregates_its_generated_nodes_but_learns_and_predicts_only_its_own():
@@ -126,10 +150,16 @@ def test_a_neighgen_run_counts_the_generator_bytes_and_learns_the_missing_degree
     assert out["uplink_bytes_total"] == plain["uplink_bytes_total"] + rep["uplink_bytes"]
     assert rep["degree_mae"] < rep["degree_mae_constant"]  # better than predicting the mean
     assert rep["generated_nodes"] == sum(c.adj.a.shape[0] - c.num_real for c in fed.clients.values()) > 0
-    # under secure aggregation the generator's updates are masked like the classifier's
-    sec = Federation(_cfg(neighgen=NeighGenConfig(enabled=True, rounds=2),
-                          secagg=SecAggConfig(enabled=True)))
-    assert sec.run()["neighgen"]["uplink_bytes"] > 2 * clients * sec.neighgen_report["generator_params"] * 4
+    # under secure aggregation the generator's updates are masked like the classifier's, and the
+    # masked sum decodes to the plain one (fixed point 2^-16): the same generator, the same mending
+    runs = {}
+    for secure in (False, True):
+        fed = Federation(_cfg(neighgen=NeighGenConfig(enabled=True, rounds=2), secagg=SecAggConfig(enabled=secure)))
+        runs[secure] = (fed.run()["neighgen"], fed)
+    sec, plain_ng = runs[True][0], runs[False][0]
+    assert sec["uplink_bytes"] > plain_ng["uplink_bytes"] == 2 * clients * dim * 4
+    assert sec["degree_mae"] == pytest.approx(plain_ng["degree_mae"], rel=1e-3)
+    assert sec["generated_nodes"] == plain_ng["generated_nodes"]
 
 
 def test_the_generator_is_trained_by_fedavg_over_the_clients():

@@ -15,7 +15,7 @@ from torch import Tensor
 
 from commgnn.comm import quant
 from commgnn.federated.config import FedConfig
-from commgnn.federated.model import FedGCN, feature_operator, flat_params, gcn_operator, load_flat
+from commgnn.federated.model import FedGCN, RowBlocks, feature_operator, flat_params, gcn_operator, load_flat
 from commgnn.federated.neighgen import Generated
 from commgnn.federated.splits import ClientData
 from commgnn.models.graph import CSRPair, spmm
@@ -31,11 +31,10 @@ class Client:
         # Mended subgraphs (neighgen) append generated neighbours after the real nodes: they
         # enter the aggregation, never the loss or the predictions.
         self.num_real = data.num_nodes
-        x, edge_index = data.x, data.edge_index
+        edge_index, extra = data.edge_index, 0
         if generated is not None and generated.num_nodes:
-            x = torch.cat([x.to_dense() if x.is_sparse else x, generated.x])
-            edge_index = torch.cat([edge_index, generated.edge_index], 1)
-        n = x.shape[0]
+            edge_index, extra = torch.cat([edge_index, generated.edge_index], 1), generated.num_nodes
+        n = data.num_nodes + extra
         own_degree = torch.bincount(edge_index[1], minlength=n)
         # With embeddings crossing, normalise by whole-graph degrees (module docstring of model.py).
         self.degree = global_degree[data.nodes] if global_degree is not None else own_degree
@@ -44,7 +43,9 @@ class Client:
         self.num_train = int(data.train_mask.sum())
         # Bag-of-words features are mostly zeros (CS: ~1%): X W1 as a sparse product costs
         # nnz(X) h instead of n F h, forward and backward (W1's gradient is X^T G).
-        self.x_op: Tensor | CSRPair = feature_operator(x)
+        self.x_op: Tensor | CSRPair | RowBlocks = feature_operator(data.x)
+        if extra:  # generated rows are dense: a block of their own keeps the real rows' product sparse
+            self.x_op = RowBlocks(self.x_op, generated.x)  # type: ignore[union-attr]
 
     # ---------------------------------------------------------------- cross-client rows
     def layer_rows(self, model: FedGCN, ids: Tensor, layer: int, cross1: Tensor | None = None) -> Tensor:

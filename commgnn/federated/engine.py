@@ -185,6 +185,9 @@ class Federation:
                                   f"raise --participation or --clients")
             cfg.secagg.threshold_count(self.cohort)  # a threshold or ring the cohort cannot meet fails now
             self.decoder.ring_bits(self.cohort)
+            if cfg.neighgen.enabled:  # the generator's rounds sum every client, not a cohort
+                cfg.secagg.threshold_count(self.n_clients)
+                cfg.secagg.check_clients(self.n_clients)
             if self.adaptive is not None:  # the noised count (|sum| <= K/2, plus noise) must not wrap
                 bound = self.cohort / 2 + 8 * self.adaptive.count_stddev
                 if bound >= 2 ** (COUNT_RING_BITS - COUNT_FRAC_BITS - 1):
@@ -481,6 +484,10 @@ class Federation:
             return torch.stack([updates[c] for c in active]).sum(0)
         codecs = {c: up.FixedPoint(sa, dim=dim, seed=self.cfg.federated.seed + 3, client=c) for c in active}
         m = codecs[active[0]].ring_bits(K)
+        if isinstance(self.gate, PolicyGate):  # each client asks the policy before its update leaves
+            for c in active:
+                self.gate.check(Payload(kind="update", src_client=c, dst="server", nbytes=codecs[c].payload_bytes(K),
+                                        secure=True))
         total, stats = secure_sum(self.t, {c: codecs[c].encode(updates[c], rid) for c in active}, dim=dim,
                                   cohort=active, m=m, threshold=sa.threshold_count(K), round_id=rid,
                                   neighbours=sa.neighbours or None, graph_seed=self.cfg.federated.seed + rid)

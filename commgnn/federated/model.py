@@ -22,6 +22,7 @@ the aggregation; the operator and its kernel are the project's own (``LocalGraph
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -51,6 +52,16 @@ def feature_operator(x: Tensor) -> Tensor | CSRPair:
     return CSRPair.build(nz[0], nz[1], x[nz[0], nz[1]], (x.shape[0], x.shape[1]))
 
 
+@dataclass
+class RowBlocks:
+    """Features as two row blocks, ``[head; tail]``: a client's own (often sparse) rows and
+    the dense rows appended after them (neighgen's generated neighbours), so the sparse
+    product stays sparse."""
+
+    head: Tensor | CSRPair
+    tail: Tensor
+
+
 class FedGCN(nn.Module):
     """Two GCN layers whose parameters are what clients and server exchange."""
 
@@ -65,14 +76,16 @@ class FedGCN(nn.Module):
             nn.init.uniform_(w, -bound, bound)
         self.dropout = dropout
 
-    def embed(self, x: Tensor | CSRPair) -> Tensor:
+    def embed(self, x: Tensor | CSRPair | RowBlocks) -> Tensor:
         """``x W1``: ``[n, F] -> [n, h]`` (what crosses to other clients, before scaling).
         Sparse features come as a :class:`CSRPair` (``X`` and ``X^T`` in CSR): ``W1``'s
         gradient ``X^T G`` then runs on the kept transpose, 3x faster than autograd's sparse
         backward on Coauthor CS's bag-of-words rows."""
+        if isinstance(x, RowBlocks):
+            return torch.cat([self.embed(x.head), x.tail @ self.w1])
         return spmm(x, self.w1) if isinstance(x, CSRPair) else x @ self.w1
 
-    def forward(self, x: Tensor | CSRPair, adj: CSRPair, cross: tuple[Tensor, Tensor] | None = None,
+    def forward(self, x: Tensor | CSRPair | RowBlocks, adj: CSRPair, cross: tuple[Tensor, Tensor] | None = None,
                 gen: torch.Generator | None = None) -> Tensor:
         """``[n_c, F] -> [n_c, classes]`` logits; ``cross`` is ``(C1, C2)`` above or None;
         ``gen`` draws the dropout mask (training mode)."""

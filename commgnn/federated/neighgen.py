@@ -5,8 +5,8 @@ own. NeighGen learns, from a client's own subgraph, how many neighbours a node i
 and what their features look like: it hides a random ``hidden_fraction`` of the client's
 nodes (the *impaired* graph) and trains on the nodes left to predict, for each, the number
 of its hidden neighbours and their features. The generator's parameters are trained by
-FedAvg rounds across the clients (through the same secure sum and byte accounting as the
-classifier's updates). Each client then *mends* its subgraph: node ``v`` gets
+FedAvg rounds across the clients, weighted by the nodes of their impaired graphs (through
+the same secure sum and byte accounting as the classifier's updates). Each client then *mends* its subgraph: node ``v`` gets
 ``min(round(n_v), num_pred)`` generated neighbours, each a new node with generated
 features and an edge to and from ``v``; the classifier trains on the mended subgraphs
 (generated nodes carry no label and are never evaluated). Nothing but generator updates
@@ -16,14 +16,15 @@ Per client, impaired graph ``G'`` (``n'`` nodes left, operator ``Â'``, features
 
     z    = ReLU(Â' X' W_e + b_e)                         [n', h]
     n^_v = softplus(z_v w_d + b_d)                        predicted missing degree
-    f^_v = D(reshape(relu(z_v + eps) W_f, [num_pred, l]))  [num_pred, F], eps ~ N(0, s^2)
+    f^_v = D(reshape(relu((z_v + eps) W_f + b_f), [num_pred, l]))  [num_pred, F], eps ~ N(0, s^2)
     L    = SmoothL1(n^, n) + lambda * mean over (v, j < min(n_v, num_pred)) of
            min over v's hidden neighbours u of ||f^_vj - x_u||^2 / F
 
 with ``n_v`` the number of ``v``'s neighbours that were hidden, ``D`` a linear decoder
 ``l -> F`` shared by the ``num_pred`` slots (so the generator stays ``O(h num_pred l + l F)``
 parameters instead of ``O(h num_pred F)``), and the feature term on a batch of
-``batch_nodes`` nodes per step (its ``[B, num_pred, F]`` tensor bounds the memory).
+``batch_nodes`` nodes per step, its distances expanded as ``|f|^2 + |x|^2 - 2 f.x`` so that
+memory is ``O(B num_pred F + P_B B num_pred)`` for the ``P_B`` hidden neighbours of the batch.
 
 Left out from the paper: fGen's cross-client loss (other clients' nodes as targets, by
 gradient exchange) and the classification loss on the mended graph inside NeighGen's
@@ -131,13 +132,18 @@ class Impaired:
     """``n``: ``[n']`` float, each node's hidden neighbours."""
     pair_node: Tensor
     """``[P]`` int64: for each edge from a hidden node into a node left, that node (ids in ``G'``)."""
-    pair_feat: Tensor
-    """``[P, F]`` dense features of the hidden end of each such edge."""
+    pair_src: Tensor
+    """``[P]`` int64: the hidden end of each such edge (the client's local ids)."""
+    features: Tensor
+    """The client's own ``[n_c, F]`` features (a reference, not a copy): ``features[pair_src]``
+    are the targets."""
 
 
 def impair(data: ClientData, hidden_fraction: float, gen: torch.Generator) -> Impaired:
     """Hide ``hidden_fraction`` of ``data``'s nodes (at least one node stays)."""
     n = data.num_nodes
+    if n == 0:
+        raise ConfigError(f"client {data.client} has no nodes: nothing to train a generator on")
     hidden = torch.rand(n, generator=gen) < hidden_fraction
     if bool(hidden.all()):
         hidden[0] = False
@@ -150,15 +156,16 @@ def impair(data: ClientData, hidden_fraction: float, gen: torch.Generator) -> Im
     into = hidden[src] & ~hidden[dst]  # an edge from a hidden node into a node left
     pair_node = new_id[dst[into]]
     missing = torch.bincount(pair_node, minlength=keep.numel()).to(torch.float32)
-    dense = data.x.to_dense() if data.x.is_sparse else data.x
-    return Impaired(x=feature_operator(dense[keep]), adj=gcn_operator(edges, keep.numel()), missing=missing,
-                    pair_node=pair_node, pair_feat=dense[src[into]].to(torch.float32))
+    return Impaired(x=feature_operator(data.x[keep]), adj=gcn_operator(edges, keep.numel()), missing=missing,
+                    pair_node=pair_node, pair_src=src[into], features=data.x)
 
 
 def feature_loss(generated: Tensor, nodes: Tensor, missing: Tensor, pair_node: Tensor, pair_feat: Tensor) -> Tensor:
     """Mean over ``(v, j < min(n_v, num_pred))`` of ``min_u ||generated[v, j] - x_u||^2 / F``,
     ``u`` over ``v``'s hidden neighbours. ``generated``: ``[B, num_pred, F]`` for ``nodes``
-    (``[B]`` ids in the impaired graph); ``missing`` ``[n']``; pairs as in :class:`Impaired`."""
+    (``[B]`` ids in the impaired graph); ``missing`` ``[n']``; ``pair_node`` ``[P]`` and
+    ``pair_feat`` ``[P, F]``: each hidden neighbour's node (pairs outside ``nodes`` are
+    ignored) and features."""
     b, k, f = generated.shape
     pos = torch.full((int(missing.numel()),), -1, dtype=torch.int64)
     pos[nodes] = torch.arange(b)
@@ -166,7 +173,10 @@ def feature_loss(generated: Tensor, nodes: Tensor, missing: Tensor, pair_node: T
     where, feats = pos[pair_node[sel]], pair_feat[sel]
     if where.numel() == 0:
         return generated.sum() * 0.0
-    dist = ((generated[where] - feats[:, None, :]) ** 2).sum(-1) / f  # [P_b, num_pred]
+    # ||g - x||^2 = |g|^2 + |x|^2 - 2 g.x, without a [P_b, num_pred, F] difference tensor
+    cross = torch.einsum("pkf,pf->pk", generated[where], feats) if where.numel() <= b else \
+        (feats @ generated.reshape(b * k, f).T).view(-1, b, k)[torch.arange(where.numel()), where]
+    dist = (generated.pow(2).sum(-1)[where] + feats.pow(2).sum(-1, keepdim=True) - 2 * cross) / f  # [P_b, k]
     best = torch.full((b, k), float("inf")).scatter_reduce(0, where[:, None].expand(-1, k), dist, "amin")
     valid = torch.arange(k)[None, :] < missing[nodes].clamp(max=k)[:, None]
     return best[valid].mean() if bool(valid.any()) else generated.sum() * 0.0
@@ -188,8 +198,10 @@ def local_update(model: NeighGen, start: Tensor, data: Impaired, cfg: NeighGenCo
         if with_missing.numel() and cfg.feature_weight > 0:
             pick = torch.randperm(with_missing.numel(), generator=gen)[: cfg.batch_nodes]
             nodes = with_missing[pick]
+            sel = torch.isin(data.pair_node, nodes)  # only the batch's targets are gathered
             loss = loss + cfg.feature_weight * feature_loss(model.features(z[nodes], gen), nodes, data.missing,
-                                                            data.pair_node, data.pair_feat)
+                                                            data.pair_node[sel],
+                                                            data.features[data.pair_src[sel]].to(torch.float32))
         loss.backward()
         opt.step()
     return flat_params(model) - start, float(loss.detach())
@@ -222,8 +234,7 @@ def mend(model: NeighGen, params: Tensor, data: ClientData, x_op: Tensor | CSRPa
         owners = torch.repeat_interleave(torch.arange(data.num_nodes), count)
         slot = torch.arange(owners.numel()) - torch.repeat_interleave(torch.cumsum(count, 0) - count, count)
         feats = model.features(z[owners], slot=slot) if owners.numel() else torch.zeros(0, data.x.shape[1])
-        dense = data.x.to_dense() if data.x.is_sparse else data.x
-        feats = feats.clamp(float(dense.min()), float(dense.max())) if dense.numel() else feats
+        feats = feats.clamp(float(data.x.min()), float(data.x.max())) if data.x.numel() else feats
     new = torch.arange(owners.numel()) + data.num_nodes
     return Generated(x=feats.to(torch.float32), edge_index=torch.cat([torch.stack([new, owners]),
                                                                       torch.stack([owners, new])], 1))
