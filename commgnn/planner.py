@@ -110,6 +110,13 @@ def _score(run_dir: Path, model: ClusterModel, compute_scale: float) -> tuple[li
     return [r["val_acc"] for r in rows], cum, comm, statistics.mean(r["total_bytes"] for r in rows)
 
 
+def still_rising(vals: list[float]) -> bool:
+    """Whether a probe's best validation accuracy came in its last fifth (the first best
+    counts: a plateau that began earlier is not rising)."""
+    best_at = max(range(len(vals)), key=vals.__getitem__)
+    return best_at + 1 > 0.8 * len(vals)
+
+
 def _probed(out: Path, length: Mapping[str, int]) -> bool:
     """A finished probe in ``out`` with this length (a workdir may hold probes of another)."""
     try:
@@ -165,8 +172,7 @@ def plan(base: RunConfig, model: ClusterModel, *, tolerance: float, probe_epochs
         target = max(curves["exact"][1]) - tolerance / 100
         for name, (levers, vals, cum, comm, nbytes) in curves.items():
             reach = next((t for v, t in zip(vals, cum) if v >= target - 1e-12), None)
-            best_at = max(range(len(vals)), key=vals.__getitem__)
-            rising = best_at + 1 > 0.8 * len(vals) and probe_epochs is not None
+            rising = still_rising(vals) and probe_epochs is not None
             results.append(PlanResult(name, levers, max(vals), cum[-1] / len(cum), comm, reach, nbytes,
                                       len(vals), rising))
         if next(r for r in results if r.name == "exact").still_rising:  # the target may be low

@@ -9,7 +9,7 @@ import pytest
 from commgnn.cli.config import resolve_config
 from commgnn.cli.main import main
 from commgnn.netmodel import ClusterModel
-from commgnn.planner import candidates, plan
+from commgnn.planner import candidates, plan, still_rising
 
 
 def test_the_grid_fits_the_model():
@@ -72,6 +72,14 @@ def test_auto_probes_run_as_long_as_exact_takes_to_converge(tmp_path):
     assert {r.probe_epochs for r in short} == {exact - 1}
 
 
+def test_still_rising_means_the_best_came_in_the_last_fifth():
+    assert still_rising([0.1, 0.2, 0.3, 0.4, 0.5])
+    assert not still_rising([0.1, 0.5, 0.5, 0.5, 0.5])  # a plateau since epoch 2
+    assert not still_rising([0.5, 0.4, 0.3, 0.2, 0.1])
+    assert still_rising([0.1] * 9 + [0.2]) and not still_rising([0.1] * 6 + [0.2] + [0.1] * 4)
+
+
+@pytest.mark.slow  # two probe runs; the rule itself is tested above
 def test_a_probe_still_rising_is_flagged(tmp_path):
     toml = tmp_path / "small.toml"
     toml.write_text("[data.synthetic]\nnum_nodes = 600\n")
