@@ -188,14 +188,11 @@ class Federation:
             if cfg.neighgen.enabled:  # the generator's rounds sum every client, not a cohort
                 cfg.secagg.threshold_count(self.n_clients)
                 cfg.secagg.check_clients(self.n_clients)
-            if self.adaptive is not None:  # the noised count (|sum| <= K/2, plus noise) must not wrap
-                bound = self.cohort / 2 + 8 * self.adaptive.count_stddev
-                if bound >= 2 ** (COUNT_RING_BITS - COUNT_FRAC_BITS - 1):
-                    raise ConfigError(f"the adaptive clip's secure count would overflow its "
-                                      f"{COUNT_RING_BITS}-bit ring: {self.cohort} participants and count_stddev "
-                                      f"{self.adaptive.count_stddev:g} reach {bound:.0f} "
-                                      f"(limit {2 ** (COUNT_RING_BITS - COUNT_FRAC_BITS - 1)}); "
-                                      f"lower --participation or dp.count_stddev")
+            limit = 2 ** (COUNT_RING_BITS - COUNT_FRAC_BITS - 1)  # the noised count, |sum| <= K/2, must not wrap
+            if self.adaptive is not None and (bound := self.cohort / 2 + 8 * self.adaptive.count_stddev) >= limit:
+                raise ConfigError(f"the adaptive clip's secure count would overflow its ring: {self.cohort} participants "
+                                  f"and count_stddev {self.adaptive.count_stddev:g} reach {bound:.0f} (limit {limit}); "
+                                  f"lower --participation or dp.count_stddev")
 
     def _dp_clip(self) -> float | None:
         """Under DP, the per-coordinate range of a codec: the clip bound plus six standard
@@ -418,24 +415,7 @@ class Federation:
             return self.aggregator.aggregate(torch.stack(list(got.values()))) * K
         codes = {c: self.codecs[c].encode(scaled[c], r) for c in scaled}
         if cfg.secagg.enabled:
-            m = self.decoder.ring_bits(K)
-            total, stats = secure_sum(t, codes, dim=self.decoder.out_dim, cohort=active, m=m,
-                                      threshold=cfg.secagg.threshold_count(K), round_id=r,
-                                      neighbours=cfg.secagg.neighbours or None, graph_seed=cfg.federated.seed + r)
-            if total is None:
-                return None
-            self.tally.secagg_s += stats.seconds
-            if cfg.dp.enabled and len(stats.survivors) < K:
-                # Each client carries 1/K of the noise variance: a sum without some of them is
-                # noised below what the accountant was charged. Fail closed (no top-up is
-                # implemented for the update; today's transport never drops a client).
-                raise ConfigError(f"round {r}: {K - len(stats.survivors)} client(s) dropped out of the secure "
-                                  f"sum under DP, so the update would carry less noise than accounted; stopping")
-            payload = self.decoder.payload_bytes(K)
-            for c in active:
-                self._uplink(c, sum(stats.up.get(c, {}).values()), payload, secure=True)
-                self.tally.downlink += sum(stats.down.get(c, {}).values())
-            return self.decoder.decode_sum(total, K, r)
+            return self._secure_total(r, active, codes, self.decoder)
         got = t.gather_dicts(codes)  # no masking: codes summed as plain integers, each at its own width
         if got is None:
             return None
@@ -443,6 +423,29 @@ class Federation:
         for c in got:
             self._uplink(c, per_client, per_client, secure=False)
         return self.decoder.decode_sum(torch.stack(list(got.values())).sum(0), K, r)
+
+    def _secure_total(self, r: int, active: list[int], codes: dict[int, Tensor], decoder: up.UplinkCodec, *,
+                      codec_bits: bool = True) -> Tensor | None:
+        """The decoded secure sum of this rank's clients' ``codes`` (None off the server),
+        its masked payloads and SecAgg messages counted per client."""
+        sa, K = self.cfg.secagg, len(active)
+        total, stats = secure_sum(self.t, codes, dim=decoder.out_dim, cohort=active, m=decoder.ring_bits(K),
+                                  threshold=sa.threshold_count(K), round_id=r, neighbours=sa.neighbours or None,
+                                  graph_seed=self.cfg.federated.seed + r)
+        if total is None:
+            return None
+        self.tally.secagg_s += stats.seconds
+        if self.cfg.dp.enabled and len(stats.survivors) < K:
+            # Each client carries 1/K of the noise variance: a sum without some of them is noised
+            # below what the accountant was charged. Fail closed (no top-up is implemented for
+            # the update; today's transport never drops a client).
+            raise ConfigError(f"round {r}: {K - len(stats.survivors)} client(s) dropped out of the secure "
+                              f"sum under DP, so the update would carry less noise than accounted; stopping")
+        for c in active:
+            self._uplink(c, sum(stats.up.get(c, {}).values()), decoder.payload_bytes(K), secure=True,
+                         codec_bits=codec_bits)
+            self.tally.downlink += sum(stats.down.get(c, {}).values())
+        return decoder.decode_sum(total, K, r)
 
     def _uplink(self, c: int, nbytes: int, payload: int, *, secure: bool, codec_bits: bool = True) -> None:
         """Admit and count one client's upload; ``codec_bits=False``: its values are 32-bit,
@@ -483,21 +486,14 @@ class Federation:
                 self._uplink(c, dim * 4, dim * 4, secure=False, codec_bits=False)
             return torch.stack([updates[c] for c in active]).sum(0)
         codecs = {c: up.FixedPoint(sa, dim=dim, seed=self.cfg.federated.seed + 3, client=c) for c in active}
-        m = codecs[active[0]].ring_bits(K)
         if isinstance(self.gate, PolicyGate):  # each client asks the policy before its update leaves
             for c in active:
                 self.gate.check(Payload(kind="update", src_client=c, dst="server", nbytes=codecs[c].payload_bytes(K),
                                         secure=True))
-        total, stats = secure_sum(self.t, {c: codecs[c].encode(updates[c], rid) for c in active}, dim=dim,
-                                  cohort=active, m=m, threshold=sa.threshold_count(K), round_id=rid,
-                                  neighbours=sa.neighbours or None, graph_seed=self.cfg.federated.seed + rid)
+        total = self._secure_total(rid, active, {c: codecs[c].encode(updates[c], rid) for c in active},
+                                   codecs[active[0]], codec_bits=False)
         assert total is not None  # one process (checked at start-up)
-        self.tally.secagg_s += stats.seconds
-        for c in active:
-            self._uplink(c, sum(stats.up.get(c, {}).values()), codecs[c].payload_bytes(K), secure=True,
-                         codec_bits=False)
-            self.tally.downlink += sum(stats.down.get(c, {}).values())
-        return codecs[active[0]].decode_sum(total, K, rid)
+        return total
 
     # ---------------------------------------------------------------- evaluation
     def _predict(self, params: dict[int, Tensor] | Tensor) -> Tensor | None:
