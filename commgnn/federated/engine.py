@@ -26,7 +26,7 @@ from __future__ import annotations
 import math
 import secrets
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import Any, Callable, Mapping
 
 import torch
@@ -43,7 +43,8 @@ from commgnn.federated.client import Client
 from commgnn.federated.config import FederateConfig
 from commgnn.federated.fairness import fairness_report
 from commgnn.federated.model import FedGCN, flat_params
-from commgnn.federated.policy import Payload, PolicyGate, load_policy
+from commgnn.federated.policy import CountingGate, Payload, PolicyGate, load_policy
+from commgnn.federated.tally import Tally
 from commgnn.errors import ConfigError
 from commgnn.federated.robust import make_aggregator
 from commgnn.federated.secagg import ring
@@ -55,47 +56,6 @@ from commgnn.federated.transport import Transport
 COUNT_RING_BITS, COUNT_FRAC_BITS = 32, 16
 """The adaptive clip's secure count: fixed point with 2^-16 resolution in a 32-bit ring, so
 the noised sum of centred bits must stay inside +-2^15 (checked at start-up)."""
-
-
-class CountingGate:
-    """No policy: admit everything, keep the same transcript and byte totals as a gate."""
-
-    def __init__(self) -> None:
-        self.transcript: list[Payload] = []
-        self._client: dict[int, int] = {}
-
-    def admit(self, payload: Payload) -> None:
-        self.transcript.append(payload)
-        self._client[payload.src_client] = self._client.get(payload.src_client, 0) + payload.nbytes
-
-    def bytes_by_client(self) -> dict[int, int]:
-        return dict(self._client)
-
-    def report(self) -> dict[str, Any]:
-        return {"admitted": len(self.transcript), "rejected": 0,
-                "bytes_by_client": {str(c): n for c, n in sorted(self._client.items())}}
-
-
-@dataclass
-class Tally:
-    """Bytes and seconds of the run, by direction and kind."""
-
-    uplink: int = 0
-    downlink: int = 0
-    embeddings: int = 0
-    payload_uplink: int = 0
-    """Uplink bytes of the update values alone (no keys, shares or unmasking)."""
-    evaluation: int = 0
-    """Bytes that only evaluation moves: predicted classes to the server, and the
-    cross-client embeddings of the evaluation forward pass. Not training traffic, so kept
-    apart from the uplink and embedding totals, but they cross the same links."""
-    secagg_s: float = 0.0
-    train_s: float = 0.0
-    """Seconds of local training of the clients hosted here (all of them in one process)."""
-    by_client: dict[int, int] = field(default_factory=dict)
-
-    def client(self, c: int, nbytes: int) -> None:
-        self.by_client[c] = self.by_client.get(c, 0) + nbytes
 
 
 def _masks(graph: Any, cfg: FederateConfig) -> None:

@@ -409,3 +409,22 @@ class PolicyGate:
                     "bytes_by_link": {f"{s}->{d}": n for (s, d), n in sorted(self._link.items())},
                     "bytes_by_client": {str(c): n for c, n in sorted(self._client.items())},
                     "per_link_mb": self.policy.budget.per_link_mb}
+
+
+class CountingGate:
+    """No policy: admit everything, keep the same transcript and byte totals as a gate."""
+
+    def __init__(self) -> None:
+        self.transcript: list[Payload] = []
+        self._client: dict[int, int] = {}
+
+    def admit(self, payload: Payload) -> None:
+        self.transcript.append(payload)
+        self._client[payload.src_client] = self._client.get(payload.src_client, 0) + payload.nbytes
+
+    def bytes_by_client(self) -> dict[int, int]:
+        return dict(self._client)
+
+    def report(self) -> dict[str, Any]:
+        return {"admitted": len(self.transcript), "rejected": 0,
+                "bytes_by_client": {str(c): n for c, n in sorted(self._client.items())}}
