@@ -58,6 +58,19 @@ def fetch_rows(ctx: DistContext, data: Any, parts: torch.Tensor, bits: int, poli
             "hits": cache.reset_stats()["hits"] if cache is not None else 0}
 
 
+def fetch_one_sided(ctx: DistContext, data: Any, parts: torch.Tensor) -> list[torch.Tensor]:
+    """Rank 0 asks only for its own rows (then for none); the others ask for rank 0's rows."""
+    part = build_local_partition(data, parts, ctx.world_size, ctx.rank)
+    hooks, _ = _counting_hooks()
+    owner, row = owner_map(ctx, hooks, part)
+    fetcher = FeatureFetcher(ctx, hooks, table=part.x, owner=owner, row=row)
+    of_rank0 = (owner == 0).nonzero().flatten()
+    served = []
+    for ids in (of_rank0[:5], of_rank0[:0]):
+        served.append(fetcher.fetch(ids if ctx.rank == 0 else of_rank0[-5:]))
+    return served
+
+
 def remote_sampling(ctx: DistContext, data: Any, parts: torch.Tensor, fanout: int, rounds: int) -> list[Any]:
     """Owner-side sampling of random frontiers; return (nodes, src, pos) per round."""
     part = build_local_partition(data, parts, ctx.world_size, ctx.rank)

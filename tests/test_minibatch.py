@@ -51,6 +51,18 @@ def test_fetched_rows_equal_the_owners_rows(tmp_path, bits):
 
 
 @pytest.mark.timeout(120)
+def test_a_rank_with_an_all_local_or_empty_batch_still_serves_the_others(tmp_path):
+    # Rank 0 needs nothing remote, twice (5 own rows, then none), while rank 1 asks rank 0
+    # for rows: rank 0 must still enter the round, or rank 1 waits for it until the time-out.
+    data = small_graph(n=40, f=5)
+    res = run_on_ranks(mb_ranks.fetch_one_sided, 2, tmp_path, data, _parts(40, 2), timeout_s=20.0)
+    of_rank0 = (_parts(40, 2) == 0).nonzero().flatten()
+    assert torch.equal(res[0][0], data.x[of_rank0[:5]]) and res[0][1].shape == (0, 5)
+    for rows in res[1]:
+        assert torch.equal(rows, data.x[of_rank0[-5:]])
+
+
+@pytest.mark.timeout(120)
 @pytest.mark.parametrize("policy", ["lru", "static"])
 def test_the_cache_never_serves_a_wrong_row(tmp_path, policy):
     data = small_graph(n=80, f=6)
@@ -113,16 +125,18 @@ def _mk(path):
 
 
 @pytest.mark.timeout(180)
-@pytest.mark.parametrize("sampler", ["neighbor", "cluster", pytest.param("saint-rw", marks=pytest.mark.slow)])
-def test_uneven_training_nodes_take_equal_steps_without_hanging(tmp_path, sampler):
-    """Rank 0 holds 10x the training nodes of rank 1: both take the same number of steps
-    (the collective time-out stays short, 20 s, so a hang would fail the test), and the
+@pytest.mark.parametrize("sampler, n1", [("neighbor", 11), ("cluster", 11), ("neighbor", 3),
+                                         pytest.param("saint-rw", 11, marks=pytest.mark.slow)])
+def test_uneven_training_nodes_take_equal_steps_without_hanging(tmp_path, sampler, n1):
+    """Rank 0 holds 10x the training nodes of rank 1 (or 37x: then rank 1 has fewer seeds
+    than steps, so some of its batches are empty): both take the same number of steps (the
+    collective time-out stays short, 20 s, so a hang would fail the test), and the
     neighbour and cluster samplers cover each rank's training nodes exactly once."""
     data = small_graph(n=240, m=900)
     parts = (torch.arange(240) >= 120).long()
     data.train_mask = torch.zeros(240, dtype=torch.bool)
     data.train_mask[:110] = True      # rank 0: 110 training nodes
-    data.train_mask[120:131] = True   # rank 1: 11
+    data.train_mask[120:120 + n1] = True  # rank 1: n1
     data.val_mask = ~data.train_mask & (torch.arange(240) % 2 == 0)
     data.test_mask = ~data.train_mask & ~data.val_mask
     model, train = _cfgs()
@@ -136,6 +150,7 @@ def test_uneven_training_nodes_take_equal_steps_without_hanging(tmp_path, sample
     assert expected is None or res[0]["steps"] == expected
     for r in res:
         assert len(r["logs"]) == 2 and r["logs"][0]["steps"] == r["steps"]
+        assert all(bool(torch.isfinite(v).all()) for v in r["state"].values())  # empty batches add no NaN
         if sampler != "saint-rw":
             covered = torch.sort(r["covered"][0]).values
             assert torch.equal(covered, torch.sort(r["own_train"]).values)

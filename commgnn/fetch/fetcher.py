@@ -65,8 +65,11 @@ class FeatureFetcher:
         call it the same number of times (it runs one request-reply round when distributed)."""
         ids = ids.to(torch.int64)
         own = self.owner[ids] == self.ctx.rank
-        if not self.ctx.is_distributed or bool(own.all()):
+        if not self.ctx.is_distributed:
             return self.table[self.row[ids]]
+        # A rank whose batch is all its own (or empty) still enters the round below with no
+        # requests: the others' requests may be for its rows, and a skipped collective would
+        # leave them waiting until the time-out.
         out = self.table.new_empty((ids.numel(), self.width))
         opos = own.nonzero().flatten()  # positions, not masks: index_copy_ beats masked assignment
         out.index_copy_(0, opos, self.table[self.row[ids[opos]]])

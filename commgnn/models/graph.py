@@ -18,6 +18,8 @@ absent), and GAT's attention through its fused kernel.
 
 from __future__ import annotations
 
+import math
+
 import warnings
 from dataclasses import dataclass, field
 from typing import Any
@@ -77,7 +79,7 @@ class _SpMMFn(torch.autograd.Function):
 def spmm(pair: CSRPair, x: Tensor) -> Tensor:
     """``A @ x`` for ``x: [n_src, d]`` (any trailing shape is flattened and restored)."""
     shape = x.shape
-    out = _SpMMFn.apply(x.reshape(shape[0], -1), pair)
+    out = _SpMMFn.apply(x.reshape(shape[0], math.prod(shape[1:])), pair)  # not -1: x may have 0 rows
     return out.reshape(out.shape[0], *shape[1:])
 
 
