@@ -203,6 +203,8 @@ def test_bad_minibatch_settings_are_config_errors(table, message):
     (["--fanout", "5,5,5"], "minibatch.fanout has 3 entries (5,5,5) but the model has 2 layers"),
     (["--batch-size", "0"], "minibatch.batch_size must be > 0"),
     (["--cache-mb", "1e12"], "exceeds the available memory"),
+    (["--model", "gcn"], "sampler 'neighbor' does not fit model 'gcn'"),
+    (["--sampler", "vrgcn", "--layers", "1", "--fanout", "2"], "sampler 'vrgcn' needs model.layers >= 2"),
 ])
 def test_bad_minibatch_flags_exit_2_with_one_line(tmp_path, capsys, flags, message):
     code = main(["train", "--mode", "minibatch", "--model", "sage", "--parts", "2", "--epochs", "1", "--quiet",

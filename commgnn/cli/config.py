@@ -116,6 +116,9 @@ class RunConfig:
         if self.model.name != "sage":
             raise ConfigError(f"sampler '{mb.sampler}' does not fit model '{self.model.name}': mini-batch training "
                               f"runs GraphSAGE (model.name = 'sage')")
+        if mb.sampler == "vrgcn" and self.model.layers < 2:
+            raise ConfigError("sampler 'vrgcn' needs model.layers >= 2: its first layer's aggregate is exact "
+                              "(precomputed), and the history's control variate acts on the layers above it")
         if mb.sampler in ("neighbor", "vrgcn") and len(mb.fanout) != self.model.layers:
             raise ConfigError(f"minibatch.fanout has {len(mb.fanout)} entries ({','.join(map(str, mb.fanout))}) but "
                               f"the model has {self.model.layers} layers: give one fan-out per layer")
