@@ -91,18 +91,24 @@ def remote_sampling(ctx: DistContext, data: Any, parts: torch.Tensor, fanout: in
 
 def train_minibatch(ctx: DistContext, data: Any, parts: torch.Tensor, model_cfg: ModelConfig,
                     train_cfg: TrainConfig, sampler_cfg: SamplerConfig, fetch_cfg: FetchConfig,
-                    epochs: int) -> dict[str, Any]:
-    """Train a few epochs; return weights, steps, the seeds each epoch's batches covered, logs."""
+                    epochs: int, comm_cfg: CommConfig | None = None) -> dict[str, Any]:
+    """Train a few epochs; return weights, steps, the seeds each epoch's batches covered, logs,
+    and the bytes this rank sent by traffic class."""
     part = build_local_partition(data, parts, ctx.world_size, ctx.rank)
-    t = MiniBatchTrainer(ctx, part, model_cfg, train_cfg, Hooks(), sampler_cfg=sampler_cfg, fetch_cfg=fetch_cfg,
-                         comm_cfg=CommConfig())
+    hooks, events = _counting_hooks()
+    t = MiniBatchTrainer(ctx, part, model_cfg, train_cfg, hooks, sampler_cfg=sampler_cfg, fetch_cfg=fetch_cfg,
+                         comm_cfg=comm_cfg or CommConfig())
     covered = [torch.cat([b.output_nodes[b.target] for b in t.sampler.epoch(t.steps, torch.Generator().manual_seed(0))])]
     results, logs = [], []
     for _ in range(epochs):
         results.append(t.step())
         logs.append(t.epoch_log())
+    sent: dict[str, int] = {}
+    for e in events:
+        sent[e.kind] = sent.get(e.kind, 0) + e.nbytes
     return {"state": {k: v.clone() for k, v in t.model.state_dict().items()}, "steps": t.steps,
-            "covered": covered, "own_train": part.global_ids[part.train_mask], "results": results, "logs": logs}
+            "covered": covered, "own_train": part.global_ids[part.train_mask], "results": results, "logs": logs,
+            "sent": sent}
 
 
 def train_fullgraph(ctx: DistContext, data: Any, parts: torch.Tensor, model_cfg: ModelConfig,

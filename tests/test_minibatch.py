@@ -119,6 +119,56 @@ def test_all_neighbours_in_one_batch_equals_full_graph_training(tmp_path):
         assert [r.val_acc for r in mb[0]["results"]] == [r.val_acc for r in mb[1]["results"]]
 
 
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("topology, policies", [("replicated", ("degree", "presample", "lru")),
+                                                ("partitioned", ("presample",))])
+def test_every_cache_policy_trains_exactly_as_no_cache(tmp_path, topology, policies):
+    """fp32 rows from a cache are the owners' rows, and filling or consulting a cache draws
+    nothing from the sampling streams: with each policy (degree, GNNLab's pre-sampled
+    hotness, LRU) two ranks train bit for bit as without a cache, while the cache serves
+    a share of the remote requests. Pre-sampling over a partitioned topology also asks
+    the owners for neighbours; their serving streams are put back too."""
+    data = small_graph(n=120, m=500)
+    parts = _parts(120, 2, 5)
+    model, train = _cfgs()
+    sampler = SamplerConfig(sampler="neighbor", fanout=(3, 3), batch_size=16, topology=topology)
+    ref = run_on_ranks(mb_ranks.train_minibatch, 2, _mk(tmp_path / "none"), data, parts, model, train, sampler,
+                       FetchConfig(), 2)
+    for policy in policies:
+        got = run_on_ranks(mb_ranks.train_minibatch, 2, _mk(tmp_path / policy), data, parts, model, train, sampler,
+                           FetchConfig(cache_ratio=0.3, cache_policy=policy), 2)
+        for r, want in zip(got, ref):
+            for k, v in want["state"].items():
+                assert torch.equal(r["state"][k], v), (policy, k)
+            log = r["logs"][-1]
+            assert 0 < log["cache_hits"] < log["remote_requests"], (policy, log)
+            assert log["rows_fetched"] == log["remote_requests"] - log["cache_hits"]
+            assert r["sent"]["fetch_rows"] < want["sent"]["fetch_rows"], policy
+
+
+@pytest.mark.timeout(300)
+def test_gradient_strategies_apply_once_a_step_in_minibatch_mode(tmp_path):
+    """``comm.grad`` strategies run unchanged in mini-batch mode: top-k sends fewer gradient
+    bytes than the all-reduce in the same number of steps, and both ranks end with the same
+    weights (one synchronisation a step keeps them in lock-step)."""
+    from commgnn.comm.config import CommConfig, GradConfig
+
+    data = small_graph(n=120, m=500)
+    parts = _parts(120, 2, 5)
+    model, train = _cfgs()
+    sampler = SamplerConfig(sampler="neighbor", fanout=(3, 3), batch_size=16)
+    runs = {name: run_on_ranks(mb_ranks.train_minibatch, 2, _mk(tmp_path / name), data, parts, model, train,
+                               sampler, FetchConfig(), 2, CommConfig(grad=GradConfig(strategy=name, ratio=0.05)))
+            for name in ("allreduce", "topk")}
+    for r0, r1 in (runs["allreduce"], runs["topk"]):
+        for k, v in r0["state"].items():
+            assert torch.equal(v, r1["state"][k]), k
+    steps = runs["allreduce"][0]["steps"] * 2
+    n_params = sum(v.numel() for v in runs["allreduce"][0]["state"].values())
+    assert runs["allreduce"][0]["sent"]["grad_sync"] >= steps * n_params * 4  # fp32, every step
+    assert runs["topk"][0]["sent"]["grad_sync"] < 0.5 * runs["allreduce"][0]["sent"]["grad_sync"]
+
+
 def _mk(path):
     path.mkdir()
     return path

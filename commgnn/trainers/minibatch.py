@@ -133,14 +133,23 @@ class MiniBatchTrainer(FullGraphTrainer):
                            num_nodes=cpu.num_nodes_global, width=table.shape[1], dtype=table.dtype)
 
     def _presample_hotness(self, num_nodes: int, epochs: int) -> Tensor:
-        """GNNLab: how often each remote row is requested over pre-sampled epochs (a
-        generator of its own, so training's samples are not shifted)."""
+        """GNNLab: how often each remote row is requested over pre-sampled epochs. The
+        training stream and, with a partitioned topology, the stream this rank serves its
+        peers' neighbour requests from are put back afterwards, so that training samples
+        exactly what it would have sampled without the cache."""
+        remote = _remote_source(self.sampler)
+        streams = [self.gen] + ([remote.gen] if remote is not None else [])
+        saved = [g.get_state() for g in streams]
         counts = torch.zeros(num_nodes, dtype=torch.int64)
-        gen = torch.Generator().manual_seed(int(torch.randint(2**31, (1,), generator=self.gen)) + 1)
-        for _ in range(epochs):
-            for batch in self.sampler.epoch(self.steps, gen):
-                ids = batch.nodes[self.owner[batch.nodes] != self.ctx.rank]
-                counts += torch.bincount(ids, minlength=num_nodes)
+        try:
+            gen = torch.Generator().manual_seed(int(torch.randint(2**31, (1,), generator=self.gen)) + 1)
+            for _ in range(epochs):
+                for batch in self.sampler.epoch(self.steps, gen):
+                    ids = batch.nodes[self.owner[batch.nodes] != self.ctx.rank]
+                    counts += torch.bincount(ids, minlength=num_nodes)
+        finally:
+            for g, state in zip(streams, saved):
+                g.set_state(state)
         return counts
 
     # ------------------------------------------------------------------ training
