@@ -365,3 +365,26 @@ def test_adaptive_fetch_bits_fit_the_budget_and_stay_within_a_step(tmp_path):
     for epoch in (1, 2):
         assert sum(r["received"][epoch] for r in res) <= 3 * budget * 1.15
     assert sum(r["received"][0] for r in res) > 3 * budget  # 8 bits did not fit: the solver had work
+
+
+def test_auto_topology_refuses_a_csr_too_big_for_samplers_that_need_it_replicated():
+    from commgnn.trainers.mb_setup import choose_topology
+
+    huge = 10**13  # edges: 40 TB of CSR
+    assert choose_topology(SamplerConfig(sampler="neighbor"), 100, 400, 4) == "replicated"
+    assert choose_topology(SamplerConfig(sampler="neighbor"), 100, huge, 4) == "partitioned"
+    assert choose_topology(SamplerConfig(sampler="cluster"), 100, 400, 4) == "replicated"
+    with pytest.raises(ConfigError, match="sampler 'cluster' needs it replicated"):
+        choose_topology(SamplerConfig(sampler="cluster"), 100, huge, 4)
+
+
+def test_the_cache_memory_check_counts_every_rank_on_the_host():
+    import psutil
+
+    from commgnn.trainers.mb_setup import cache_capacity
+
+    mb = 0.4 * psutil.virtual_memory().available / 1e6  # fits once, not four times
+    cfg = FetchConfig(cache_mb=mb)
+    assert cache_capacity(cfg, 10, 8, 4, local_ranks=1) > 0
+    with pytest.raises(ConfigError, match="per rank x 4 ranks on this host exceeds the available memory"):
+        cache_capacity(cfg, 10, 8, 4, local_ranks=4)

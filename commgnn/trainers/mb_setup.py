@@ -80,10 +80,16 @@ def choose_topology(cfg: SamplerConfig, num_nodes: int, num_edges: int, local_ra
     given the same numbers; the edge count is the global one)."""
     if cfg.topology != "auto":
         return cfg.topology
-    if cfg.sampler != "neighbor":
-        return "replicated"
     need = (num_nodes * 8 + num_edges * 4) * local_ranks
-    return "replicated" if need <= cfg.topology_share * psutil.virtual_memory().available else "partitioned"
+    share = cfg.topology_share * psutil.virtual_memory().available
+    if need <= share:
+        return "replicated"
+    if cfg.sampler != "neighbor":  # only owner-side neighbour sampling works on a partitioned topology
+        raise ConfigError(f"a replicated CSR needs {need / 1e9:.2f} GB on this host ({local_ranks} ranks), over "
+                          f"minibatch.topology_share of the available memory ({share / 1e9:.2f} GB), and sampler "
+                          f"'{cfg.sampler}' needs it replicated: use sampler 'neighbor' (it samples a partitioned "
+                          f"topology), or raise topology_share, or run fewer ranks per host")
+    return "partitioned"
 
 
 def build_sampler(cfg: SamplerConfig, ctx: DistContext, hooks: Hooks, part: LocalPartition, *, layers: int,
@@ -135,12 +141,15 @@ def remote_candidates(part: LocalPartition, csr: CSRTopology | None, owner: Tens
     return (reached & (owner != part.rank)).nonzero().flatten()
 
 
-def cache_capacity(cfg: FetchConfig, num_candidates: int, width: int, element_size: int) -> int:
-    """Rows of the cache; a cache that does not fit in available memory is refused."""
+def cache_capacity(cfg: FetchConfig, num_candidates: int, width: int, element_size: int,
+                   local_ranks: int = 1) -> int:
+    """Rows of the cache; caches that together (one per rank on this host) do not fit in
+    the available memory are refused."""
     if cfg.cache_mb:
         avail = psutil.virtual_memory().available
-        if cfg.cache_mb * 1e6 > avail:
-            raise ConfigError(f"fetch.cache_mb = {cfg.cache_mb:g} MB exceeds the available memory "
+        if cfg.cache_mb * 1e6 * local_ranks > avail:
+            each = f" per rank x {local_ranks} ranks on this host" if local_ranks > 1 else ""
+            raise ConfigError(f"fetch.cache_mb = {cfg.cache_mb:g} MB{each} exceeds the available memory "
                               f"({avail / 1e6:.0f} MB)")
         return capacity_rows(cfg.cache_mb, width, element_size)
     return int(round(cfg.cache_ratio * num_candidates))

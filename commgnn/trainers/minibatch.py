@@ -121,7 +121,8 @@ class MiniBatchTrainer(FullGraphTrainer):
     def _build_cache(self, cpu: LocalPartition, csr: Any, layers: int, table: Tensor) -> RowCache:
         cfg = self.fetch_cfg
         candidates = remote_candidates(cpu, csr, self.owner, layers)
-        capacity = cache_capacity(cfg, int(candidates.numel()), table.shape[1], table.element_size())
+        capacity = cache_capacity(cfg, int(candidates.numel()), table.shape[1], table.element_size(),
+                                  self.ctx.local_world_size)
         capacity = min(capacity, int(candidates.numel()))
         degree = csr.in_degree() if csr is not None else torch.zeros(cpu.num_nodes_global, dtype=torch.int64)
         if csr is None:
