@@ -143,6 +143,9 @@ def test_every_cache_policy_trains_exactly_as_no_cache(tmp_path, topology, polic
             log = r["logs"][-1]
             assert 0 < log["cache_hits"] < log["remote_requests"], (policy, log)
             assert log["rows_fetched"] == log["remote_requests"] - log["cache_hits"]
+            if policy == "lru":  # Belady's eviction bounds every cache that starts empty (epoch 1) and
+                first = r["logs"][0]  # admits on a miss; later epochs begin with the LRU warm
+                assert 0 < first["cache_hit_rate"] <= first["cache_hit_rate_belady"] + 1e-12
             assert r["sent"]["fetch_rows"] < want["sent"]["fetch_rows"], policy
 
 
@@ -342,6 +345,9 @@ def test_minibatch_run_records_its_summary_keys(tmp_path):
     assert summary["cache_hit_rate"] == hits / sum(r["remote_requests"] for r in rows)
     # a static (degree) cache cannot beat the best static set of its size on the same trace
     assert 0 < summary["cache_hit_rate"] <= summary["cache_hit_rate_optimal"] + 1e-12
+    # (a pre-filled static cache can beat Belady, which starts empty and admits on a miss)
+    assert summary["cache_hit_rate_belady"] == pytest.approx(
+        sum(r["cache_hit_rate_belady"] * r["remote_requests"] for r in rows) / sum(r["remote_requests"] for r in rows))
     assert summary["setup_bytes"]["fetch_setup"] > 0  # the static cache was filled once
 
 

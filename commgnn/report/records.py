@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import json
+import math
 import os
 import platform
 import shutil
@@ -226,8 +227,11 @@ def time_split(rows: list[dict[str, Any]]) -> dict[str, float]:
 def minibatch_summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
     """Mini-batch keys of ``summary.json`` (empty for full-graph rows): ``steps_per_epoch``,
     ``feature_bytes_per_epoch`` (ids and rows fetched, all ranks, mean over epochs),
-    ``cache_hit_rate`` and ``cache_hit_rate_optimal`` (over all epochs' remote requests;
-    None without a cache), ``sample_time_frac`` and ``fetch_time_frac``."""
+    ``cache_hit_rate``, ``cache_hit_rate_optimal`` (the best static set of the cache's size)
+    and ``cache_hit_rate_belady`` (Belady's eviction from an empty cache each epoch: the
+    bound for an LRU's first epoch, which later epochs begin warm; None where an epoch's
+    trace was too long to replay), all over every epoch's remote
+    requests and None without a cache; ``sample_time_frac`` and ``fetch_time_frac``."""
     if not rows or "steps" not in rows[0]:
         return {}
     n = len(rows)
@@ -235,7 +239,7 @@ def minibatch_summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
     out: dict[str, Any] = {
         "steps_per_epoch": rows[-1]["steps"],
         "feature_bytes_per_epoch": sum(r["bytes"]["fetch_ids"] + r["bytes"]["fetch_rows"] for r in rows) / n,
-        "cache_hit_rate": None, "cache_hit_rate_optimal": None,
+        "cache_hit_rate": None, "cache_hit_rate_optimal": None, "cache_hit_rate_belady": None,
         "sampled_nodes_per_step": sum(r["sampled_nodes_per_step"] for r in rows) / n,
         "sampled_edges_per_step": sum(r["sampled_edges_per_step"] for r in rows) / n,
         "sample_time_frac": _frac(rows, "sample"), "fetch_time_frac": _frac(rows, "fetch"),
@@ -243,6 +247,8 @@ def minibatch_summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
     if "cache_hit_rate" in rows[0] and requests:
         out["cache_hit_rate"] = sum(r["cache_hits"] for r in rows) / requests
         out["cache_hit_rate_optimal"] = sum(r["cache_hit_rate_optimal"] * r["remote_requests"] for r in rows) / requests
+        belady = sum(r.get("cache_hit_rate_belady", math.nan) * r["remote_requests"] for r in rows) / requests
+        out["cache_hit_rate_belady"] = None if math.isnan(belady) else belady
     return out
 
 

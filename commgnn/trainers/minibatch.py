@@ -104,7 +104,8 @@ class MiniBatchTrainer(FullGraphTrainer):
         if isinstance(self.cache, StaticCache):  # one set-up fetch of the chosen rows
             self.cache.fill(self.fetcher.fetch(self.cache.ids, kind="fetch_setup", use_cache=False))
             self.fetcher.rows_requested = self.fetcher.rows_fetched = 0
-        self.capacity = self.cache.capacity if self.cache is not None else 0
+        if self.cache is None:
+            self.capacity = 0
         self.prefetch_group = None
         if fetch_cfg.prefetch and ctx.is_distributed:
             # Background fetches get their own communicator (created in the same order on every rank).
@@ -124,6 +125,9 @@ class MiniBatchTrainer(FullGraphTrainer):
         capacity = cache_capacity(cfg, int(candidates.numel()), table.shape[1], table.element_size(),
                                   self.ctx.local_world_size)
         capacity = min(capacity, int(candidates.numel()))
+        # The optimum is computed for the configured size even where a presample cache holds
+        # fewer rows (only rows requested in pre-sampling): same budget, same comparison.
+        self.capacity = capacity
         degree = csr.in_degree() if csr is not None else torch.zeros(cpu.num_nodes_global, dtype=torch.int64)
         if csr is None:
             degree[cpu.halo_global_ids.cpu()] = cpu.in_degree[cpu.num_owned:].cpu()
