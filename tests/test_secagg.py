@@ -179,6 +179,12 @@ def test_config_validation() -> None:
     cfg = SecAggConfig(enabled=True, threshold=0.67, ring_bits=32, frac_bits=16, clip=1.0)
     assert cfg.threshold_count(9) == 7
     assert SecAggConfig(threshold=5).threshold_count(9) == 5
+    # the default lets a third drop: t = 6 of 9, 4 of 5 (one drop), 2 of 3, 2 of 2
+    assert [SecAggConfig().threshold_count(n) for n in (9, 5, 3, 2, 1)] == [6, 4, 2, 2, 1]
+    assert SecAggConfig(neighbours=4).threshold_count(20) == 4  # of a neighbourhood of 5
+    for low, n in ((4, 9), (0.5, 10), (0.5, 2)):  # not above half the group
+        with pytest.raises(ConfigError, match="not above half"):
+            SecAggConfig(threshold=low).threshold_count(n)
     with pytest.raises(ConfigError, match="set ring_bits >= 21"):
         SecAggConfig(ring_bits=20, frac_bits=16, clip=1.0).check_clients(9)
     with pytest.raises(ConfigError, match="only 9 clients"):

@@ -31,12 +31,14 @@ class SecAggConfig:
 
     enabled: bool = False
     """Mask every client update so the server learns only the sum of the survivors."""
-    threshold: float = 0.67
+    threshold: float = 2 / 3
     """Shamir threshold t: at least t clients must survive to the unmasking step, and
     fewer than t colluding clients (with the server) learn nothing about one update. A
     value <= 1 is a fraction of the clients (of a client's neighbourhood of
     ``neighbours + 1`` with SecAgg+), rounded up; a value > 1 is a client count (an
-    integer)."""
+    integer). The default, ceil(2n/3), lets a third of the clients drop out. t must exceed
+    half the group: with t <= n/2 a server that tells two halves different survivor sets
+    could collect both a client's self-mask and its pairwise-mask shares."""
     ring_bits: int = 32
     """Bits m of the ring Z_{2^m} that masked sums live in (2 to 62)."""
     frac_bits: int = 16
@@ -87,10 +89,14 @@ class SecAggConfig:
             t = int(self.threshold)
         else:
             t = max(1, math.ceil(self.threshold * group - 1e-9))
+        what = "neighbourhood" if group < n_clients else "clients"
         if t > group:
-            what = "neighbourhood" if group < n_clients else "clients"
             raise ConfigError(f"secagg.threshold = {self.threshold:g} asks for {t} shares but there are only "
                               f"{group} {what}; lower it")
+        if 2 * t <= group:
+            raise ConfigError(f"secagg.threshold = {self.threshold:g} gives t = {t} of {group} {what}, not above "
+                              f"half: a deviating server could then unmask one client's update; raise it "
+                              f"(the default is 2/3)")
         return t
 
     def check_clients(self, n_clients: int) -> None:
