@@ -314,3 +314,32 @@ def test_the_secure_clipped_count_is_the_plain_count_with_centred_bits_and_noise
     report = Federation(cfg(rounds=2, dp=DPConfig(noise_multiplier=0.05, adaptive_clip=True, count_stddev=0.05),
                             secagg=SecAggConfig(enabled=True))).run()["dp"]["adaptive_clip"]
     assert report["ceiling"] == 1.0 and report["update_noise_multiplier"] > 0.05
+
+
+def test_fedavg_weights_and_the_fedprox_step():
+    """FedAvg weighs client c by ``K n_c / sum n``; DP and robust rules force equal weights.
+    FedProx's proximal term ``mu/2 ||w - w_0||^2`` adds ``mu (w - w_0)`` to the gradient: its
+    first local step equals FedAvg's, and its second differs by exactly ``-lr mu Delta_1``."""
+    from commgnn.federated.model import flat_params
+
+    fed = Federation(cfg())
+    n = fed.num_train[[0, 1, 2, 3]].float()
+    assert list(fed._weights([0, 1, 2, 3]).values()) == pytest.approx((4 * n / n.sum()).tolist())
+    assert len(set(fed._weights([0, 1, 2, 3]).values())) > 1  # the clients' counts differ here
+    assert set(Federation(cfg(fed={"aggregator": "median"}))._weights([0, 1, 2, 3]).values()) == {1.0}
+    dp = cfg(dp=DPConfig(noise_multiplier=1.0), secagg=SecAggConfig(enabled=True))
+    assert set(Federation(dp)._weights([0, 1]).values()) == {1.0}
+
+    mu = 0.5
+
+    def local(algorithm: str, epochs: int) -> torch.Tensor:
+        f = Federation(cfg(fed={"algorithm": algorithm, "mu": mu, "local_epochs": epochs, "dropout": 0.0}))
+        start = flat_params(fed.model)
+        return f.clients[0].train(f.model, start, cross=None, gen=torch.Generator().manual_seed(1))[0]
+
+    one_avg, one_prox = local("fedavg", 1), local("fedprox", 1)
+    assert torch.equal(one_avg, one_prox)
+    two_avg, two_prox = local("fedavg", 2), local("fedprox", 2)
+    lr = fed.cfg.federated.lr
+    assert not torch.allclose(two_avg, two_prox)
+    assert torch.allclose(two_prox, two_avg - lr * mu * one_avg, atol=1e-6)

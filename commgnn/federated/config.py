@@ -67,7 +67,8 @@ class FedConfig:
     weighting: Literal["samples", "uniform"] = "samples"
     """Average updates weighted by each client's training nodes (FedAvg) or uniformly.
     DP forces ``uniform``: a weight that depends on a client's data would change the
-    sensitivity."""
+    sensitivity; so do robust aggregators (their bounds assume unweighted updates, and a
+    forged sample count would buy a Byzantine client more say)."""
     aggregator: Literal["mean", "median", "trimmed_mean", "krum"] = "mean"
     """How the server combines updates: a (weighted) mean, or a Byzantine-robust rule. The
     robust rules see individual updates, so they cannot run under secure aggregation."""

@@ -347,8 +347,10 @@ class Federation:
         return total, summed
 
     def _weights(self, active: list[int]) -> dict[int, float]:
-        """``a_c``: ``K n_c / sum n`` (FedAvg) or 1 (uniform; forced by DP)."""
-        if self.cfg.federated.weighting == "uniform" or self.cfg.dp.enabled:
+        """``a_c``: ``K n_c / sum n`` (FedAvg) or 1 (uniform; forced by DP, whose sensitivity
+        is one clipped update, and by robust rules, whose bounds assume unweighted inputs and
+        which must not let a client raise its say by claiming more samples)."""
+        if self.cfg.federated.weighting == "uniform" or self.cfg.dp.enabled or self.aggregator is not None:
             return {c: 1.0 for c in active}
         counts = self.num_train[active].float()
         w = counts * len(active) / counts.sum().clamp(min=1)
