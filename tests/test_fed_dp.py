@@ -229,6 +229,7 @@ def test_report_names_the_protected_unit():
         acc.step(sample_rate=0.5)
     rep = acc.report()
     assert rep["protected_unit"] == PROTECTED_UNIT and "client" in rep["protected_unit"]
+    assert "update" in rep["covers"] and "evaluation" in rep["not_covered"]  # the exclusions are stated
     assert rep["rounds"] == 5 and rep["sample_rate"] == 0.5 and rep["clip"] == 2.0
     assert rep["delta"] == 1e-5 and rep["noise_multiplier"] == 1.0 and rep["epsilon"] == acc.epsilon() > 0
 

@@ -252,6 +252,9 @@ def test_config_refuses_what_cannot_work():
         cfg(secagg=SecAggConfig(enabled=True), fed={"algorithm": "local"})
     with pytest.raises(ConfigError, match="one process"):
         Federation(cfg(fed={"algorithm": "local"}), ctx=_FakeCtx())
+    with pytest.raises(ConfigError, match="not covered by the DP accountant"):  # the guarantee would not hold
+        cfg(secagg=SecAggConfig(enabled=True), dp=DPConfig(noise_multiplier=1.0),
+            fed={"cross_edges": "embeddings", "embedding_noise": 0.5})
 
 
 class _FakeCtx:

@@ -232,6 +232,10 @@ class FederateConfig:
             if self.dp.noise_at == "clients" and not self.secagg.enabled:
                 raise ConfigError("dp.noise_at = 'clients' protects only the sum, which the server sees alone "
                                   "under secure aggregation: add --secure-agg, or set dp.noise_at = 'server'")
+            if fed.cross_edges == "embeddings":
+                raise ConfigError("the embeddings clients exchange (cross_edges = 'embeddings', computed from their "
+                                  "raw features and labels' training) are not covered by the DP accountant: "
+                                  "set cross_edges = 'drop' with DP, or turn DP off")
             if self.uplink.codec in ("randomk", "rank") and self.uplink.error_feedback:
                 raise ConfigError(f"uplink.codec = {self.uplink.codec!r} with error feedback re-sends earlier "
                                   f"(clipped, noised) updates, breaking the DP sensitivity bound: set "

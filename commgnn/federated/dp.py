@@ -90,6 +90,13 @@ from commgnn.errors import ConfigError
 PROTECTED_UNIT = "one client's entire local dataset (client-level DP, add/remove one client)"
 """What the (epsilon, delta) of this module's guarantee protects; reported beside the numbers."""
 
+COVERS = "every model update a client sends (clipped, noised, summed under secure aggregation)"
+"""What the accountant charges for."""
+NOT_COVERED = ("the per-node predictions each client sends to the server at evaluation rounds (a measurement "
+               "harness: the server scores them against labels it holds; a deployment would send counts)")
+"""Releases outside the guarantee, reported beside it (cross-client embeddings and the
+neighbour generator's rounds are refused together with DP)."""
+
 DEFAULT_DELTA = 1e-5
 """Default delta. The usual rule is delta << 1 / (number of protected units); with clients as
 the unit and tens to thousands of clients, 1e-5 is comfortably below that. (A rule such as
@@ -375,7 +382,7 @@ class ClientDPAccountant:
         """The guarantee so far, for the run report."""
         return {"epsilon": self.epsilon(), "delta": self.delta, "noise_multiplier": self.noise_multiplier,
                 "clip": self.clip, "rounds": self.rounds, "sample_rate": self.sample_rate,
-                "protected_unit": PROTECTED_UNIT}
+                "protected_unit": PROTECTED_UNIT, "covers": COVERS, "not_covered": NOT_COVERED}
 
 
 # ------------------------------------------------------------------ adaptive clipping

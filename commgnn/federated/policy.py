@@ -35,7 +35,11 @@ For a crossing, :meth:`PolicyGate.admit` enforces:
   means Gaussian noise of std >= ``embedding_min_noise_std`` (in the embeddings' own units)
   was added before sending. This is a governance rule, not a privacy proof: quantisation and
   noise limit what an embedding reveals without a formal guarantee (see
-  :mod:`commgnn.federated.dp` for the formal one on updates);
+  :mod:`commgnn.federated.dp` for the formal one on updates). Quantisation in particular
+  hides little: the first layer's rows are ``d^-1/2 x W1`` with ``W1`` the global model,
+  which every client holds, so a receiver that collects ``rounds x hidden >= features``
+  such rows of one node (a fresh ``W1`` each round) can solve for its raw features up to
+  the rounding error; only noise, which averages out over rounds too, slows that down;
 * ``update``: with ``updates = "secure_aggregation"`` only securely aggregated (masked)
   updates; with ``plain`` any;
 * ``control``: always (small protocol messages: round numbers, key-agreement material);
