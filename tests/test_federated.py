@@ -346,3 +346,15 @@ def test_fedavg_weights_and_the_fedprox_step():
     lr = fed.cfg.federated.lr
     assert not torch.allclose(two_avg, two_prox)
     assert torch.allclose(two_prox, two_avg - lr * mu * one_avg, atol=1e-6)
+
+
+@pytest.mark.timeout(120)
+def test_ranks_that_split_the_graph_differently_all_stop_naming_them(tmp_path):
+    import fed_ranks
+    from helpers import run_on_ranks
+
+    (tmp_path / "ok").mkdir()
+    assert run_on_ranks(fed_ranks.agree, 3, tmp_path / "ok", None, timeout_s=20.0) == ["", "", ""]
+    (tmp_path / "odd").mkdir()
+    said = run_on_ranks(fed_ranks.agree, 3, tmp_path / "odd", 2, timeout_s=20.0)
+    assert len(set(said)) == 1 and said[0].startswith("rank 2 computed another client split than rank 0")

@@ -23,6 +23,7 @@ organisations (the server counts them), whatever the placement.
 
 from __future__ import annotations
 
+import hashlib
 import math
 import secrets
 import time
@@ -83,6 +84,12 @@ class Federation:
             what = ("cross_edges = embeddings" if fed.cross_edges == "embeddings" else "neighgen"
                     if cfg.neighgen.enabled else fed.algorithm)
             raise ConfigError(f"{what} runs in one process for now: use --parts 1")
+        # Every rank loads, masks and splits the graph itself: a disagreement would put the
+        # clients' predictions on other nodes than the server scores, so it is checked.
+        placement = hashlib.sha1()
+        for t in (self.owner, g.train_mask, g.val_mask, g.test_mask, g.y):
+            placement.update(t.detach().cpu().contiguous().numpy().tobytes())
+        self.t.agree(placement.hexdigest(), "client split or masks")
         self.policy = load_policy(cfg.policy.path) if cfg.policy.path else None
         if self.policy is not None:
             self.policy.validate_for(self.n_clients)

@@ -14,6 +14,8 @@ from typing import Any
 
 import torch.distributed as dist
 
+from commgnn.errors import DataError
+
 from commgnn.dist.context import DistContext
 
 
@@ -74,3 +76,17 @@ class Transport:
         box = [obj if self.is_server else None]
         dist.broadcast_object_list(box, src=0, group=self.ctx.group)  # type: ignore[union-attr]
         return box[0]
+
+    def agree(self, digest: str, what: str) -> None:
+        """Check that every rank computed the same ``what`` (by its ``digest``); on a
+        mismatch every rank raises the same :class:`DataError`, naming the ranks that differ,
+        instead of training on placements that disagree."""
+        if self.world == 1:
+            return
+        got = self.gather(digest)
+        bad = [q for q, d in enumerate(got) if d != digest] if got is not None else None
+        bad = self.broadcast(bad)
+        if bad:
+            raise DataError(f"rank{'s' if len(bad) > 1 else ''} {', '.join(map(str, bad))} computed another {what} than rank 0 (same config, "
+                            f"other data or library versions?): give every rank the same files, or a client map "
+                            f"(--split file)")
