@@ -358,3 +358,19 @@ def test_ranks_that_split_the_graph_differently_all_stop_naming_them(tmp_path):
     (tmp_path / "odd").mkdir()
     said = run_on_ranks(fed_ranks.agree, 3, tmp_path / "odd", 2, timeout_s=20.0)
     assert len(set(said)) == 1 and said[0].startswith("rank 2 computed another client split than rank 0")
+
+
+@pytest.mark.parametrize("secure", [False, True])
+def test_a_round_that_would_overrun_the_budget_is_not_started(tmp_path, secure):
+    """A budget that holds a few rounds: the run stops before the round (or evaluation) that
+    would take a link over it, so no link ever carries more than its budget (SecAgg's key
+    and share messages included, learned from each client's first round)."""
+    policy = tmp_path / "policy.toml"
+    policy.write_text(f'[crossing]\nupdates = "{"secure_aggregation" if secure else "plain"}"\n'
+                      '[budget]\nper_link_mb = 0.02\n')
+    fed = Federation(cfg(rounds=20, policy=PolicyRef(path=str(policy)), secagg=SecAggConfig(enabled=secure)))
+    with pytest.raises(PolicyViolation, match="stopped before it started"):
+        fed.run()
+    used = fed.gate.bytes_by_link()
+    assert used and max(used.values()) <= 20_000
+    assert max(used.values()) > 20_000 - 2 * max(fed.gate._round_cost.values())  # it ran up to the edge

@@ -44,7 +44,7 @@ from commgnn.federated.client import Client
 from commgnn.federated.config import FederateConfig
 from commgnn.federated.fairness import fairness_report
 from commgnn.federated.model import FedGCN, flat_params
-from commgnn.federated.policy import CountingGate, Payload, PolicyGate, load_policy
+from commgnn.federated.policy import CountingGate, Payload, PolicyGate, PolicyViolation, load_policy
 from commgnn.federated.tally import Tally
 from commgnn.errors import ConfigError
 from commgnn.federated.robust import make_aggregator
@@ -255,6 +255,7 @@ class Federation:
         """One round; every rank returns the new global parameters (the server's broadcast)."""
         cfg, fed = self.cfg, self.cfg.federated
         active = self._participants()  # the server's draw; every rank draws the same
+        before = self._reserve(f"round {r + 1}", lambda g: g.round_costs(active, self._payload_size(len(active))))
         mine = [c for c in active if c in self.clients]
         if self.t.is_server:
             self.tally.downlink += len(active) * self.dim * 4  # the global model to each participant
@@ -298,6 +299,9 @@ class Federation:
             self.adaptive.clip = next_clip
         if not cfg.uplink.clip:
             self._set_clip(scale)
+        if before is not None:
+            assert isinstance(self.gate, PolicyGate)
+            self.gate.learn_round(before)
         return params
 
     def _clipped_count(self, r: int, active: list[int], norms: dict[int, float]) -> tuple[float, int] | None:
@@ -363,6 +367,32 @@ class Federation:
         w = counts * len(active) / counts.sum().clamp(min=1)
         return {c: float(w[i]) for i, c in enumerate(active)}
 
+    def _payload_size(self, K: int) -> int:
+        """Bytes of one client's update payload in a cohort of ``K`` (masked, plain or coded),
+        without SecAgg's key and share messages."""
+        cfg = self.cfg
+        if cfg.secagg.enabled and self.aggregator is None:
+            return self.decoder.payload_bytes(K)
+        return self.dim * 4 if cfg.uplink.codec == "fp32" else math.ceil(self.decoder.out_dim * cfg.uplink.bits / 8)
+
+    def _reserve(self, what: str, costs: Callable[[PolicyGate], dict[int, int]]) -> dict[int, int] | None:
+        """Under a byte budget the server asks the gate, before any byte of ``what`` moves,
+        whether its ``costs`` fit, and every rank stops if not; returns the server's per-client
+        totals before it (None elsewhere, or without a budget)."""
+        gate = self.gate
+        if not isinstance(gate, PolicyGate) or math.isinf(gate.policy.budget.per_link_bytes):
+            return None
+        why = None
+        if self.t.is_server:
+            try:
+                gate.reserve(costs(gate), what)
+            except PolicyViolation as err:
+                why = str(err)
+        why = self.t.broadcast(why)
+        if why:
+            raise PolicyViolation(why)
+        return gate.bytes_by_client() if self.t.is_server else None
+
     def _combine(self, r: int, active: list[int], scaled: dict[int, Tensor]) -> Tensor | None:
         """The server's ``S`` (None on other ranks): robust rule, secure sum or plain sum."""
         cfg, t = self.cfg, self.t
@@ -370,8 +400,7 @@ class Federation:
         if isinstance(self.gate, PolicyGate):  # each client asks the policy before its update leaves
             secure = cfg.secagg.enabled and self.aggregator is None
             bits = None if cfg.uplink.codec == "fp32" else cfg.uplink.bits
-            size = (self.decoder.payload_bytes(K) if secure else self.dim * 4 if cfg.uplink.codec == "fp32"
-                    else math.ceil(self.decoder.out_dim * cfg.uplink.bits / 8))  # the masked payload at least
+            size = self._payload_size(K)
             for c in scaled:
                 self.gate.check(Payload(kind="update", src_client=c, dst="server", nbytes=size, bits=bits,
                                         secure=secure))
@@ -471,6 +500,9 @@ class Federation:
         shared = params if isinstance(params, Tensor) else None
         cross = self._cross_terms(shared, None, evaluating=True) if shared is not None else {c: None for c in self.clients}
         wire = torch.uint8 if self.num_classes <= 256 else torch.int32  # the narrowest class id
+        if self.cfg.federated.algorithm != "central":
+            size = torch.bincount(self.owner, minlength=self.n_clients) * wire.itemsize
+            self._reserve("evaluation", lambda g: {c: int(size[c]) for c in range(self.n_clients)})
         mine = {c: client.predict(self.model, shared if shared is not None else params[c], cross[c]).to(wire)
                 for c, client in self.clients.items()}
         got = self.t.gather_dicts(mine)

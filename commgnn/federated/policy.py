@@ -344,6 +344,7 @@ class PolicyGate:
         """Every refused payload with the reason (the audit trail)."""
         self._link: dict[tuple[str, str], int] = {}
         self._client: dict[int, int] = {}
+        self._round_cost: dict[int, int] = {}
         self._lock = threading.Lock()
 
     def link_of(self, payload: Payload) -> tuple[str, str]:
@@ -394,6 +395,37 @@ class PolicyGate:
             self.transcript.append(payload)
             self._link[link] = self._link.get(link, 0) + payload.nbytes
             self._client[payload.src_client] = self._client.get(payload.src_client, 0) + payload.nbytes
+
+    def reserve(self, costs: Mapping[int, int], what: str) -> None:
+        """Raise :class:`PolicyViolation`, recording nothing, if the bytes ``costs`` (client ->
+        bytes it is about to send the server) would take a link over its budget: the server
+        asks before a round or an evaluation starts, so that none starts that would end over
+        budget."""
+        by_link: dict[tuple[str, str], int] = {}
+        for c, n in costs.items():
+            link = (self.policy.organisation_of(c), self.policy.party_of("server"))
+            by_link[link] = by_link.get(link, 0) + int(n)
+        limit = self.policy.budget.per_link_bytes
+        with self._lock:
+            for (src, dst), n in sorted(by_link.items()):
+                used = self._link.get((src, dst), 0)
+                if src != dst and used + n > limit:
+                    raise PolicyViolation(f"policy violation: {what} would take link {src} -> {dst} to {used + n} "
+                                          f"bytes, over its budget of {self.policy.budget.per_link_mb:g} MB; "
+                                          f"stopped before it started")
+
+    def round_costs(self, active: list[int], first: int) -> dict[int, int]:
+        """Each active client's bytes for the next round: the most it has sent in one round so
+        far (its key and share messages included), or ``first`` (its payload alone) before
+        its first round."""
+        return {c: self._round_cost.get(c, first) for c in active}
+
+    def learn_round(self, before: Mapping[int, int]) -> None:
+        """Record what each client sent in the round that began at totals ``before``."""
+        for c, n in self.bytes_by_client().items():
+            sent = n - before.get(c, 0)
+            if sent > self._round_cost.get(c, 0):
+                self._round_cost[c] = sent
 
     def bytes_by_link(self) -> dict[tuple[str, str], int]:
         """Admitted bytes per (source organisation, destination party); intra-organisation
