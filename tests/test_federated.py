@@ -45,6 +45,7 @@ def test_three_ranks_equal_one_process_with_secure_aggregation():
     assert [r["val_acc"] for r in one["curve"]] == [r["val_acc"] for r in three["curve"]]
     assert one["uplink_bytes_total"] == three["uplink_bytes_total"] > 0
     assert three["ranks"] == 3 and one["ranks"] == 1
+    assert one["uplink_clamped_values"] == three["uplink_clamped_values"]  # gathered from the client ranks
 
 
 def test_secure_sum_trains_like_the_plain_sum_and_costs_key_bytes():
@@ -374,3 +375,14 @@ def test_a_round_that_would_overrun_the_budget_is_not_started(tmp_path, secure):
     used = fed.gate.bytes_by_link()
     assert used and max(used.values()) <= 20_000
     assert max(used.values()) > 20_000 - 2 * max(fed.gate._round_cost.values())  # it ran up to the edge
+
+
+def test_clipped_uplink_values_are_counted():
+    """Fixed point clips each value to [-clip, clip] before masking: a clip far below the
+    updates clips many (and the count says so), a clip far above them none."""
+    c = cfg(rounds=2)
+    tight = Federation(cfg(rounds=2, secagg=SecAggConfig(enabled=True, clip=1e-4))).run()
+    loose = Federation(cfg(rounds=2, secagg=SecAggConfig(enabled=True, clip=100.0, ring_bits=40))).run()
+    assert 0 < tight["uplink_clamped_values"] <= 2 * 4 * params_count(c)
+    assert loose["uplink_clamped_values"] == 0
+    assert tight["test_acc"] != loose["test_acc"] or tight["best_val_acc"] != loose["best_val_acc"]

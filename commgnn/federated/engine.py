@@ -44,7 +44,7 @@ from commgnn.federated.client import Client
 from commgnn.federated.config import FederateConfig
 from commgnn.federated.fairness import fairness_report
 from commgnn.federated.model import FedGCN, flat_params
-from commgnn.federated.policy import CountingGate, Payload, PolicyGate, PolicyViolation, load_policy
+from commgnn.federated.policy import CountingGate, Payload, PolicyGate, load_policy, reserve_everywhere
 from commgnn.federated.tally import Tally
 from commgnn.errors import ConfigError
 from commgnn.federated.robust import make_aggregator
@@ -376,22 +376,8 @@ class Federation:
         return self.dim * 4 if cfg.uplink.codec == "fp32" else math.ceil(self.decoder.out_dim * cfg.uplink.bits / 8)
 
     def _reserve(self, what: str, costs: Callable[[PolicyGate], dict[int, int]]) -> dict[int, int] | None:
-        """Under a byte budget the server asks the gate, before any byte of ``what`` moves,
-        whether its ``costs`` fit, and every rank stops if not; returns the server's per-client
-        totals before it (None elsewhere, or without a budget)."""
-        gate = self.gate
-        if not isinstance(gate, PolicyGate) or math.isinf(gate.policy.budget.per_link_bytes):
-            return None
-        why = None
-        if self.t.is_server:
-            try:
-                gate.reserve(costs(gate), what)
-            except PolicyViolation as err:
-                why = str(err)
-        why = self.t.broadcast(why)
-        if why:
-            raise PolicyViolation(why)
-        return gate.bytes_by_client() if self.t.is_server else None
+        """:func:`~commgnn.federated.policy.reserve_everywhere` with this run's gate and transport."""
+        return reserve_everywhere(self.gate, self.t, what, costs)
 
     def _combine(self, r: int, active: list[int], scaled: dict[int, Tensor]) -> Tensor | None:
         """The server's ``S`` (None on other ranks): robust rule, secure sum or plain sum."""
@@ -569,9 +555,11 @@ class Federation:
                 on_eval(row)
             if row["val_acc"] > best["val"] or best["pred"] is None:
                 best = {"val": row["val_acc"], "round": r + 1, "pred": pred, "test": row["test_acc"]}
+        clamped = self.t.gather(sum(up.clamped_count(c) for c in self.codecs.values()))
         if not self.t.is_server:
             return None
-        return self._summary(best, curve, time.perf_counter() - t_start)
+        assert clamped is not None
+        return {**self._summary(best, curve, time.perf_counter() - t_start), "uplink_clamped_values": sum(clamped)}
 
     def _summary(self, best: dict[str, Any], curve: list[dict[str, Any]], wall: float) -> dict[str, Any]:
         cfg, g = self.cfg, self.graph

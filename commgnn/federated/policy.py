@@ -62,7 +62,7 @@ import re
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, Mapping
+from typing import Any, Callable, Literal, Mapping
 
 from commgnn.config import from_dict, load_toml, positive, to_dict
 from commgnn.errors import ConfigError, UserError
@@ -445,6 +445,27 @@ class PolicyGate:
                     "bytes_by_link": {f"{s}->{d}": n for (s, d), n in sorted(self._link.items())},
                     "bytes_by_client": {str(c): n for c, n in sorted(self._client.items())},
                     "per_link_mb": self.policy.budget.per_link_mb}
+
+
+def reserve_everywhere(gate: Any, transport: Any, what: str,
+                       costs: Callable[[PolicyGate], dict[int, int]]) -> dict[int, int] | None:
+    """Under a byte budget the server asks ``gate`` (:meth:`PolicyGate.reserve`), before any
+    byte of ``what`` moves, whether ``costs(gate)`` fit; it broadcasts the answer over
+    ``transport`` and every rank raises the same :class:`PolicyViolation` if not. Returns
+    the server's per-client byte totals before ``what`` (for :meth:`PolicyGate.learn_round`;
+    None on other ranks, or without a budget)."""
+    if not isinstance(gate, PolicyGate) or math.isinf(gate.policy.budget.per_link_bytes):
+        return None
+    why = None
+    if transport.is_server:
+        try:
+            gate.reserve(costs(gate), what)
+        except PolicyViolation as err:
+            why = str(err)
+    why = transport.broadcast(why)
+    if why:
+        raise PolicyViolation(why)
+    return gate.bytes_by_client() if transport.is_server else None
 
 
 class CountingGate:

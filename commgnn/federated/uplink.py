@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import hashlib
 import math
-from typing import Mapping, Protocol, Sequence, runtime_checkable
+from typing import Any, Mapping, Protocol, Sequence, runtime_checkable
 
 import torch
 from torch import Tensor
@@ -49,6 +49,12 @@ from commgnn.federated.secagg import ring
 from commgnn.federated.secagg.config import SecAggConfig
 from commgnn.federated.secagg.masking import Entropy
 from commgnn.federated.secagg.protocol import RoundStats, run_round
+
+
+def clamped_count(codec: Any) -> int:
+    """Values ``codec`` (or the quantiser inside it) has clipped so far; 0 for codecs that
+    never clip."""
+    return int(getattr(getattr(codec, "quant", codec), "clamped", 0))
 
 
 def mixed_seed(*parts: object) -> int:
@@ -107,9 +113,13 @@ class SharedScaleQuant:
         self.seed, self.client = seed, client
         self.levels = (1 << (bits - 1)) - 1
         self.scale = self.clip / self.levels
+        self.clamped = 0
+        """Values this codec has clipped to ``[-clip, clip]`` so far (reported: a clipped
+        value changes the sum the server decodes)."""
 
     def quantize(self, values: Tensor, round_id: int) -> Tensor:
         """Floats (any length) -> int64 codes in ``[-L, L]``, ``L = 2^(bits-1) - 1``."""
+        self.clamped += int((values.abs() > self.clip).sum())
         v = values.to(torch.float64).clamp(-self.clip, self.clip) / self.scale
         q = ring.stochastic_round(v, _generator("round-noise", self.seed, self.client, round_id))
         return q.clamp_(-self.levels, self.levels)  # float error at +-clip must not leave the range
@@ -153,6 +163,7 @@ class FixedPoint(SharedScaleQuant):
         self.seed, self.client = seed, client
         self.scale = 2.0**-config.frac_bits
         self.levels = math.ceil(config.clip * 2.0**config.frac_bits)
+        self.clamped = 0
 
     def ring_bits(self, n_clients: int) -> int:
         self.config.check_clients(n_clients)
@@ -216,6 +227,7 @@ class RandomK(_ErrorFeedback):
     def encode(self, update: Tensor, round_id: int) -> Tensor:
         acc = self._accumulate(_flat(update, self.dim))
         idx = self.indices(round_id)
+        self.quant.clamped += int((acc[idx].abs() > self.quant.clip).sum())
         kept = acc[idx].clamp(-self.quant.clip, self.quant.clip)
         if self.error_feedback:
             unsent = acc.clone()
@@ -292,10 +304,13 @@ class RankR(_ErrorFeedback):
         for (off, numel, rows, cols), q in zip(self.blocks, self.projections(round_id)):
             block = acc[off:off + numel]
             if q is None:
+                self.quant.clamped += int((block.abs() > clip).sum())
                 piece = block.clamp(-clip, clip)
                 sent.append(piece)
             else:
-                piece = (block.view(rows, cols) @ q).clamp(-clip, clip)
+                piece = block.view(rows, cols) @ q
+                self.quant.clamped += int((piece.abs() > clip).sum())
+                piece = piece.clamp(-clip, clip)
                 sent.append(self._lift(piece, q).reshape(-1))
                 piece = piece.reshape(-1)
             pieces.append(piece)
