@@ -386,3 +386,41 @@ def test_clipped_uplink_values_are_counted():
     assert 0 < tight["uplink_clamped_values"] <= 2 * 4 * params_count(c)
     assert loose["uplink_clamped_values"] == 0
     assert tight["test_acc"] != loose["test_acc"] or tight["best_val_acc"] != loose["best_val_acc"]
+
+
+def test_what_reaches_the_server_is_masked_not_the_update(monkeypatch):
+    """The transcript's labels aside, the bytes themselves: every update arrives at the server
+    as the MaskedInput its client made, whose payload differs from the client's ring-encoded
+    update in most coordinates, and no message arriving anywhere is a float tensor holding
+    a feature row."""
+    from commgnn.federated.secagg import protocol, ring
+    from commgnn.federated.transport import Transport
+
+    arrived: list = []
+    made: dict[int, tuple[torch.Tensor, int]] = {}  # id(MaskedInput) -> (plain ring input, m)
+    gather = Transport.gather_dicts
+    masked = protocol.SecAggClient.masked_input
+
+    def spy_gather(self, part):
+        got = gather(self, part)
+        if got is not None:
+            arrived.extend(got.values())
+        return got
+
+    def spy_masked(self, x, delivery):
+        out = masked(self, x, delivery)
+        made[id(out)] = (ring.reduce(x, self.m), self.m)
+        return out
+
+    monkeypatch.setattr(Transport, "gather_dicts", spy_gather)
+    monkeypatch.setattr(protocol.SecAggClient, "masked_input", spy_masked)
+    fed = Federation(cfg(rounds=3, secagg=SecAggConfig(enabled=True)))
+    fed.run()
+    inputs = [m for m in arrived if isinstance(m, protocol.MaskedInput)]
+    assert len(inputs) == 3 * 4 and all(id(m) in made for m in inputs)
+    for m in inputs:
+        x, bits = made[id(m)]
+        y = ring.unpack(m.payload, bits, x.numel())
+        assert (y != x).float().mean() > 0.99  # masked: almost every coordinate moved
+    assert not any(isinstance(m, torch.Tensor) and m.dtype.is_floating_point for m in arrived
+                   if not isinstance(m, protocol.MaskedInput))  # predictions travel as integers
