@@ -75,13 +75,24 @@ def replicated_topology(ctx: DistContext, hooks: Hooks, part: LocalPartition) ->
     return CSRTopology.from_edge_index(torch.cat(edges).t(), part.num_nodes_global)
 
 
-def choose_topology(cfg: SamplerConfig, num_nodes: int, num_edges: int, local_ranks: int) -> str:
-    """``replicated`` or ``partitioned`` for ``topology = auto`` (same answer on every rank
-    given the same numbers; the edge count is the global one)."""
+def available_memory(ctx: DistContext) -> float:
+    """Bytes of memory available on the tightest rank's host: every rank then takes the same
+    memory-based decisions (or raises the same error), so none is left in a collective the
+    others skip."""
+    return float(ctx.all_reduce(torch.tensor([float(psutil.virtual_memory().available)], dtype=torch.float64),
+                                "min")[0])
+
+
+def choose_topology(cfg: SamplerConfig, num_nodes: int, num_edges: int, local_ranks: int,
+                    available: float | None = None) -> str:
+    """``replicated`` or ``partitioned`` for ``topology = auto`` (the same answer on every rank
+    given the same numbers: the global edge count and :func:`available_memory`; ``None``
+    reads this host's)."""
     if cfg.topology != "auto":
         return cfg.topology
     need = (num_nodes * 8 + num_edges * 4) * local_ranks
-    share = cfg.topology_share * psutil.virtual_memory().available
+    avail = psutil.virtual_memory().available if available is None else available
+    share = cfg.topology_share * avail
     if need <= share:
         return "replicated"
     if cfg.sampler != "neighbor":  # only owner-side neighbour sampling works on a partitioned topology
@@ -142,11 +153,11 @@ def remote_candidates(part: LocalPartition, csr: CSRTopology | None, owner: Tens
 
 
 def cache_capacity(cfg: FetchConfig, num_candidates: int, width: int, element_size: int,
-                   local_ranks: int = 1) -> int:
+                   local_ranks: int = 1, available: float | None = None) -> int:
     """Rows of the cache; caches that together (one per rank on this host) do not fit in
-    the available memory are refused."""
+    ``available`` memory (:func:`available_memory`; ``None`` reads this host's) are refused."""
     if cfg.cache_mb:
-        avail = psutil.virtual_memory().available
+        avail = psutil.virtual_memory().available if available is None else available
         if cfg.cache_mb * 1e6 * local_ranks > avail:
             each = f" per rank x {local_ranks} ranks on this host" if local_ranks > 1 else ""
             raise ConfigError(f"fetch.cache_mb = {cfg.cache_mb:g} MB{each} exceeds the available memory "

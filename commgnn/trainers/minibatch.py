@@ -57,8 +57,8 @@ from commgnn.sampling.remote import RemoteNeighbors
 from commgnn.trainers.config import TrainConfig
 from commgnn.comm.halo.alltoall import AllToAllHalo
 from commgnn.trainers.fullgraph import FullGraphTrainer, halo_plan
-from commgnn.trainers.mb_setup import (build_cache, build_sampler, cache_capacity, choose_topology, owner_map,
-                                       remote_candidates, replicated_topology)
+from commgnn.trainers.mb_setup import (available_memory, build_cache, build_sampler, cache_capacity, choose_topology,
+                                       owner_map, remote_candidates, replicated_topology)
 
 BELADY_LIMIT = 3_000_000
 """Requests per epoch above which Belady's optimum (a Python-level heap walk) is skipped."""
@@ -82,7 +82,9 @@ class MiniBatchTrainer(FullGraphTrainer):
         cpu = self.part.to("cpu")
         self.owner, self.row = owner_map(ctx, hooks, cpu)
         edges = ctx.all_reduce(torch.tensor([float(cpu.edge_index.shape[1])], dtype=torch.float64))
-        self.topology = choose_topology(sampler_cfg, cpu.num_nodes_global, int(edges[0]), ctx.local_world_size)
+        self.available = available_memory(ctx)
+        self.topology = choose_topology(sampler_cfg, cpu.num_nodes_global, int(edges[0]), ctx.local_world_size,
+                                        self.available)
         csr = replicated_topology(ctx, hooks, cpu) if self.topology == "replicated" else None
         layers = len(self.model.convs)
         self.sampler = build_sampler(sampler_cfg, ctx, hooks, cpu, layers=layers, csr=csr, owner=self.owner,
@@ -96,16 +98,17 @@ class MiniBatchTrainer(FullGraphTrainer):
             x_src = torch.cat([self.x, self.eval_halo.exchange(self.x, 0, kind="halo_setup")])
             table = torch.cat([self.x, self.model.convs[0].precompute(x_src, self.graph)], dim=1)
         self.cache: RowCache | None = None
+        # The optimum is computed for the configured size (``capacity``) even where a presample
+        # cache holds fewer rows (only rows requested in pre-sampling): same budget, same comparison.
+        self.capacity = 0
         if fetch_cfg.cached and ctx.is_distributed:
-            self.cache = self._build_cache(cpu, csr, layers, table)
+            self.cache, self.capacity = self._build_cache(cpu, csr, layers, table)
         self.fetcher = FeatureFetcher(ctx, hooks, table=table, owner=self.owner, row=self.row, cache=self.cache,
                                       bits=fetch_cfg.bits, budget_bytes=fetch_cfg.budget_mb * 1e6,
                                       seed=train_cfg.seed * 1_000_003 + ctx.rank + 13)
         if isinstance(self.cache, StaticCache):  # one set-up fetch of the chosen rows
             self.cache.fill(self.fetcher.fetch(self.cache.ids, kind="fetch_setup", use_cache=False))
             self.fetcher.rows_requested = self.fetcher.rows_fetched = 0
-        if self.cache is None:
-            self.capacity = 0
         self.prefetch_group = None
         if fetch_cfg.prefetch and ctx.is_distributed:
             # Background fetches get their own communicator (created in the same order on every rank).
@@ -119,15 +122,13 @@ class MiniBatchTrainer(FullGraphTrainer):
             return VRGCN(self.model, self.history)
         return BlockGNN(self.model, sparse_input=self._sparse_input(self.cfg.sparse_input))
 
-    def _build_cache(self, cpu: LocalPartition, csr: Any, layers: int, table: Tensor) -> RowCache:
+    def _build_cache(self, cpu: LocalPartition, csr: Any, layers: int, table: Tensor) -> tuple[RowCache, int]:
+        """The cache of ``fetch_cfg`` and its configured size in rows."""
         cfg = self.fetch_cfg
         candidates = remote_candidates(cpu, csr, self.owner, layers)
         capacity = cache_capacity(cfg, int(candidates.numel()), table.shape[1], table.element_size(),
-                                  self.ctx.local_world_size)
+                                  self.ctx.local_world_size, self.available)
         capacity = min(capacity, int(candidates.numel()))
-        # The optimum is computed for the configured size even where a presample cache holds
-        # fewer rows (only rows requested in pre-sampling): same budget, same comparison.
-        self.capacity = capacity
         degree = csr.in_degree() if csr is not None else torch.zeros(cpu.num_nodes_global, dtype=torch.int64)
         if csr is None:
             degree[cpu.halo_global_ids.cpu()] = cpu.in_degree[cpu.num_owned:].cpu()
@@ -135,7 +136,7 @@ class MiniBatchTrainer(FullGraphTrainer):
         if cfg.cache_policy == "presample":
             hotness = self._presample_hotness(cpu.num_nodes_global, cfg.presample_epochs)
         return build_cache(cfg, capacity=capacity, candidates=candidates, degree=degree, hotness=hotness,
-                           num_nodes=cpu.num_nodes_global, width=table.shape[1], dtype=table.dtype)
+                           num_nodes=cpu.num_nodes_global, width=table.shape[1], dtype=table.dtype), capacity
 
     def _presample_hotness(self, num_nodes: int, epochs: int) -> Tensor:
         """GNNLab: how often each remote row is requested over pre-sampled epochs. The
