@@ -365,18 +365,18 @@ def test_fairness_without_test_nodes() -> None:
 
 
 def test_louvain_memo_matches_a_fresh_run_and_keys_on_the_graph(graph: Data) -> None:
-    from commgnn.federated import splits
+    from commgnn.federated import communities
 
-    splits._COMMUNITIES.clear()
+    communities._COMMUNITIES.clear()
     first = split_clients(graph, K, "louvain", seed=1)
-    assert len(splits._COMMUNITIES) == 1
+    assert len(communities._COMMUNITIES) == 1
     again = split_clients(graph, 2 * K, "louvain", seed=1)  # other clients, same communities: memo hit
-    assert len(splits._COMMUNITIES) == 1
-    splits._COMMUNITIES.clear()
+    assert len(communities._COMMUNITIES) == 1
+    communities._COMMUNITIES.clear()
     assert torch.equal(split_clients(graph, 2 * K, "louvain", seed=1), again)  # same as without the memo
     assert torch.equal(split_clients(graph, K, "louvain", seed=1), first)
     # A different graph of the same size (edges rewired) gets its own communities, not a stale entry.
     other = Data(edge_index=torch.stack([graph.edge_index[0], graph.edge_index[1].roll(7)]),
                  num_nodes=graph.num_nodes)
     split_clients(other, K, "louvain", seed=1)
-    assert len(splits._COMMUNITIES) == 2
+    assert len(communities._COMMUNITIES) == 2

@@ -424,3 +424,22 @@ def test_what_reaches_the_server_is_masked_not_the_update(monkeypatch):
         assert (y != x).float().mean() > 0.99  # masked: almost every coordinate moved
     assert not any(isinstance(m, torch.Tensor) and m.dtype.is_floating_point for m in arrived
                    if not isinstance(m, protocol.MaskedInput))  # predictions travel as integers
+
+
+@pytest.mark.timeout(120)
+def test_a_budget_overrun_on_the_server_stops_every_rank_at_once(tmp_path):
+    """Three ranks, SecAgg: the budget holds round 1's masked payload (what the reservation
+    can know before it) but not the key and share messages besides. The server's gate
+    refuses them after the secure sum, and the run ends with that one-line refusal well
+    before the collective time-out (the launcher's watchdog ends the client ranks)."""
+    import time
+
+    policy = tmp_path / "policy.toml"
+    policy.write_text('[crossing]\nupdates = "secure_aggregation"\n[budget]\nper_link_mb = 0.0055\n')
+    c = cfg(rounds=3, secagg=SecAggConfig(enabled=True), policy=PolicyRef(path=str(policy)),
+            runtime=FedRuntimeConfig(parts=3, threads=1, timeout_s=60))
+    assert Federation(cfg()).dim * 4 + 4 <= 5500  # the payload alone fits
+    t0 = time.monotonic()
+    with pytest.raises(Exception, match="over its budget") as err:
+        federate(c)
+    assert time.monotonic() - t0 < 30 and "\n" not in str(err.value)

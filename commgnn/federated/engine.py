@@ -89,7 +89,8 @@ class Federation:
         placement = hashlib.sha1()
         for t in (self.owner, g.train_mask, g.val_mask, g.test_mask, g.y):
             placement.update(t.detach().cpu().contiguous().numpy().tobytes())
-        self.t.agree(placement.hexdigest(), "client split or masks")
+        placement.update(repr(cfg).encode())  # and the same settings: collectives follow from them
+        self.t.agree(placement.hexdigest(), "client split, masks or config")
         self.policy = load_policy(cfg.policy.path) if cfg.policy.path else None
         if self.policy is not None:
             self.policy.validate_for(self.n_clients)
@@ -484,11 +485,11 @@ class Federation:
         """Predictions ``[N]`` of every node by its own client (its own model for ``local``),
         assembled at the server (None elsewhere)."""
         shared = params if isinstance(params, Tensor) else None
-        cross = self._cross_terms(shared, None, evaluating=True) if shared is not None else {c: None for c in self.clients}
         wire = torch.uint8 if self.num_classes <= 256 else torch.int32  # the narrowest class id
-        if self.cfg.federated.algorithm != "central":
+        if self.cfg.federated.algorithm != "central":  # the predictions' bytes to the server, before any moves
             size = torch.bincount(self.owner, minlength=self.n_clients) * wire.itemsize
             self._reserve("evaluation", lambda g: {c: int(size[c]) for c in range(self.n_clients)})
+        cross = self._cross_terms(shared, None, evaluating=True) if shared is not None else {c: None for c in self.clients}
         mine = {c: client.predict(self.model, shared if shared is not None else params[c], cross[c]).to(wire)
                 for c, client in self.clients.items()}
         got = self.t.gather_dicts(mine)

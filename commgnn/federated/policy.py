@@ -345,6 +345,7 @@ class PolicyGate:
         self._link: dict[tuple[str, str], int] = {}
         self._client: dict[int, int] = {}
         self._round_cost: dict[int, int] = {}
+        self._to_server: dict[int, int] = {}
         self._lock = threading.Lock()
 
     def link_of(self, payload: Payload) -> tuple[str, str]:
@@ -395,6 +396,8 @@ class PolicyGate:
             self.transcript.append(payload)
             self._link[link] = self._link.get(link, 0) + payload.nbytes
             self._client[payload.src_client] = self._client.get(payload.src_client, 0) + payload.nbytes
+            if payload.dst == "server":
+                self._to_server[payload.src_client] = self._to_server.get(payload.src_client, 0) + payload.nbytes
 
     def reserve(self, costs: Mapping[int, int], what: str) -> None:
         """Raise :class:`PolicyViolation`, recording nothing, if the bytes ``costs`` (client ->
@@ -420,9 +423,16 @@ class PolicyGate:
         its first round."""
         return {c: self._round_cost.get(c, first) for c in active}
 
+    def to_server(self) -> dict[int, int]:
+        """Admitted bytes each client sent the server."""
+        with self._lock:
+            return dict(self._to_server)
+
     def learn_round(self, before: Mapping[int, int]) -> None:
-        """Record what each client sent in the round that began at totals ``before``."""
-        for c, n in self.bytes_by_client().items():
+        """Record what each client sent the server in the round that began at
+        :meth:`to_server` totals ``before`` (its embeddings to other clients are not part of
+        that link)."""
+        for c, n in self.to_server().items():
             sent = n - before.get(c, 0)
             if sent > self._round_cost.get(c, 0):
                 self._round_cost[c] = sent
@@ -465,7 +475,7 @@ def reserve_everywhere(gate: Any, transport: Any, what: str,
     why = transport.broadcast(why)
     if why:
         raise PolicyViolation(why)
-    return gate.bytes_by_client() if transport.is_server else None
+    return gate.to_server() if transport.is_server else None
 
 
 class CountingGate:

@@ -37,10 +37,8 @@ client); :func:`split_stats` measures the split (sizes, cut edges, label skew).
 
 from __future__ import annotations
 
-import hashlib
 import heapq
 import math
-from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, get_args
@@ -52,6 +50,7 @@ from torch import Tensor
 
 from commgnn.config import one_line, one_line_errors, positive
 from commgnn.errors import ConfigError, DataError
+from commgnn.federated.communities import louvain_communities
 
 SplitMethod = Literal["louvain", "metis", "dirichlet", "file"]
 """How :func:`split_clients` assigns nodes to clients."""
@@ -210,7 +209,7 @@ def _louvain(edge_index: Tensor, n: int, k: int, seed: int) -> Tensor:
     src, dst = edge_index
     keep = src != dst
     graph.add_edges_from(zip(src[keep].tolist(), dst[keep].tolist()))
-    communities = _communities(graph, edge_index, n, seed)
+    communities = louvain_communities(graph, edge_index, n, seed)
     # FS-G caps communities near N / K before dealing them out: one giant community
     # would otherwise make one giant client.
     cap = math.ceil(n / k)
@@ -241,30 +240,6 @@ def _louvain(edge_index: Tensor, n: int, k: int, seed: int) -> Tensor:
     owner = torch.empty(n, dtype=torch.int64)
     owner[torch.tensor(nodes_flat, dtype=torch.int64)] = torch.tensor(clients_flat, dtype=torch.int64)
     return owner
-
-
-_COMMUNITIES: OrderedDict[tuple[int, int, str], tuple[frozenset[int], ...]] = OrderedDict()
-_COMMUNITIES_KEPT = 4
-
-
-def _communities(graph: nx.Graph, edge_index: Tensor, n: int, seed: int) -> tuple[frozenset[int], ...]:
-    """networkx's Louvain communities of ``graph``, memoised per process.
-
-    They depend on the graph and the seed alone, not on the number of clients, and take
-    seconds (about 7 s on Coauthor CS), which a sweep over clients and algorithms on one
-    seed would otherwise pay on every run. The key hashes ``edge_index`` itself, so another
-    graph with as many nodes never reads a stale entry.
-    """
-    digest = hashlib.sha1(edge_index.contiguous().numpy().tobytes()).hexdigest()
-    key = (n, seed, digest)
-    if key in _COMMUNITIES:
-        _COMMUNITIES.move_to_end(key)
-        return _COMMUNITIES[key]
-    found = tuple(frozenset(c) for c in nx.community.louvain_communities(graph, seed=seed))
-    _COMMUNITIES[key] = found
-    while len(_COMMUNITIES) > _COMMUNITIES_KEPT:
-        _COMMUNITIES.popitem(last=False)
-    return found
 
 
 def _bfs_order(graph: nx.Graph, nodes: list[int]) -> np.ndarray:

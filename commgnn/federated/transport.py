@@ -14,9 +14,8 @@ from typing import Any
 
 import torch.distributed as dist
 
-from commgnn.errors import DataError
-
 from commgnn.dist.context import DistContext
+from commgnn.errors import DataError
 
 
 class Transport:
@@ -87,6 +86,6 @@ class Transport:
         bad = [q for q, d in enumerate(got) if d != digest] if got is not None else None
         bad = self.broadcast(bad)
         if bad:
-            raise DataError(f"rank{'s' if len(bad) > 1 else ''} {', '.join(map(str, bad))} computed another {what} than rank 0 (same config, "
-                            f"other data or library versions?): give every rank the same files, or a client map "
-                            f"(--split file)")
+            who = f"rank{'s' if len(bad) > 1 else ''} {', '.join(map(str, bad))}"
+            raise DataError(f"{who} computed another {what} than rank 0 (other data, settings or library "
+                            f"versions?): give every rank the same files and flags, or a client map (--split file)")

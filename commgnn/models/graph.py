@@ -19,7 +19,6 @@ absent), and GAT's attention through its fused kernel.
 from __future__ import annotations
 
 import math
-
 import warnings
 from dataclasses import dataclass, field
 from typing import Any

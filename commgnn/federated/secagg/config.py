@@ -4,7 +4,7 @@ Example::
 
     [secagg]
     enabled = true
-    threshold = 0.67     # fraction of clients (<= 1) or a client count (> 1)
+    threshold = 6        # a client count (> 1) or a fraction of the clients (<= 1, rounded up); default 2/3
     ring_bits = 32       # sums are computed modulo 2^ring_bits
     frac_bits = 16       # fixed point: a coordinate x travels as round(x 2^frac_bits)
     clip = 1.0           # coordinates are clipped to [-clip, clip] before encoding
@@ -38,7 +38,9 @@ class SecAggConfig:
     ``neighbours + 1`` with SecAgg+), rounded up; a value > 1 is a client count (an
     integer). The default, ceil(2n/3), lets a third of the clients drop out. t must exceed
     half the group: with t <= n/2 a server that tells two halves different survivor sets
-    could collect both a client's self-mask and its pairwise-mask shares."""
+    could collect both a client's self-mask and its pairwise-mask shares. Against a server
+    colluding with c clients the protocol needs 2t > n + c (Bonawitz et al. 2017), which
+    the default meets for c < n/3."""
     ring_bits: int = 32
     """Bits m of the ring Z_{2^m} that masked sums live in (2 to 62)."""
     frac_bits: int = 16
