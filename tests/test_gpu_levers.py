@@ -295,8 +295,8 @@ STRATEGY_TRAIN = {  # QG-DSGDm replaces the optimiser's momentum: it is meant fo
 STRATEGY_IDS = [(m, n) for m in TRAIN_MODELS for n in STRATEGIES]
 STRATEGY_TOL = 0.15
 DDP_STRATEGIES = ("fp16", "fp16-noprescale", "bf16", "powersgd", "powersgd-half", "localsgd")
-MAXK_ALONE = ("a rank with no halo rows to send fails in MaxKRows (reshape of 0 rows to [0, -1]), on any "
-              "device: not a CUDA matter; MaxK's messages on NCCL are checked by the loopback exchange test")
+MAXK_ALONE = ("one rank has no halo to exchange, so MaxK's (index, value) messages are not built at world size 1; "
+              "they are checked on NCCL by the two-GPU test and the loopback exchange test")
 
 
 def train_cases_fn(ctx: DistContext, data: Data, parts: torch.Tensor,

@@ -139,7 +139,7 @@ def lever_rank(ctx: DistContext, data, parts, cfg: HaloConfig) -> dict:
 
     transport.move = spy
     exact = AllToAllHalo(ctx, plan, exact_hooks)
-    outs, truths, grads, true_grads = [], [], [], []
+    outs, truths, grads, true_grads, logs = [], [], [], [], []
     for epoch in range(EPOCHS):
         lever.set_epoch(epoch, exact=bool(cfg.exact_every) and epoch % cfg.exact_every == 0)
         h = _rows(ctx.rank, epoch, part.num_owned).requires_grad_()
@@ -147,6 +147,7 @@ def lever_rank(ctx: DistContext, data, parts, cfg: HaloConfig) -> dict:
         weight = torch.arange(1, out.numel() + 1, dtype=out.dtype).view_as(out)
         (out * weight).sum().backward()
         lever.flush()
+        logs.append(lever.epoch_log())
         h2 = h.detach().clone().requires_grad_()
         truth = exact.exchange(h2, 0)
         (truth * weight).sum().backward()
@@ -156,7 +157,7 @@ def lever_rank(ctx: DistContext, data, parts, cfg: HaloConfig) -> dict:
         true_grads.append(h2.grad)
     return {"outs": outs, "truths": truths, "grads": grads, "true_grads": true_grads,
             "sent": sum(e.nbytes for e in counted if e.kind.startswith("halo")), "received": received[0],
-            "plan": (plan.send_counts, plan.recv_counts), "log": lever.epoch_log(),
+            "plan": (plan.send_counts, plan.recv_counts), "log": lever.epoch_log(), "logs": logs,
             "max_age": getattr(lever, "max_age_used", None)}
 
 
@@ -253,6 +254,18 @@ def test_pipelined_uses_last_epochs_rows_and_gradients(tmp_path, graph):
             assert torch.equal(r["outs"][e], r["truths"][e - 1])
             assert torch.equal(r["grads"][e], r["true_grads"][e - 1])
     assert sum(r["sent"] for r in res) == sum(r["received"] for r in res)
+
+
+def test_the_staleness_controller_decides_alike_on_every_rank(tmp_path, graph):
+    """Each rank measures its own staleness error; the largest over ranks decides, so every
+    rank runs the same epochs exact (with 8-bit rows a split decision would mix fp32 rows
+    and codes in one all-to-all). Exact epochs give the exact rows; stale ones last epoch's."""
+    cfg = from_dict(HaloConfig, {"bits": 8, "staleness": {"mode": "pipeline", "max_error": 0.45}})
+    res = _run(tmp_path, graph, cfg)
+    errors = [[log["stale_error"] for log in r["logs"]] for r in res]
+    decisions = [[log["exact_by_controller"] for log in r["logs"]] for r in res]
+    assert errors[0] == errors[1] == errors[2] and decisions[0] == decisions[1] == decisions[2]
+    assert any(decisions[0]) and not all(decisions[0][1:]), decisions[0]  # the controller acted, not always
 
 
 def test_adaptive_bits_on_one_rank_needs_no_collective():

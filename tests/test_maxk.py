@@ -39,6 +39,13 @@ def test_maxk_settings_are_checked():
     with pytest.raises(ConfigError, match="activation"):
         ModelConfig(activation="gelu")
     assert ModelConfig(name="gat").act == "elu" and ModelConfig(activation="maxk").act == "maxk"
+    from commgnn.cli.config import RunConfig
+    from commgnn.config import from_dict
+
+    for halo, what in (({"staleness": {"mode": "pipeline"}}, "staleness"), ({"bits": "adaptive", "budget_mb": 1.0},
+                                                                            "adaptive bit-width solver")):
+        with pytest.raises(ConfigError, match=what):
+            from_dict(RunConfig, {"model": {"activation": "maxk"}, "comm": {"halo": halo}})
 
 
 def exchange_rank(ctx, k: int, bits: int, rate: float = 1.0, base: int = 7):

@@ -56,7 +56,7 @@ def build_halo(ctx: DistContext, plan: HaloPlan, hooks: Hooks, cfg: HaloConfig, 
     if cfg.sample_rate < 1.0:
         ex = Sampled(ex, rate=cfg.sample_rate, seed=seed, rank=ctx.rank)
     if pipelined:
-        ex = Pipelined(ex, smoothing=st.smoothing, hooks=hooks, max_error=st.max_error)
+        ex = Pipelined(ex, smoothing=st.smoothing, hooks=hooks, max_error=st.max_error, ctx=ctx)
     elif st.mode == "skip":
         ex = SkipUnchanged(ex, threshold=st.threshold, max_age=st.max_age,
                            residual_bits=st.residual_bits, seed=rank_seed + 17)

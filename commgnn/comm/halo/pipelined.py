@@ -11,8 +11,9 @@ the rest overlapped with compute. Optional EMA smoothing of the stale rows and g
 
 Staleness control (``max_error``): when the fresh rows arrive, their relative distance
 from the stale ones the epoch computed with, ``||fresh - stale|| / ||fresh||`` (largest over
-layers and directions), is the staleness error actually incurred; above ``max_error`` the
-next epoch runs exact. The error and the decision are in the epoch log.
+layers, directions and ranks: one all-reduce, so that every rank takes the same decision and
+they keep entering the same exchanges), is the staleness error actually incurred; above
+``max_error`` the next epoch runs exact. The error and the decision are in the epoch log.
 """
 
 from __future__ import annotations
@@ -20,16 +21,21 @@ from __future__ import annotations
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
+import torch
 from torch import Tensor
 
 from commgnn.comm.halo.exchange import RowExchange, Wrapper
+from commgnn.dist.context import DistContext
 from commgnn.dist.events import Hooks
 
 
 class Pipelined(Wrapper):
-    def __init__(self, inner: RowExchange, *, smoothing: float, hooks: Hooks, max_error: float = 0.0) -> None:
+    def __init__(self, inner: RowExchange, *, smoothing: float, hooks: Hooks, max_error: float = 0.0,
+                 ctx: DistContext | None = None) -> None:
+        """``ctx``: the ranks the controller's decision is agreed over (None: this rank alone)."""
         super().__init__(inner)
-        self.smoothing, self.hooks, self.max_error = smoothing, hooks, max_error
+        self.smoothing, self.hooks, self.max_error, self.ctx = smoothing, hooks, max_error, ctx
+        self.stale_epoch = False  # this epoch computes with last epoch's rows (same on every rank)
         self.error = 0.0          # the last stale epoch's measured error
         self.exact_next = False   # the controller asks for an exact epoch
         self.controlled = False   # this epoch is exact because the controller asked
@@ -59,6 +65,7 @@ class Pipelined(Wrapper):
 
     def set_epoch(self, epoch: int, exact: bool) -> None:
         self.controlled = self.exact_next and not exact
+        self.stale_epoch = not (exact or self.exact_next) and bool(self.cache)
         super().set_epoch(epoch, exact or self.exact_next)
         self.exact_next = False
 
@@ -73,8 +80,12 @@ class Pipelined(Wrapper):
                 g = self.smoothing
                 self.cache[key] = fresh if g == 0 else g * self.cache[key] + (1 - g) * fresh
         self.pending.clear()
-        if errors:
-            self.error = max(errors)
+        if self.max_error and self.stale_epoch:
+            local = torch.tensor([max(errors, default=0.0)], dtype=torch.float64)
+            if self.ctx is not None:
+                with self.hooks.timed("comm"):
+                    self.ctx.all_reduce(local, "max")
+            self.error = float(local[0])
             self.exact_next = self.error > self.max_error
         super().flush()
 
