@@ -366,16 +366,29 @@ def big_model_rank(ctx: DistContext) -> dict:
     torch.manual_seed(0)
     # two 1.4 MB weights: DDP's default rebuild would close a 1 MiB first bucket after the first
     model = nn.Sequential(nn.Linear(600, 600), nn.ReLU(), nn.Linear(600, 600))
-    sync = DDPHookSync(ctx, Hooks(), strategy="powersgd", rank=1, start_iter=2, half=True, prescale=True)
+    import time
+
+    from commgnn.dist.events import TimeEvent
+
+    hooks, comm = Hooks(), []
+    hooks.subscribe(lambda e: comm.append(e.seconds) if isinstance(e, TimeEvent) and e.phase == "comm" else None)
+    sync = DDPHookSync(ctx, hooks, strategy="powersgd", rank=1, start_iter=2, half=True, prescale=True)
     net = sync.wrap(model)
-    grads = []
+    grads, per_step, backward_s = [], [], []
     for step in range(4):
         x = torch.randn(8, 600, generator=torch.Generator().manual_seed(10 * step + ctx.rank))
         model.zero_grad()
+        if step == 3 and ctx.rank == 1:
+            time.sleep(0.5)  # a slow rank: rank 0 waits for it inside the hook's all-reduce
+        t0 = time.perf_counter()
         net(x).square().mean().backward()
+        backward_s.append(time.perf_counter() - t0)
+        comm.clear()
         sync.sync(model.parameters())
+        per_step.append(sum(comm))
         grads.append(torch.cat([p.grad.reshape(-1) for p in model.parameters()]))
-    return {"buckets": sync.ddp._get_ddp_logging_data().get("rebuilt_bucket_sizes"), "grads": grads}
+    return {"buckets": sync.ddp._get_ddp_logging_data().get("rebuilt_bucket_sizes"), "grads": grads,
+            "comm_s": per_step, "backward_s": backward_s}
 
 
 def test_ddp_hooks_use_one_bucket(tmp_path):
@@ -385,6 +398,11 @@ def test_ddp_hooks_use_one_bucket(tmp_path):
     assert res[0]["buckets"] is not None and len(str(res[0]["buckets"]).split(",")) == 1, res[0]["buckets"]
     for a, b in zip(res[0]["grads"], res[1]["grads"]):
         torch.testing.assert_close(a, b)
+    # the hook's all-reduce is booked as communication, within backward's time, and the wait
+    # for the slow rank (0.5 s before its step-4 backward) lands in rank 0's
+    for r in res:
+        assert all(0 < c <= b for c, b in zip(r["comm_s"], r["backward_s"])), (r["comm_s"], r["backward_s"])
+    assert res[0]["comm_s"][3] > 0.4
 
 
 def test_prescaling_keeps_tiny_gradients_through_fp16(tmp_path):

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import copy
 import threading
+import time
 from typing import Any, Iterable
 
 import torch.distributed as dist
@@ -35,7 +36,7 @@ from torch.nn.parallel import DistributedDataParallel
 from commgnn.comm.collectives import ring_allreduce_bytes
 from commgnn.comm.grad_sync import GradSyncBase
 from commgnn.dist.context import DistContext
-from commgnn.dist.events import Hooks
+from commgnn.dist.events import Hooks, TimeEvent
 from commgnn.errors import UserError
 
 _patch_lock = threading.Lock()
@@ -78,6 +79,8 @@ class DDPHookSync(GradSyncBase):
         self.state: Any = None
         self.averager: Any = None
         self.group = dist.new_group(ranks=list(range(ctx.world_size))) if ctx.is_distributed else None
+        self._comm_start: float | None = None  # this step's first bucket handed to its hook
+        self._comm_end: float | None = None    # and the last bucket's result in
 
     def wrap(self, model: nn.Module) -> nn.Module:
         """Wrap ``model`` in DDP with the configured hook (identity for one rank)."""
@@ -95,7 +98,7 @@ class DDPHookSync(GradSyncBase):
                                            bucket_cap_mb=one_bucket_mb(model))
         if self.strategy in ("fp16", "bf16"):
             hook = default_hooks.fp16_compress_hook if self.strategy == "fp16" else default_hooks.bf16_compress_hook
-            self.ddp.register_comm_hook(self.group, self._maybe_prescaled(hook))
+            self.ddp.register_comm_hook(self.group, self._timed(self._maybe_prescaled(hook)))
         elif self.strategy == "powersgd":
             self.state = powerSGD_hook.PowerSGDState(
                 process_group=self.group, matrix_approximation_rank=self.rank,
@@ -103,7 +106,7 @@ class DDPHookSync(GradSyncBase):
             hook = powerSGD_hook.powerSGD_hook
             if self.half:
                 hook = self._maybe_prescaled(default_hooks.fp16_compress_wrapper(hook))
-            self.ddp.register_comm_hook(self.state, hook)
+            self.ddp.register_comm_hook(self.state, self._timed(hook))
         elif self.strategy == "localsgd":
             from torch.distributed.algorithms.ddp_comm_hooks.post_localSGD_hook import (PostLocalSGDState,
                                                                                         post_localSGD_hook)
@@ -112,10 +115,27 @@ class DDPHookSync(GradSyncBase):
             subgroup, _ = dist.new_subgroups(group_size=1)  # gloo needs an explicit subgroup
             self.state = PostLocalSGDState(process_group=self.group, subgroup=subgroup,
                                            start_localSGD_iter=self.start_iter)
-            self.ddp.register_comm_hook(self.state, post_localSGD_hook)
+            self.ddp.register_comm_hook(self.state, self._timed(post_localSGD_hook))
             self.averager = PeriodicModelAverager(period=self.period, warmup_steps=self.start_iter,
                                                   process_group=self.group)
         return self.ddp
+
+    def _timed(self, hook: Any) -> Any:
+        """``hook`` with its wall time recorded, from the first bucket handed to it to the
+        last bucket's result: DDP's all-reduce runs inside ``backward()`` (one bucket, at its
+        end), so without this the meter would book it, and the wait for the slowest rank in
+        it, as compute. :meth:`sync` books it as ``comm``."""
+        def run(state: Any, bucket: Any) -> Any:
+            if self._comm_start is None:
+                self._comm_start = time.perf_counter()
+
+            def done(fut: Any) -> Any:
+                self._comm_end = time.perf_counter()
+                return fut.value()
+
+            return hook(state, bucket).then(done)
+
+        return run
 
     def _maybe_prescaled(self, hook: Any) -> Any:
         from commgnn.comm.grad.prescale import prescaled
@@ -123,9 +143,13 @@ class DDPHookSync(GradSyncBase):
         return prescaled(hook, self.group) if self.prescale else hook
 
     def sync(self, params: Iterable[nn.Parameter]) -> None:
-        """DDP already averaged during backward; turn the average into the sum."""
+        """DDP already averaged during backward; turn the average into the sum (and book
+        the hook's time as communication)."""
         if not self.ctx.is_distributed:
             return
+        if self._comm_start is not None and self._comm_end is not None:
+            self.hooks.emit(TimeEvent("comm", max(0.0, self._comm_end - self._comm_start)))
+        self._comm_start = self._comm_end = None
         for p in params:
             if p.grad is not None:
                 p.grad.mul_(self.ctx.world_size)
