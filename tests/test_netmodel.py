@@ -99,3 +99,37 @@ def test_projected_traffic_counts_each_layers_rows_at_its_width():
     assert pre["halo_fwd"][0, 1] == 3 * 4 * h and pre["halo_eval"][0, 1] == 3 * 4 * h
     tf = epoch_traffic(V, F=F, h=h, L=L, params=1000, levers=Levers(transform_first=True))
     assert tf["halo_fwd"][0, 1] == 3 * 4 * (h + h)
+
+
+def _run_dir(tmp_path, *, steps=None, layers=2):
+    """A finished run's files as the trainer writes them: 2 ranks, 2 epochs."""
+    P, cls = 2, {"halo_fwd": 4e5, "grad_sync": 1e5, "control": 16.0, "fetch_ids": 2e3, "fetch_rows": 6e4,
+                 "topology": 3e3}
+    pairs = {c: [[0.0, n], [n, 0.0]] for c, n in cls.items()}  # the whole run: 2 epochs of n a rank
+    by_layer = {c: {"0": n, "1": n if c == "halo_fwd" else 0, "other": 0} for c, n in cls.items()}
+    (tmp_path / "summary.json").write_text(json.dumps({"bytes_by_pair": pairs, "bytes_by_layer": by_layer,
+                                                       "peak_rss_mb_by_rank": [1.0] * P}))
+    row = {"bytes": {c: n for c, n in cls.items()}, "epoch_s": 1.0,
+           "time_busiest_s": {"compute": 0.5, "comm": 0.3}, **({"steps": steps} if steps else {})}
+    (tmp_path / "metrics.jsonl").write_text("\n".join(json.dumps(row) for _ in range(2)) + "\n")
+    (tmp_path / "config.toml").write_text(f"[model]\nlayers = {layers}\n")
+    return tmp_path
+
+
+def test_per_epoch_traffic_counts_collectives_per_epoch_and_per_step(tmp_path):
+    from commgnn.netmodel.predict import per_epoch_traffic, predict_run
+
+    (tmp_path / "fg").mkdir()
+    pairs, calls = per_epoch_traffic(_run_dir(tmp_path / "fg"))
+    assert float(pairs["halo_fwd"].sum()) == pytest.approx(4e5)  # 2 epochs x 2 ranks x n / 2 epochs
+    assert calls["halo_fwd"] == 2 and calls["grad_sync"] == -1 and calls["control"] == -3
+    (tmp_path / "mb").mkdir()
+    mb = _run_dir(tmp_path / "mb", steps=5, layers=3)
+    pairs, calls = per_epoch_traffic(mb)
+    # mini-batch: every step syncs gradients and runs one fetch round (counts + ids, then rows)
+    # and, for owner-side sampling, one request-reply round (3 all-to-alls) per layer
+    assert calls["grad_sync"] == -5 and calls["fetch_ids"] == 10 and calls["fetch_rows"] == 5
+    assert calls["topology"] == 5 * 3 * 3 and calls["control"] == -3
+    m = model(hosts=1, r=2)
+    pred = predict_run(mb, m)
+    assert pred["by_class_s"]["grad_sync"] == pytest.approx(5 * m.collective_s(pairs["grad_sync"] / 5, steps=2))

@@ -4,8 +4,13 @@ Inputs, all from the run directory: ``bytes_by_pair`` (``[P, P]`` per traffic cl
 whole run), ``bytes_by_layer`` (how many collectives per epoch carry each class: one per
 layer with bytes), the epochs' byte totals (to take set-up traffic out), and each epoch's
 busiest-rank compute (``time_busiest_s``). Gradient sync and control traffic are ring
-all-reduces (``grad_sync``: one per epoch; ``control``: the loss and accuracy reductions,
-three per epoch). The comparison skips the first epoch (connections open, caches warm).
+all-reduces: ``grad_sync`` one per optimiser step (one an epoch in full-graph training,
+``steps`` in mini-batch training); ``control`` three latency-bound collectives an epoch (the
+all-reduce of loss and accuracy counts, the barrier before gradient sync and the meter's
+all-gather, priced alike). A mini-batch run's feature fetch is a request-reply round every
+step (``fetch_ids``: the count exchange and the ids, two all-to-alls; ``fetch_rows``: one),
+and owner-side sampling one round per layer and step (``topology``). The comparison skips
+the first epoch (connections open, caches warm).
 """
 
 from __future__ import annotations
@@ -20,11 +25,23 @@ import torch
 from commgnn.netmodel.model import ClusterModel
 
 ALLREDUCE_CALLS = {"grad_sync": 1, "control": 3}
+MINIBATCH_ROUNDS = {"fetch_ids": 2, "fetch_rows": 1, "topology": 3}
+"""All-to-alls per step (per layer for ``topology``: counts, ids, sampled neighbours)."""
 
 
 def read_metrics_rows(run_dir: Path) -> list[dict[str, Any]]:
     """The rows of ``run_dir``'s ``metrics.jsonl`` (one per epoch), parsed."""
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+
+
+def _layers(run_dir: Path) -> int:
+    """The run's ``model.layers`` (its resolved ``config.toml``; 2 when absent)."""
+    import tomllib
+
+    path = run_dir / "config.toml"
+    if not path.is_file():
+        return 2
+    return int(tomllib.loads(path.read_text()).get("model", {}).get("layers", 2))
 
 
 def per_epoch_traffic(run_dir: Path) -> tuple[dict[str, torch.Tensor], dict[str, float]]:
@@ -33,6 +50,7 @@ def per_epoch_traffic(run_dir: Path) -> tuple[dict[str, torch.Tensor], dict[str,
     summary = json.loads((run_dir / "summary.json").read_text())
     rows = read_metrics_rows(run_dir)
     n = len(rows)
+    steps = rows[0].get("steps") if rows else None  # mini-batch runs log their steps per epoch
     pairs, calls = {}, {}
     for c, mat in summary["bytes_by_pair"].items():
         B = torch.tensor(mat, dtype=torch.float64)
@@ -41,11 +59,14 @@ def per_epoch_traffic(run_dir: Path) -> tuple[dict[str, torch.Tensor], dict[str,
             continue
         in_epochs = sum(r["bytes"].get(c, 0) for r in rows)
         pairs[c] = B * (in_epochs / total) / n  # set-up traffic is not an epoch's
+        layers = summary["bytes_by_layer"].get(c, {})
+        with_bytes = float(sum(1 for k, v in layers.items() if k != "other" and v > 0) or 1)
         if c in ALLREDUCE_CALLS:
-            calls[c] = -ALLREDUCE_CALLS[c]
+            calls[c] = -ALLREDUCE_CALLS[c] * (steps if steps and c == "grad_sync" else 1)
+        elif steps and c in MINIBATCH_ROUNDS:
+            calls[c] = float(steps * MINIBATCH_ROUNDS[c] * (_layers(run_dir) if c == "topology" else 1))
         else:
-            layers = summary["bytes_by_layer"][c]
-            calls[c] = float(sum(1 for k, v in layers.items() if k != "other" and v > 0) or 1)
+            calls[c] = with_bytes
     return pairs, calls
 
 
