@@ -125,7 +125,8 @@ class DDPHookSync(GradSyncBase):
         last bucket's result: DDP's all-reduce runs inside ``backward()`` (one bucket, at its
         end), so without this the meter would book it, and the wait for the slowest rank in
         it, as compute. :meth:`sync` books it as ``comm``."""
-        def run(state: Any, bucket: Any) -> Any:
+        # No annotations: DDP refuses a hook whose ``bucket`` annotation is not dist.GradBucket.
+        def run(state, bucket):  # type: ignore[no-untyped-def]
             if self._comm_start is None:
                 self._comm_start = time.perf_counter()
 
