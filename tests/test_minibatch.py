@@ -124,8 +124,9 @@ def test_all_neighbours_in_one_batch_equals_full_graph_training(tmp_path):
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("topology, policies", [("replicated", ("degree", "presample", "lru")),
-                                                ("partitioned", ("presample",))])
+@pytest.mark.parametrize("topology, policies", [
+    pytest.param("replicated", ("degree", "presample", "lru"), marks=pytest.mark.slow),  # CI time: the twin below
+    ("partitioned", ("presample",))])
 def test_every_cache_policy_trains_exactly_as_no_cache(tmp_path, topology, policies):
     """fp32 rows from a cache are the owners' rows, and filling or consulting a cache draws
     nothing from the sampling streams: with each policy (degree, GNNLab's pre-sampled
@@ -182,7 +183,8 @@ def _mk(path):
 
 
 @pytest.mark.timeout(180)
-@pytest.mark.parametrize("sampler, n1", [("neighbor", 11), ("cluster", 11), ("neighbor", 3),
+@pytest.mark.parametrize("sampler, n1", [pytest.param("neighbor", 11, marks=pytest.mark.slow),  # neighbor-3 covers it
+                                         ("cluster", 11), ("neighbor", 3),
                                          pytest.param("saint-rw", 11, marks=pytest.mark.slow)])
 def test_uneven_training_nodes_take_equal_steps_without_hanging(tmp_path, sampler, n1):
     """Rank 0 holds 10x the training nodes of rank 1 (or 37x: then rank 1 has fewer seeds
