@@ -184,7 +184,7 @@ def _mk(path):
 
 @pytest.mark.timeout(180)
 @pytest.mark.parametrize("sampler, n1", [pytest.param("neighbor", 11, marks=pytest.mark.slow),  # neighbor-3 covers it
-                                         ("cluster", 11), ("neighbor", 3),
+                                         pytest.param("cluster", 11, marks=pytest.mark.slow), ("neighbor", 3),
                                          pytest.param("saint-rw", 11, marks=pytest.mark.slow)])
 def test_uneven_training_nodes_take_equal_steps_without_hanging(tmp_path, sampler, n1):
     """Rank 0 holds 10x the training nodes of rank 1 (or 37x: then rank 1 has fewer seeds

@@ -79,7 +79,7 @@ def _crash_then_resume(tmp_path: Path, capfd: pytest.CaptureFixture, levers: lis
 
 @pytest.mark.timeout(180)
 @pytest.mark.parametrize("levers", [
-    ["--grad", "topk", "--ratio", "0.1"],
+    pytest.param(["--grad", "topk", "--ratio", "0.1"], marks=pytest.mark.slow),  # CI time; twin: pipelined-halo
     pytest.param(["--bits", "4"], marks=pytest.mark.slow),
     ["--staleness", "pipeline"],
     pytest.param(["--bits", "adaptive", "--budget-mb", "0.05"], marks=pytest.mark.slow),
