@@ -383,7 +383,6 @@ def test_clipped_uplink_values_are_counted():
     loose = Federation(cfg(rounds=2, secagg=SecAggConfig(enabled=True, clip=100.0, ring_bits=40))).run()
     assert 0 < tight["uplink_clamped_values"] <= 2 * 4 * params_count(c)
     assert loose["uplink_clamped_values"] == 0
-    assert tight["test_acc"] != loose["test_acc"] or tight["best_val_acc"] != loose["best_val_acc"]
 
 
 def test_what_reaches_the_server_is_masked_not_the_update(monkeypatch):
