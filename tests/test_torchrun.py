@@ -25,24 +25,6 @@ quiet = true
 """
 
 
-@pytest.mark.skipif(shutil.which("torchrun") is None, reason="torchrun not on PATH")
-def test_train_under_torchrun(tmp_path):
-    cfg = tmp_path / "run.toml"
-    cfg.write_text(CONFIG)
-    out = tmp_path / "run"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", "2",
-           "--master-addr", "127.0.0.1", "--master-port", str(free_port()),
-           "-m", "commgnn", "train", "--config", str(cfg), "--out", str(out)]
-    res = subprocess.run(cmd, capture_output=True, text=True, timeout=240)
-    assert res.returncode == 0, res.stderr[-2000:]
-    summary = json.loads((out / "summary.json").read_text())
-    assert summary["parts"] == 2 and summary["epochs_run"] == 4
-    C = summary["partition"]["comm_volume"]
-    assert summary["halo_bytes_per_epoch"] == C * (16 + 8 + 8) * 4
-    manifest = json.loads((out / "manifest.json").read_text())
-    assert manifest["launch"]["torchrun"] is True
-
-
 FED = """
 [data.synthetic]
 num_nodes = 300
@@ -110,3 +92,95 @@ def test_federate_policy_refusal_under_torchrun_is_fast_and_one_line(tmp_path):
     assert errors and all("over its budget" in ln for ln in errors), res.stderr[-2000:]
     assert "[rank0]: Traceback" not in res.stderr and "[rank1]: Traceback" not in res.stderr
     assert not out.exists()
+
+
+# Run as torchrun's script: ranks listed in COMMGNN_TEST_NO_LOAD (or all, with "all") fail
+# if they load the graph, so a run that succeeds proves they never did.
+NO_LOAD = """
+import os, sys
+import commgnn.cli.run as run
+deny = os.environ.get("COMMGNN_TEST_NO_LOAD", "")
+if deny == "all" or os.environ["RANK"] in deny.split(","):
+    def refuse(*args, **kwargs):
+        raise RuntimeError(f"rank {os.environ['RANK']} loaded the whole graph")
+    run.load_dataset = refuse
+from commgnn.cli.main import main
+sys.exit(main())
+"""
+
+
+def _torchrun(tmp_path, ranks: int, args: list[str], deny: str, timeout: float = 240):
+    import os
+
+    script = tmp_path / "no_load.py"
+    script.write_text(NO_LOAD)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", str(ranks),
+           "--master-addr", "127.0.0.1", "--master-port", str(free_port()), str(script), *args]
+    env = {**os.environ, "COMMGNN_TEST_NO_LOAD": deny}
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+
+
+@pytest.mark.skipif(shutil.which("torchrun") is None, reason="torchrun not on PATH")
+@pytest.mark.timeout(300)
+def test_train_under_torchrun_where_only_rank_0_loads_the_graph(tmp_path):
+    """The train entry point under torchrun. Rank 0 partitions and sends rank 1 its
+    partition: rank 1 runs with graph loading disabled, and the run trains exactly as the
+    local launcher's (which loads partition files)."""
+    from commgnn.cli.main import main
+
+    cfg = tmp_path / "run.toml"
+    cfg.write_text(CONFIG)
+    res = _torchrun(tmp_path, 2, ["train", "--config", str(cfg), "--out", str(tmp_path / "tr")], deny="1")
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert main(["train", "--config", str(cfg), "--parts", "2", "--out", str(tmp_path / "local")]) == 0
+    a, b = (json.loads((tmp_path / d / "summary.json").read_text()) for d in ("tr", "local"))
+    assert a["parts"] == b["parts"] == 2 and a["epochs_run"] == 4
+    C = a["partition"]["comm_volume"]
+    assert a["halo_bytes_per_epoch"] == b["halo_bytes_per_epoch"] == C * (16 + 8 + 8) * 4
+    assert a["test_acc"] == b["test_acc"] and a["best_val_acc"] == b["best_val_acc"]
+    losses = lambda d: [json.loads(ln)["loss"] for ln in (tmp_path / d / "metrics.jsonl").read_text().splitlines()]  # noqa: E731
+    assert losses("tr") == losses("local") and len(losses("tr")) == 4
+    manifest = json.loads((tmp_path / "tr" / "manifest.json").read_text())
+    assert manifest["dataset"]["num_nodes"] == 1200 and manifest["launch"]["torchrun"] is True
+
+
+@pytest.mark.skipif(shutil.which("torchrun") is None, reason="torchrun not on PATH")
+@pytest.mark.timeout(300)
+def test_torchrun_with_a_partition_dir_loads_no_graph_at_all(tmp_path):
+    """`commgnn partition` once; then no rank loads the graph (each reads its own file), and
+    the manifest still describes the graph, from the directory's meta.json."""
+    from commgnn.cli.main import main
+
+    cfg = tmp_path / "run.toml"
+    cfg.write_text(CONFIG)
+    parts = tmp_path / "parts"
+    assert main(["partition", "--config", str(cfg), "--parts", "2", "--out", str(parts)]) == 0
+    res = _torchrun(tmp_path, 2, ["train", "--config", str(cfg), "--partition-dir", str(parts),
+                                  "--out", str(tmp_path / "tr")], deny="all")
+    assert res.returncode == 0, res.stderr[-2000:]
+    manifest = json.loads((tmp_path / "tr" / "manifest.json").read_text())
+    meta = json.loads((parts / "meta.json").read_text())
+    assert manifest["dataset"]["fingerprint"] == meta["graph_fingerprint"]
+    assert manifest["dataset"]["num_nodes"] == 1200 and manifest["dataset"]["num_edges"] == meta["num_edges"]
+    assert json.loads((tmp_path / "tr" / "summary.json").read_text())["epochs_run"] == 4
+
+
+@pytest.mark.skipif(shutil.which("torchrun") is None, reason="torchrun not on PATH")
+@pytest.mark.timeout(120)
+def test_torchrun_bad_graph_on_rank_0_ends_every_rank_with_its_one_line_error(tmp_path):
+    """Rank 0 finds the dataset missing while the others wait for their partitions: every
+    rank ends at once (not at the collective time-out) with rank 0's one-line error."""
+    import time
+
+    cfg = tmp_path / "run.toml"
+    cfg.write_text(CONFIG + "[runtime]\ntimeout_s = 100\n")
+    t0 = time.monotonic()
+    res = _torchrun(tmp_path, 2, ["train", "--config", str(cfg), "--dataset", str(tmp_path / "missing.pt"),
+                                  "--out", str(tmp_path / "tr")], deny="1", timeout=110)
+    took = time.monotonic() - t0
+    assert res.returncode != 0
+    assert took < 60, f"took {took:.0f} s: the ranks waited for the time-out (100 s)"
+    errors = [ln for ln in res.stderr.splitlines() if ln.startswith("commgnn: error:")]
+    assert errors and all("missing.pt" in ln for ln in errors), res.stderr[-2000:]
+    assert "[rank0]: Traceback" not in res.stderr and "[rank1]: Traceback" not in res.stderr
+    assert not (tmp_path / "tr").exists()

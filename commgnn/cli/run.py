@@ -6,15 +6,18 @@ Two launch paths share one per-rank loop (:func:`run_rank`):
   graph, partitions it, writes the run directory (with ``partitions/``) and only then
   spawns P ranks, each loading its own partition file. Bad input fails before anything
   is written.
-* **torchrun** (``RANK``/``WORLD_SIZE`` set): every rank loads the graph and partitions it
-  the same way (deterministic by seed), or loads ``--partition-dir``; rank 0 writes the
-  run directory. Ranks agree that preparation succeeded before training starts.
+* **torchrun** (``RANK``/``WORLD_SIZE`` set): rank 0 alone loads and partitions the graph
+  and sends every rank its partition (or each rank loads its own file of
+  ``--partition-dir``, without loading the graph); no rank but 0 ever holds the whole
+  graph, and rank 0 drops it before training. Rank 0 writes the run directory. Ranks agree
+  that preparation succeeded before training starts.
 """
 
 from __future__ import annotations
 
 import datetime as _dt
 import hashlib
+import json
 import shutil
 import sys
 from dataclasses import replace
@@ -36,7 +39,8 @@ from commgnn.cli.rank import run_rank
 from commgnn.dist.launch import first_line, is_collective_failure, rank_failure, spawn_ranks
 from commgnn.errors import PartitionError, RankFailure, UserError
 from commgnn.partition import (LocalPartition, build_local_partition, build_local_partitions, load_meta,
-                               load_partition, partition_graph, partition_report, save_partitions)
+                               load_partition, partition_from_bytes, partition_graph, partition_report,
+                               partition_to_bytes, save_partitions)
 from commgnn.partition.placement import place_partitions
 from commgnn.report import (commit_out_dir, git_commit, host_info, library_versions, prepare_out_dir,
                             read_json, write_json, write_status)
@@ -49,7 +53,22 @@ def default_out_dir(cfg: RunConfig) -> Path:
     return Path("runs") / f"{stamp}-{name}-{cfg.model.name}-p{cfg.runtime.parts}"
 
 
-def _manifest(cfg: RunConfig, data: Any, fp: str, report: dict[str, Any], torchrun: bool) -> dict[str, Any]:
+def describe_graph(cfg: RunConfig, data: Any, fp: str) -> dict[str, Any]:
+    """The manifest's ``dataset`` entry for a loaded graph."""
+    return {"name": getattr(data, "name", cfg.data.dataset), "fingerprint": fp,
+            "num_nodes": int(data.num_nodes), "num_edges": int(data.edge_index.shape[1]),
+            "num_features": int(data.x.shape[1]), "num_classes": int(data.num_classes_total),
+            **getattr(data, "graph_notes", {})}
+
+
+def _describe_from_meta(meta: Mapping[str, Any]) -> dict[str, Any]:
+    """The manifest's ``dataset`` entry from a partition directory's ``meta.json`` (the graph
+    itself is not loaded)."""
+    return {"name": meta.get("dataset"), "fingerprint": meta["graph_fingerprint"],
+            **{k: meta[k] for k in ("num_nodes", "num_edges", "num_features", "num_classes") if k in meta}}
+
+
+def _manifest(cfg: RunConfig, graph: dict[str, Any], report: dict[str, Any], torchrun: bool) -> dict[str, Any]:
     return {
         "started": _dt.datetime.now().astimezone().isoformat(timespec="seconds"),
         "argv": sys.argv,
@@ -57,10 +76,7 @@ def _manifest(cfg: RunConfig, data: Any, fp: str, report: dict[str, Any], torchr
         "git_commit": git_commit(),
         "host": host_info(),
         "seed": cfg.train.seed,
-        "dataset": {"name": getattr(data, "name", cfg.data.dataset), "fingerprint": fp,
-                    "num_nodes": int(data.num_nodes), "num_edges": int(data.edge_index.shape[1]),
-                    "num_features": int(data.x.shape[1]), "num_classes": int(data.num_classes_total),
-                    **getattr(data, "graph_notes", {})},
+        "dataset": graph,
         "partition": {"method": cfg.partition.method, "objective": cfg.partition.objective,
                       "seed": cfg.partition.seed, "dir": cfg.partition.dir, "reorder": cfg.partition.reorder,
                       "report": report},
@@ -68,9 +84,15 @@ def _manifest(cfg: RunConfig, data: Any, fp: str, report: dict[str, Any], torchr
     }
 
 
+def _data_table(cfg: RunConfig) -> Any:
+    """The run's ``[data]`` table as JSON reads it back (a partition directory records it)."""
+    return json.loads(json.dumps(to_dict(cfg.data)))
+
+
 def partition_meta(cfg: RunConfig, fp: str, report: dict[str, Any]) -> dict[str, Any]:
     """``meta.json`` content of a partition directory made for this run."""
-    return {"graph_fingerprint": fp, "dataset": cfg.data.dataset, "method": cfg.partition.method,
+    return {"graph_fingerprint": fp, "dataset": cfg.data.dataset, "data": _data_table(cfg),
+            "method": cfg.partition.method,
             "objective": cfg.partition.objective, "seed": cfg.partition.seed, "hosts": cfg.partition.hosts,
             "report": report}
 
@@ -97,10 +119,10 @@ def partition_for_run(cfg: RunConfig, data: Any, fp: str) -> tuple[torch.Tensor 
     return parts, report
 
 
-def _write_header(staging: Path, cfg: RunConfig, data: Any, fp: str, report: dict[str, Any],
+def _write_header(staging: Path, cfg: RunConfig, graph: dict[str, Any], report: dict[str, Any],
                   torchrun: bool) -> None:
     (staging / "config.toml").write_text(dump_toml(to_dict(cfg)))
-    write_json(staging / "manifest.json", _manifest(cfg, data, fp, report, torchrun))
+    write_json(staging / "manifest.json", _manifest(cfg, graph, report, torchrun))
 
 
 def _preflight_memory(cfg: RunConfig, data: Any, report: dict[str, Any]) -> None:
@@ -127,7 +149,7 @@ def _write_run_dir(cfg: RunConfig, out: Path, data: Any, fp: str, parts: torch.T
                                        checkpoint_every=cfg.runtime.checkpoint_every))
     staging = prepare_out_dir(out)
     try:
-        _write_header(staging, cfg, data, fp, report, torchrun=False)
+        _write_header(staging, cfg, describe_graph(cfg, data, fp), report, torchrun=False)
         if parts is not None:
             save_partitions(staging / "partitions", build_local_partitions(data, parts, P),
                             partition_meta(cfg, fp, report))
@@ -240,23 +262,67 @@ def _agree(ctx: DistContext, ok: bool, *checks: str) -> bool:
     return bool(lo[0] == hi[0]) and digest >= 0
 
 
-def _prepare_torchrun(cfg: RunConfig, ctx: DistContext, graph: Any) -> tuple[Any, str, LocalPartition, dict[str, Any]]:
-    """Load the graph and this rank's partition on every rank, and agree that all succeeded
-    and hold the same graph and partition. Returns ``(data, fingerprint, part, report)``."""
-    error: BaseException | None = None
-    data, fp, part, report, checks = None, "", None, {}, ()
+def _prepare_torchrun(cfg: RunConfig, ctx: DistContext, graph: Any) -> tuple[dict[str, Any], str, LocalPartition,
+                                                                             dict[str, Any]]:
+    """This rank's partition, without any rank holding the whole graph afterwards.
+    Returns ``(graph description, fingerprint, partition, report)``.
+
+    * ``--partition-dir``: every rank loads its own file. The graph is not loaded at all
+      when the directory's ``meta.json`` records this run's ``[data]`` table; otherwise
+      (an older directory, other data settings, or a graph given in Python) every rank
+      loads it to check its fingerprint against the directory's, as before.
+    * otherwise rank 0 alone loads and partitions the graph, and sends each rank its
+      partition point to point; the others wait for it (:meth:`Watchdog.wait_key`, which
+      names rank 0 if it stops, and does not time out while it works), so no rank but 0
+      ever holds the graph, and rank 0 drops it before training.
+    """
+    if cfg.partition.dir:
+        return _prepare_from_dir(cfg, ctx, graph)
+    if not ctx.is_distributed or ctx.watchdog is None:
+        data = load_dataset(cfg.data, graph)
+        fp = fingerprint(data)
+        parts, report = partition_for_run(cfg, data, fp)
+        return describe_graph(cfg, data, fp), fp, build_local_partition(data, parts, 1, 0), report
+    P, wd = ctx.world_size, ctx.watchdog
+    if not ctx.is_main:
+        msg = json.loads(wd.wait_key("prepared", 0, silent_s=ctx.timeout_s))
+        if "error" in msg:
+            raise (UserError if msg["user"] else RankFailure)(msg["error"])
+        part = partition_from_bytes(ctx.recv_bytes(0), rank=ctx.rank, num_parts=P, num_nodes=msg["num_nodes"])
+        return {}, msg["fingerprint"], part, msg["report"]
     try:
         data = load_dataset(cfg.data, graph)
         fp = fingerprint(data)
-        if cfg.partition.dir:
-            report = load_meta(cfg.partition.dir).get("report", {})
-            part = load_partition(cfg.partition.dir, ctx.rank, expected_fingerprint=fp,
-                                  expected_parts=ctx.world_size)
-            checks = (fp,)
+        parts, report = partition_for_run(cfg, data, fp)
+    except Exception as exc:  # the others wait for this key: tell them, then fail here
+        user = isinstance(exc, UserError)
+        wd.publish("prepared", json.dumps({"error": str(exc) if user else f"rank 0: {first_line(exc)}",
+                                           "user": user}))
+        raise
+    wd.publish("prepared", json.dumps({"fingerprint": fp, "report": report, "num_nodes": int(data.num_nodes)}))
+    for r in range(1, P):  # one partition in memory at a time beside the graph
+        ctx.send_bytes(partition_to_bytes(build_local_partition(data, parts, P, r)), r)
+    return describe_graph(cfg, data, fp), fp, build_local_partition(data, parts, P, 0), report
+
+
+def _prepare_from_dir(cfg: RunConfig, ctx: DistContext, graph: Any) -> tuple[dict[str, Any], str,
+                                                                              LocalPartition, dict[str, Any]]:
+    """:func:`_prepare_torchrun` from ``--partition-dir``; ranks agree that every one of
+    them loaded its file (and, where the graph was loaded, that it is the directory's)."""
+    error: BaseException | None = None
+    described, fp, part, report, checks = {}, "", None, {}, ()
+    try:
+        meta = load_meta(cfg.partition.dir)
+        report = meta.get("report", {})
+        if graph is None and meta.get("data") == _data_table(cfg):
+            fp, described = meta["graph_fingerprint"], _describe_from_meta(meta)
         else:
-            parts, report = partition_for_run(cfg, data, fp)
-            part = build_local_partition(data, parts, ctx.world_size, ctx.rank)
-            checks = (fp, hashlib.sha256(parts.numpy().tobytes()).hexdigest())
+            data = load_dataset(cfg.data, graph)
+            fp = fingerprint(data)
+            described = describe_graph(cfg, data, fp)
+            del data
+        part = load_partition(cfg.partition.dir, ctx.rank, expected_fingerprint=fp, expected_parts=ctx.world_size)
+        checks = (fp,)
     except Exception as exc:  # every rank must reach the agreement below
         error = exc
     if not _agree(ctx, error is None, *checks):
@@ -264,7 +330,7 @@ def _prepare_torchrun(cfg: RunConfig, ctx: DistContext, graph: Any) -> tuple[Any
             raise error
         raise UserError("ranks disagree on the graph or its partition (different data or "
                         "library versions on different hosts?); pass a shared --partition-dir")
-    return data, fp, part, report  # type: ignore[return-value]
+    return described, fp, part, report  # type: ignore[return-value]
 
 
 def train_torchrun(cfg: RunConfig, info: LaunchInfo, graph: Any = None,
@@ -283,13 +349,13 @@ def train_torchrun(cfg: RunConfig, info: LaunchInfo, graph: Any = None,
     out = Path(cfg.output.out) if cfg.output.out else default_out_dir(cfg)
     cfg = replace(cfg, output=replace(cfg.output, out=str(out)))
     resume = info.restart_count > 0 and (out / "config.toml").is_file()
-    data, fp, part, report = _prepare_torchrun(cfg, ctx, graph)
+    described, fp, part, report = _prepare_torchrun(cfg, ctx, graph)
     error: BaseException | None = None
     staging = None
     if ctx.is_main and not resume:
         try:
             staging = prepare_out_dir(out)
-            _write_header(staging, cfg, data, fp, report, torchrun=True)
+            _write_header(staging, cfg, described, report, torchrun=True)
             commit_out_dir(staging, out)
             if module is not None:
                 write_own_model(out, module)
@@ -303,7 +369,6 @@ def train_torchrun(cfg: RunConfig, info: LaunchInfo, graph: Any = None,
         if error is not None:
             raise error
         raise UserError("rank 0 could not write the run directory")
-    del data
     if ctx.watchdog is not None and ctx.is_main:
         ctx.watchdog.on_sigterm = lambda: _ended(out, "interrupted", signal="SIGTERM")
     try:

@@ -158,6 +158,27 @@ class DistContext:
         dist.all_gather(out, src.contiguous(), group=self.group)
         return torch.stack(out).to(t.device)
 
+    def send_bytes(self, blob: bytes, dst: int) -> None:
+        """Send ``blob`` to rank ``dst`` (which calls :meth:`recv_bytes`): its length, then
+        its bytes, point to point (on the device under NCCL, which moves device tensors only)."""
+        data = torch.frombuffer(bytearray(blob), dtype=torch.uint8) if blob else torch.empty(0, dtype=torch.uint8)
+        size = torch.tensor([data.numel()], dtype=torch.int64)
+        if self.backend == "nccl":
+            size, data = size.to(self.device), data.to(self.device)
+        dist.send(size, dst, group=self.group)
+        if data.numel():
+            dist.send(data, dst, group=self.group)
+
+    def recv_bytes(self, src: int) -> bytes:
+        """The bytes rank ``src`` sent with :meth:`send_bytes`."""
+        dev = self.device if self.backend == "nccl" else torch.device("cpu")
+        size = torch.zeros(1, dtype=torch.int64, device=dev)
+        dist.recv(size, src, group=self.group)
+        data = torch.empty(int(size.item()), dtype=torch.uint8, device=dev)
+        if data.numel():
+            dist.recv(data, src, group=self.group)
+        return data.cpu().numpy().tobytes()
+
     @staticmethod
     def single(device: torch.device | str = "cpu") -> "DistContext":
         """A world of one rank (no process group)."""

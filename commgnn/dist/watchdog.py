@@ -37,6 +37,8 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from commgnn.errors import RankFailure
+
 EXIT_PEER_FAILED = 3
 """Exit code of a rank stopped because another rank failed (it is not the culprit)."""
 EXIT_SIGTERM = 143
@@ -153,15 +155,45 @@ class Watchdog:
             time.sleep(self.interval_s / 2)
         return None
 
+    def publish(self, key: str, value: str) -> None:
+        """Set ``key`` in the job's store for peers waiting in :meth:`wait_key`."""
+        self.store.set(self.prefix + key, value)
+
+    def wait_key(self, key: str, source: int, *, silent_s: float) -> str:
+        """Wait until rank ``source`` publishes ``key``; return its value.
+
+        For waits longer than a collective may block (rank 0 partitioning a large graph while
+        the others wait). The wait ends when the key appears; when a rank records a failure
+        (this rank's watchdog thread then ends the process); or with a :class:`RankFailure`
+        naming ``source`` once its heartbeat has not moved for ``silent_s``. Give that
+        limit room: a C extension that holds the GIL (pymetis does) stops the heartbeat
+        thread of its process while it runs."""
+        full, seen = self.prefix + key, {}
+        limit = max(silent_s, self.stale_s)
+        while True:
+            try:
+                if self.store.check([full]):
+                    return self.store.get(full).decode()
+            except Exception as exc:  # the store's host is gone
+                raise RankFailure(f"rank {self.rank} of {self.world_size}: the job's store is "
+                                  f"unreachable while waiting for rank {source} ({exc})") from None
+            if self._stale_peers(since=seen, now=time.monotonic(), limit=limit, peers=[source]):
+                raise RankFailure(f"rank {source} of {self.world_size} stopped responding (no heartbeat "
+                                  f"for {limit:.0f} s) while rank {self.rank} waited for it")
+            time.sleep(min(0.1, self.interval_s))
+
     # -- the thread -----------------------------------------------------------------
     def _hb(self, r: int) -> str:
         return f"{self.prefix}hb/{r}"
 
     _last_seen: dict[int, tuple[bytes, float]]
 
-    def _stale_peers(self, *, since: dict[int, tuple[bytes, float]], now: float, limit: float) -> list[int]:
-        """Peers whose heartbeat value has not changed for ``limit`` seconds (updates ``since``)."""
-        peers = [r for r in range(self.world_size) if r != self.rank]
+    def _stale_peers(self, *, since: dict[int, tuple[bytes, float]], now: float, limit: float,
+                     peers: list[int] | None = None) -> list[int]:
+        """Peers (all others by default) whose heartbeat value has not changed for ``limit``
+        seconds (updates ``since``)."""
+        if peers is None:
+            peers = [r for r in range(self.world_size) if r != self.rank]
         keys = [self._hb(r) for r in peers]
         try:
             if not self.store.check(keys):  # a peer that never started beating is not judged

@@ -16,7 +16,8 @@ from commgnn.partition.build import build_local_partition, build_local_partition
 from commgnn.partition.config import PartitionConfig
 from commgnn.partition.local import LocalPartition
 from commgnn.partition.report import PartitionReport, format_report, partition_report
-from commgnn.partition.store import load_meta, load_partition, save_partitions
+from commgnn.partition.store import (load_meta, load_partition, partition_from_bytes, partition_to_bytes,
+                                     save_partitions)
 
 __all__ = [
     "PARTITIONERS",
@@ -28,7 +29,9 @@ __all__ = [
     "format_report",
     "load_meta",
     "load_partition",
+    "partition_from_bytes",
     "partition_graph",
     "partition_report",
+    "partition_to_bytes",
     "save_partitions",
 ]

@@ -119,10 +119,7 @@ def save_partitions(dir: str | Path, parts_list: list[LocalPartition], meta: dic
         files = {}
         for lp in parts_list:
             name = part_file(lp.rank)
-            payload: dict[str, Any] = {k: int(getattr(lp, k)) for k in _SCALARS}
-            payload.update({k: [int(c) for c in getattr(lp, k)] for k in _COUNTS})
-            payload.update({k: t.detach().cpu() for k, t in lp.tensors().items()})
-            torch.save(payload, tmp / name)
+            torch.save(_payload(lp), tmp / name)
             files[name] = _sha256(tmp / name)
         full["files"] = files
         (tmp / "meta.json").write_text(json.dumps(full, indent=2) + "\n")
@@ -139,6 +136,33 @@ def save_partitions(dir: str | Path, parts_list: list[LocalPartition], meta: dic
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return path
+
+
+def _payload(lp: LocalPartition) -> dict[str, Any]:
+    """What a partition file holds (see the module docstring)."""
+    payload: dict[str, Any] = {k: int(getattr(lp, k)) for k in _SCALARS}
+    payload.update({k: [int(c) for c in getattr(lp, k)] for k in _COUNTS})
+    payload.update({k: t.detach().cpu() for k, t in lp.tensors().items()})
+    return payload
+
+
+def partition_to_bytes(lp: LocalPartition) -> bytes:
+    """``lp`` serialised exactly as its partition file would hold it (to send it to its rank)."""
+    buf = io.BytesIO()
+    torch.save(_payload(lp), buf)
+    return buf.getvalue()
+
+
+@one_line_errors
+def partition_from_bytes(blob: bytes, *, rank: int, num_parts: int, num_nodes: int,
+                         source: str = "the partition sent by rank 0") -> LocalPartition:
+    """Inverse of :func:`partition_to_bytes`, with :func:`load_partition`'s checks."""
+    payload = _read_payload(blob, "partition", source)
+    lp = _from_payload(payload, "partition", source)
+    problem = check_local_partition(lp, rank=rank, num_parts=num_parts, num_nodes=num_nodes)
+    if problem:
+        raise PartitionError(f"{source} is inconsistent: {problem}")
+    return lp
 
 
 @one_line_errors
@@ -234,13 +258,7 @@ def load_partition(dir: str | Path, rank: int, *, expected_fingerprint: str | No
         raise PartitionError(f"cannot read {path / name}: {exc.strerror}") from None
     if hashlib.sha256(blob).hexdigest() != meta["files"][name]:
         raise PartitionError(f"{name} in {path} is corrupt (sha256 mismatch); {_RERUN}")
-    try:
-        with torch.sparse.check_sparse_tensor_invariants(enable=True), warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # see load_graph_file
-            payload = torch.load(io.BytesIO(blob), map_location="cpu", weights_only=True)
-    except Exception as exc:  # torch raises many types for unreadable files
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise PartitionError(f"cannot read {name} in {path}: {first}; {_RERUN}") from None
+    payload = _read_payload(blob, name, path)
     lp = _from_payload(payload, name, path)
     problem = check_local_partition(lp, rank=rank, num_parts=P, num_nodes=meta["num_nodes"],
                                     num_features=meta.get("num_features"), num_classes=meta.get("num_classes"))
@@ -249,7 +267,17 @@ def load_partition(dir: str | Path, rank: int, *, expected_fingerprint: str | No
     return lp
 
 
-def _from_payload(payload: Any, name: str, path: Path) -> LocalPartition:
+def _read_payload(blob: bytes, name: str, path: Path | str) -> Any:
+    try:
+        with torch.sparse.check_sparse_tensor_invariants(enable=True), warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # see load_graph_file
+            return torch.load(io.BytesIO(blob), map_location="cpu", weights_only=True)
+    except Exception as exc:  # torch raises many types for unreadable files
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise PartitionError(f"cannot read {name} in {path}: {first}; {_RERUN}") from None
+
+
+def _from_payload(payload: Any, name: str, path: Path | str) -> LocalPartition:
     if not isinstance(payload, dict):
         raise PartitionError(f"{name} in {path} does not hold a partition dict; {_RERUN}")
     missing = [k for k in (*_SCALARS, *_COUNTS, *_TENSORS) if k not in payload]
