@@ -6,8 +6,10 @@ local ranks (as many as the cluster has), which gives its accuracy curve, its pe
 bytes and its compute per epoch. The cluster model (written: a rate and a delay, or
 calibrated: ``commgnn calibrate``) prices each probe's bytes (:mod:`commgnn.netmodel.predict`);
 compute is the probe's busiest rank's, times ``compute_scale`` (the probe's ranks share
-this machine's cores, a real cluster's hosts do not; the default scale is cores / ranks
-when the ranks outnumber the cores). The target is the exact probe's best validation
+this machine's cores, a real cluster's hosts do not; by default the scale is measured: the
+probe's busiest rank's compute alone over its compute shared,
+``1 / compute_shared_over_alone`` in its ``summary.json``, and cores / ranks where a probe
+did not measure it, as mini-batch probes do not). The target is the exact probe's best validation
 accuracy less ``tolerance`` points; a plan's score is the predicted time (cumulative
 epochs) until its validation accuracy reaches the target, and plans that never reach it
 within the probe are ranked after those that do. The best plan is written as a config
@@ -25,6 +27,7 @@ probe whose best came in its last fifth.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import statistics
@@ -39,7 +42,7 @@ from commgnn.cli.config import RunConfig
 from commgnn.config import dump_toml, from_dict, set_path, to_dict
 from commgnn.errors import UserError
 from commgnn.netmodel import ClusterModel
-from commgnn.netmodel.predict import per_epoch_traffic, read_metrics_rows
+from commgnn.netmodel.predict import overlapped_classes, per_epoch_traffic, read_metrics_rows
 
 HALO_PLANS: dict[str, dict[str, Any]] = {
     "exact": {},
@@ -96,16 +99,39 @@ def _with(base: RunConfig, levers: Mapping[str, Any], **paths: Any) -> RunConfig
     return from_dict(RunConfig, data)
 
 
-def _score(run_dir: Path, model: ClusterModel, compute_scale: float) -> tuple[list[float], list[float], float, float]:
+def _summary(run_dir: Path) -> dict[str, Any]:
+    try:
+        return json.loads((run_dir / "summary.json").read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def measured_compute_scale(run_dir: Path, P: int) -> float:
+    """A probe's compute alone over its compute shared (see the module docstring); cores / P
+    (at most 1) where the probe did not measure it."""
+    ratio = _summary(run_dir).get("compute_shared_over_alone")
+    if isinstance(ratio, (int, float)) and ratio > 0:
+        return 1.0 / float(ratio)
+    return min(1.0, (os.cpu_count() or 1) / P)
+
+
+def _score(run_dir: Path, model: ClusterModel, compute_scale: float | None) -> tuple[list[float], list[float],
+                                                                                     float, float]:
     """Per-epoch validation accuracies, predicted cumulative seconds, predicted comm s/epoch
-    and bytes per epoch of a probe run."""
+    and bytes per epoch of a probe run (``compute_scale`` None: measured)."""
+    if compute_scale is None:
+        compute_scale = measured_compute_scale(run_dir, model.world_size)
     rows = read_metrics_rows(run_dir)
     pairs, calls = per_epoch_traffic(run_dir)
     comm = model.predict_epoch(0.0, pairs, calls)["comm"]
-    t, cum = 0.0, []
+    # set-up (a precomputed aggregation, a filled cache) counts, as in time_to_best_val_s;
+    # it is mostly compute here, so it takes the compute scale
+    t, cum = compute_scale * float(_summary(run_dir).get("setup_s", 0.0)), []
     for r in rows:
         b = r["time_busiest_s"]
-        t += compute_scale * (b["compute"] + b.get("sample", 0.0)) + comm
+        compute = compute_scale * (b["compute"] + b.get("sample", 0.0))
+        # a pipelined plan's stale epochs hide their halo exchange behind compute
+        t += model.predict_epoch(compute, pairs, calls, overlapped_classes(run_dir, r))["epoch"]
         cum.append(t)
     return [r["val_acc"] for r in rows], cum, comm, statistics.mean(r["total_bytes"] for r in rows)
 
@@ -137,8 +163,6 @@ def plan(base: RunConfig, model: ClusterModel, *, tolerance: float, probe_epochs
     if probe_patience < 1:
         raise UserError(f"the probe patience must be at least 1 epoch, got {probe_patience}")
     P = model.world_size
-    if compute_scale is None:
-        compute_scale = min(1.0, (os.cpu_count() or 1) / P)
     grid = candidates(base)
     if names:
         unknown = [n for n in names if n not in grid]

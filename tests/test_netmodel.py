@@ -54,6 +54,19 @@ def test_an_epoch_is_compute_plus_each_class_collectives():
     assert pred["epoch"] == pytest.approx(0.5 + pred["halo_fwd"] + pred["grad_sync"])
 
 
+def test_a_pipelined_exchange_hides_behind_compute_up_to_the_compute_time():
+    m = model()
+    B = torch.full((4, 4), 1e5).fill_diagonal_(0)
+    pairs, calls = {"halo_fwd": B, "grad_sync": B}, {"halo_fwd": 1, "grad_sync": -1}
+    halo = m.collective_s(B)
+    plain = m.predict_epoch(0.5, pairs, calls)
+    for compute in (halo / 2, 2 * halo):  # the exchange longer, then shorter, than compute
+        hid = m.predict_epoch(compute, pairs, calls, overlap=("halo_fwd", "halo_bwd"))
+        assert hid["hidden"] == pytest.approx(min(compute, halo)) and hid["comm"] == pytest.approx(plain["comm"])
+        assert hid["epoch"] == pytest.approx(compute + hid["grad_sync"] + max(0.0, halo - compute))
+    assert plain["hidden"] == 0.0 and plain["epoch"] == pytest.approx(0.5 + plain["comm"])
+
+
 def test_the_fit_recovers_a_links_alpha_and_beta():
     sizes = [1e3, 1e4, 1e5, 1e6, 4e6]
     link, resid = fit_link(sizes, [INTER.time(n) for n in sizes])
@@ -133,3 +146,24 @@ def test_per_epoch_traffic_counts_collectives_per_epoch_and_per_step(tmp_path):
     m = model(hosts=1, r=2)
     pred = predict_run(mb, m)
     assert pred["by_class_s"]["grad_sync"] == pytest.approx(5 * m.collective_s(pairs["grad_sync"] / 5, steps=2))
+
+
+def test_a_pipelined_runs_stale_epochs_are_priced_with_their_overlap(tmp_path):
+    """Only epochs that ran stale (background time logged) overlap; the mean is taken over
+    the epochs the comparison uses (2..n), and a run without pipelining is unchanged."""
+    from commgnn.netmodel.predict import per_epoch_traffic, predict_run
+
+    run = _run_dir(tmp_path)
+    m = model(hosts=1, r=2)
+    plain = predict_run(run, m)
+    rows = [json.loads(ln) for ln in (run / "metrics.jsonl").read_text().splitlines()] * 2  # 4 epochs
+    for r, overlap in zip(rows, (0.0, 0.2, 0.0, 0.2)):  # epochs 2 and 4 ran stale
+        r["time_busiest_s"] = {**r["time_busiest_s"], "overlap": overlap}
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert predict_run(run, m)["predicted_epoch_s"] == pytest.approx(plain["predicted_epoch_s"])  # not pipelined
+    (run / "config.toml").write_text('[model]\nlayers = 2\n[comm.halo.staleness]\nmode = "pipeline"\n')
+    pred = predict_run(run, m)
+    pairs, calls = per_epoch_traffic(run)
+    hidden = min(0.5, m.predict_epoch(0.5, pairs, calls)["halo_fwd"])
+    assert hidden > 0 and pred["predicted_hidden_s"] == pytest.approx(hidden * 2 / 3)  # 2 of epochs 2-4
+    assert pred["predicted_epoch_s"] == pytest.approx(plain["predicted_epoch_s"] - hidden * 2 / 3)

@@ -20,6 +20,32 @@ def test_the_grid_fits_the_model():
     assert "precompute + transform-first" not in sage
 
 
+def test_a_probe_is_scored_with_its_measured_compute_alone_and_its_set_up(tmp_path):
+    """The default compute scale is the probe's own alone/shared ratio (cores / ranks only
+    where it was not measured), and the time to accuracy starts with the set-up."""
+    import os
+
+    from commgnn.planner import _score, measured_compute_scale
+
+    m = ClusterModel.written(1, 2, 1e9)
+    pairs = {"halo_fwd": [[0, 1000], [1000, 0]]}
+    (tmp_path / "summary.json").write_text(json.dumps({
+        "bytes_by_pair": pairs, "bytes_by_layer": {"halo_fwd": {"0": 2000, "other": 0}},
+        "peak_rss_mb_by_rank": [1.0, 1.0], "compute_shared_over_alone": 4.0, "setup_s": 2.0}))
+    rows = [{"epoch": e, "val_acc": 0.5, "total_bytes": 1000, "bytes": {"halo_fwd": 1000}, "epoch_s": 1.0,
+             "time_busiest_s": {"compute": 0.8, "comm": 0.1}} for e in (1, 2)]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert measured_compute_scale(tmp_path, 2) == 0.25
+    vals, cum, comm, _ = _score(tmp_path, m, None)
+    assert cum[0] == pytest.approx(0.25 * 2.0 + 0.25 * 0.8 + comm)  # set-up, then epoch 1
+    assert cum[1] - cum[0] == pytest.approx(0.25 * 0.8 + comm)
+    assert _score(tmp_path, m, 1.0)[1][0] == pytest.approx(2.0 + 0.8 + comm)  # an explicit scale wins
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    del summary["compute_shared_over_alone"]  # a mini-batch probe does not measure it
+    (tmp_path / "summary.json").write_text(json.dumps(summary))
+    assert measured_compute_scale(tmp_path, 64) == pytest.approx(min(1.0, (os.cpu_count() or 1) / 64))
+
+
 @pytest.mark.slow  # two probe runs; the grid and argument tests run in CI
 @pytest.mark.timeout(240)
 def test_plans_are_ranked_by_predicted_time_to_target_and_the_best_is_a_train_config(tmp_path, capsys):

@@ -40,6 +40,15 @@ def test_time_on_other_threads_is_overlap_not_taken_from_compute():
     assert meter.end_epoch(0.01).time_busiest["overlap"] == 0.0  # reset each epoch
 
 
+def test_set_up_time_is_measured_to_the_end_of_set_up_and_not_in_the_first_epoch():
+    meter = Meter(DistContext.single(), 2)
+    time.sleep(0.08)  # the trainer's set-up
+    meter.end_setup()
+    time.sleep(0.03)
+    assert 0.08 <= meter.setup_s < 0.5
+    assert meter.totals()["setup_s"] == meter.setup_s
+
+
 def _row(epoch: int, val: float, epoch_s: float, busiest: dict[str, float]) -> dict:
     zero = {"halo_fwd": 0, "halo_bwd": 0, "halo_eval": 0}
     return {"epoch": epoch, "val_acc": val, "test_acc": val, "loss": 1.0, "train_acc": val, "epoch_s": epoch_s,
@@ -55,9 +64,10 @@ def test_the_split_is_the_busiest_ranks_and_time_to_best_sums_the_epochs_up_to_i
     assert split == pytest.approx({"compute": (1.5 + 3.0 + 1.5) / 3, "comm": (0.5 + 0.5 + 0.5) / 3,
                                    "idle": (0.1 + 0.3 + 0.1) / 3, "overlap": 0.8 / 3})
     totals = {"setup_bytes": {}, "peak_rss_mb": 1.0, "peak_rss_mb_by_rank": [1.0], "bytes_by_pair": {},
-              "bytes_by_layer": {}}
+              "bytes_by_layer": {}, "setup_s": 0.25}
     s = summarise(dataset="d", model="m", parts=2, rows=rows, totals=totals, partition={})
-    assert s["best_epoch"] == 2 and s["time_to_best_val_s"] == pytest.approx(6.0)
+    assert s["best_epoch"] == 2 and s["time_to_best_val_s"] == pytest.approx(0.25 + 6.0)  # set-up counts
+    assert s["setup_s"] == 0.25
     assert s["time_split"] == pytest.approx(split)
 
 

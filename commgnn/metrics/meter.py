@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import resource
 import threading
+import time
 from dataclasses import dataclass
 from typing import Any, get_args
 
@@ -109,11 +110,18 @@ class Meter:
         self._lock = threading.Lock()
         self.setup: dict[str, int] = {}
         """Bytes per class sent before the first epoch (e.g. a precomputed aggregation)."""
+        self.setup_s = 0.0
+        """Seconds from this meter's creation to :meth:`end_setup` on the slowest rank (the
+        trainer's set-up: a precomputed aggregation, a cache filled, a sampler built)."""
+        self._born = time.perf_counter()
 
     def end_setup(self) -> None:
-        """Move what was counted so far (set-up traffic) out of the first epoch."""
-        rows = self.ctx.all_gather(self._epoch.clone())
-        self.setup = {c: int(v) for c, v in zip(CLASSES, rows.sum(0))}
+        """Move what was counted so far (set-up traffic) out of the first epoch, and take
+        the set-up time (slowest rank; it rides on the same gather)."""
+        elapsed = torch.tensor([time.perf_counter() - self._born], dtype=torch.float64)
+        rows = self.ctx.all_gather(torch.cat([self._epoch, elapsed]))
+        self.setup = {c: int(v) for c, v in zip(CLASSES, rows[:, :len(CLASSES)].sum(0))}
+        self.setup_s = float(rows[:, len(CLASSES)].max())
         self._epoch.zero_()
         self._time = dict.fromkeys(PHASES, 0.0)
         self._overlap = 0.0
@@ -167,6 +175,7 @@ class Meter:
             "bytes_by_layer": {c: dict(zip(layer_names, layers[i].long().tolist()))
                                for i, c in enumerate(CLASSES)},
             "setup_bytes": self.setup,
+            "setup_s": self.setup_s,
             "peak_rss_mb": float(rss.max()),
             "peak_rss_mb_by_rank": rss.tolist(),
         }

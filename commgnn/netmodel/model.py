@@ -20,6 +20,8 @@ broadcast) is :meth:`ClusterModel.allreduce_s`.
 
 An epoch is predicted as the busiest rank's measured compute plus the model's time for
 each class's collectives, called ``calls[c]`` times with ``B_c / calls[c]`` bytes each.
+Classes that run in the background (a pipelined halo exchange, after PipeGCN) hide behind
+compute: ``epoch = compute + T_rest + max(0, T_overlapped - compute)``.
 """
 
 from __future__ import annotations
@@ -97,12 +99,14 @@ class ClusterModel:
         return inside + across
 
     def predict_epoch(self, compute_s: float, pairs_per_epoch: Mapping[str, torch.Tensor],
-                      calls: Mapping[str, float]) -> dict[str, float]:
-        """``{"compute", "comm", "epoch", <class>...}`` seconds for one epoch.
+                      calls: Mapping[str, float], overlap: Sequence[str] = ()) -> dict[str, float]:
+        """``{"compute", "comm", "hidden", "epoch", <class>...}`` seconds for one epoch.
 
         ``pairs_per_epoch[c]``: ``[P, P]`` bytes of class c in one epoch; ``calls[c]``: how
         many collectives carry them (all-reduce classes: name them in ``calls`` with a
-        negative count, ``-k`` = k ring all-reduces)."""
+        negative count, ``-k`` = k ring all-reduces). ``overlap``: classes exchanged in the
+        background while the epoch computes; ``hidden = min(compute, their time)`` comes
+        off the epoch (``comm`` stays the full time on the wire)."""
         out = {"compute": compute_s}
         P = self.world_size
         for c, B in pairs_per_epoch.items():
@@ -113,7 +117,8 @@ class ClusterModel:
             k = abs(k)
             out[c] = k * self.collective_s(B / k, steps=steps)
         out["comm"] = sum(v for c, v in out.items() if c != "compute")
-        out["epoch"] = compute_s + out["comm"]
+        out["hidden"] = min(compute_s, sum(out.get(c, 0.0) for c in overlap))
+        out["epoch"] = compute_s + out["comm"] - out["hidden"]
         return out
 
     def to_dict(self) -> dict[str, Any]:
