@@ -184,3 +184,27 @@ def test_torchrun_bad_graph_on_rank_0_ends_every_rank_with_its_one_line_error(tm
     assert errors and all("missing.pt" in ln for ln in errors), res.stderr[-2000:]
     assert "[rank0]: Traceback" not in res.stderr and "[rank1]: Traceback" not in res.stderr
     assert not (tmp_path / "tr").exists()
+
+
+def test_the_local_launcher_with_a_partition_dir_does_not_load_the_graph(tmp_path, monkeypatch):
+    """A directory that records the run's [data] table: the launcher takes the graph's
+    description from meta.json; one made from other data settings is still checked."""
+    import commgnn.cli.run as run_mod
+    from commgnn.cli.main import main
+
+    cfg = tmp_path / "run.toml"
+    cfg.write_text(CONFIG)
+    parts = tmp_path / "parts"
+    assert main(["partition", "--config", str(cfg), "--parts", "2", "--out", str(parts)]) == 0
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the launcher loaded the whole graph")
+    monkeypatch.setattr(run_mod, "load_dataset", refuse)
+    out = tmp_path / "local"
+    assert main(["train", "--config", str(cfg), "--partition-dir", str(parts), "--out", str(out)]) == 0
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["dataset"]["num_nodes"] == 1200 and manifest["dataset"]["num_features"] == 16
+    other = tmp_path / "other.toml"
+    other.write_text(CONFIG.replace("num_nodes = 1200", "num_nodes = 1300"))
+    with pytest.raises(AssertionError, match="loaded the whole graph"):  # other data: checked
+        main(["train", "--config", str(other), "--partition-dir", str(parts), "--out", str(tmp_path / "other")])

@@ -5,7 +5,9 @@ Two launch paths share one per-rank loop (:func:`run_rank`):
 * **local** (``--parts P``, no torchrun variables): this process loads and validates the
   graph, partitions it, writes the run directory (with ``partitions/``) and only then
   spawns P ranks, each loading its own partition file. Bad input fails before anything
-  is written.
+  is written. With a ``--partition-dir`` whose ``meta.json`` records the run's ``[data]``
+  table, the graph is not loaded at all (the files carry their checksums; a directory
+  made from other data settings is checked against the loaded graph's fingerprint).
 * **torchrun** (``RANK``/``WORLD_SIZE`` set): rank 0 alone loads and partitions the graph
   and sends every rank its partition (or each rank loads its own file of
   ``--partition-dir``, without loading the graph); no rank but 0 ever holds the whole
@@ -59,6 +61,19 @@ def describe_graph(cfg: RunConfig, data: Any, fp: str) -> dict[str, Any]:
             "num_nodes": int(data.num_nodes), "num_edges": int(data.edge_index.shape[1]),
             "num_features": int(data.x.shape[1]), "num_classes": int(data.num_classes_total),
             **getattr(data, "graph_notes", {})}
+
+
+def _recorded_graph(cfg: RunConfig, graph: Any) -> tuple[str, dict[str, Any]] | None:
+    """``(fingerprint, description)`` from ``partition.dir``'s ``meta.json`` when it records
+    this run's ``[data]`` table (so the graph need not be loaded to check it); None when there
+    is no directory, it predates the record, the data settings differ, or a graph was given
+    in Python."""
+    if not cfg.partition.dir or graph is not None:
+        return None
+    meta = load_meta(cfg.partition.dir)
+    if meta.get("data") != _data_table(cfg):
+        return None
+    return meta["graph_fingerprint"], _describe_from_meta(meta)
 
 
 def _describe_from_meta(meta: Mapping[str, Any]) -> dict[str, Any]:
@@ -125,31 +140,34 @@ def _write_header(staging: Path, cfg: RunConfig, graph: dict[str, Any], report: 
     write_json(staging / "manifest.json", _manifest(cfg, graph, report, torchrun))
 
 
-def _preflight_memory(cfg: RunConfig, data: Any, report: dict[str, Any]) -> None:
-    if not all(k in report for k in ("nodes", "halo_in", "halo_out", "edges")):
+def _preflight_memory(cfg: RunConfig, graph: dict[str, Any], report: dict[str, Any]) -> None:
+    needed = ("num_nodes", "num_edges", "num_features", "num_classes")
+    if not all(k in report for k in ("nodes", "halo_in", "halo_out", "edges")) or not all(k in graph for k in needed):
         return  # a partition directory from an older version: no per-rank counts to go on
-    est = estimate_memory(num_nodes=int(data.num_nodes), num_edges=int(data.edge_index.shape[1]),
-                          num_features=int(data.x.shape[1]), num_classes=int(data.num_classes_total),
+    est = estimate_memory(num_nodes=int(graph["num_nodes"]), num_edges=int(graph["num_edges"]),
+                          num_features=int(graph["num_features"]), num_classes=int(graph["num_classes"]),
                           report=report, layers=cfg.model.layers, hidden=cfg.model.hidden,
                           dtype_bytes=8 if cfg.train.dtype == "float64" else 4,
                           partitions_built=not cfg.partition.dir)
     check_memory(est, limit_gb=cfg.runtime.memory_limit_gb)
 
 
-def _write_run_dir(cfg: RunConfig, out: Path, data: Any, fp: str, parts: torch.Tensor | None,
-                   report: dict[str, Any]) -> None:
-    """Write the run directory through a hidden staging sibling (nothing half-written)."""
+def _write_run_dir(cfg: RunConfig, out: Path, data: Any, graph: dict[str, Any], fp: str,
+                   parts: torch.Tensor | None, report: dict[str, Any]) -> None:
+    """Write the run directory through a hidden staging sibling (nothing half-written).
+    ``data`` (the loaded graph) is needed only when ``parts`` are to be saved."""
     P = cfg.runtime.parts
     part_bytes = 0.0
     if parts is not None:  # features (with halo copies) and edges, saved once per rank
         part_bytes = 1.5 * data.x.numel() * data.x.element_size() + 16.0 * data.edge_index.shape[1]
-    params = (data.x.shape[1] + data.num_classes_total) * cfg.model.hidden + cfg.model.layers * cfg.model.hidden ** 2
+    params = ((graph.get("num_features", 0) + graph.get("num_classes", 0)) * cfg.model.hidden
+              + cfg.model.layers * cfg.model.hidden ** 2)
     check_disk(out, estimate_run_bytes(partition_bytes=part_bytes, epochs=cfg.train.epochs,
                                        param_count=int(params), parts=P,
                                        checkpoint_every=cfg.runtime.checkpoint_every))
     staging = prepare_out_dir(out)
     try:
-        _write_header(staging, cfg, describe_graph(cfg, data, fp), report, torchrun=False)
+        _write_header(staging, cfg, graph, report, torchrun=False)
         if parts is not None:
             save_partitions(staging / "partitions", build_local_partitions(data, parts, P),
                             partition_meta(cfg, fp, report))
@@ -182,8 +200,13 @@ def train_local(cfg: RunConfig, *, resume: bool = False, graph: Any = None,
     if resume and graph is None and read_json(out / "manifest.json")["dataset"]["name"] == GIVEN_GRAPH:
         raise UserError(f"{out} trained on a graph given in Python; resume it from Python with "
                         f"commgnn.resume({str(out)!r}, data)")
-    data = load_dataset(cfg.data, graph)
-    fp = fingerprint(data)
+    recorded = _recorded_graph(cfg, graph)
+    if recorded is not None:  # a partition directory made for this [data]: the graph is not needed
+        data, (fp, described) = None, recorded
+    else:
+        data = load_dataset(cfg.data, graph)
+        fp = fingerprint(data)
+        described = describe_graph(cfg, data, fp)
     cfg = replace(cfg, output=replace(cfg.output, out=str(out)))
     if resume:
         parts, report = None, read_json(out / "manifest.json")["partition"]["report"]
@@ -195,8 +218,8 @@ def train_local(cfg: RunConfig, *, resume: bool = False, graph: Any = None,
         _ended(out, "running", resumed=True, attempt=attempt)
     else:
         parts, report = partition_for_run(cfg, data, fp)
-        _preflight_memory(cfg, data, report)
-        _write_run_dir(cfg, out, data, fp, parts, report)
+        _preflight_memory(cfg, described, report)
+        _write_run_dir(cfg, out, data, described, fp, parts, report)
         part_dir = cfg.partition.dir or str(out / "partitions")
         attempt = 0
         if module is not None:
@@ -312,10 +335,10 @@ def _prepare_from_dir(cfg: RunConfig, ctx: DistContext, graph: Any) -> tuple[dic
     error: BaseException | None = None
     described, fp, part, report, checks = {}, "", None, {}, ()
     try:
-        meta = load_meta(cfg.partition.dir)
-        report = meta.get("report", {})
-        if graph is None and meta.get("data") == _data_table(cfg):
-            fp, described = meta["graph_fingerprint"], _describe_from_meta(meta)
+        report = load_meta(cfg.partition.dir).get("report", {})
+        recorded = _recorded_graph(cfg, graph)
+        if recorded is not None:
+            fp, described = recorded
         else:
             data = load_dataset(cfg.data, graph)
             fp = fingerprint(data)
