@@ -6,10 +6,12 @@ local ranks (as many as the cluster has), which gives its accuracy curve, its pe
 bytes and its compute per epoch. The cluster model (written: a rate and a delay, or
 calibrated: ``commgnn calibrate``) prices each probe's bytes (:mod:`commgnn.netmodel.predict`);
 compute is the probe's busiest rank's, times ``compute_scale`` (the probe's ranks share
-this machine's cores, a real cluster's hosts do not; by default the scale is measured: the
-probe's busiest rank's compute alone over its compute shared,
-``1 / compute_shared_over_alone`` in its ``summary.json``, and cores / ranks where a probe
-did not measure it, as mini-batch probes do not). The target is the exact probe's best validation
+this machine's cores, a real cluster's hosts do not; by default the scale is measured, one
+factor for every plan: the exact probe's busiest rank's compute alone over its compute
+shared, ``1 / compute_shared_over_alone`` in its ``summary.json``, at most 1, or cores /
+ranks where it was not measured). Compute alone times the exact model's forward and
+backward only, so one factor keeps each lever's own compute (codecs, sampling) in its
+probe's score. The target is the exact probe's best validation
 accuracy less ``tolerance`` points; a plan's score is the predicted time (cumulative
 epochs) until its validation accuracy reaches the target, and plans that never reach it
 within the probe are ranked after those that do. The best plan is written as a config
@@ -42,7 +44,7 @@ from commgnn.cli.config import RunConfig
 from commgnn.config import dump_toml, from_dict, set_path, to_dict
 from commgnn.errors import UserError
 from commgnn.netmodel import ClusterModel
-from commgnn.netmodel.predict import overlapped_classes, per_epoch_traffic, read_metrics_rows
+from commgnn.netmodel.predict import overlapped_classes, per_epoch_traffic, pipelined, read_metrics_rows
 
 HALO_PLANS: dict[str, dict[str, Any]] = {
     "exact": {},
@@ -107,33 +109,33 @@ def _summary(run_dir: Path) -> dict[str, Any]:
 
 
 def measured_compute_scale(run_dir: Path, P: int) -> float:
-    """A probe's compute alone over its compute shared (see the module docstring); cores / P
-    (at most 1) where the probe did not measure it."""
+    """The exact probe's compute alone over its compute shared, at most 1 (see the module
+    docstring); cores / P (at most 1) where it was not measured."""
     ratio = _summary(run_dir).get("compute_shared_over_alone")
     if isinstance(ratio, (int, float)) and ratio > 0:
-        return 1.0 / float(ratio)
+        return min(1.0, 1.0 / float(ratio))
     return min(1.0, (os.cpu_count() or 1) / P)
 
 
-def _score(run_dir: Path, model: ClusterModel, compute_scale: float | None) -> tuple[list[float], list[float],
-                                                                                     float, float]:
-    """Per-epoch validation accuracies, predicted cumulative seconds, predicted comm s/epoch
-    and bytes per epoch of a probe run (``compute_scale`` None: measured)."""
-    if compute_scale is None:
-        compute_scale = measured_compute_scale(run_dir, model.world_size)
+def _score(run_dir: Path, model: ClusterModel, compute_scale: float) -> tuple[list[float], list[float], float,
+                                                                             float, float]:
+    """Per-epoch validation accuracies, predicted cumulative seconds (set-up first),
+    predicted comm s/epoch, bytes per epoch and the predicted set-up seconds of a probe run."""
     rows = read_metrics_rows(run_dir)
     pairs, calls = per_epoch_traffic(run_dir)
     comm = model.predict_epoch(0.0, pairs, calls)["comm"]
     # set-up (a precomputed aggregation, a filled cache) counts, as in time_to_best_val_s;
     # it is mostly compute here, so it takes the compute scale
-    t, cum = compute_scale * float(_summary(run_dir).get("setup_s", 0.0)), []
+    setup = compute_scale * float(_summary(run_dir).get("setup_s", 0.0))
+    is_pipelined = pipelined(run_dir)
+    t, cum = setup, []
     for r in rows:
         b = r["time_busiest_s"]
         compute = compute_scale * (b["compute"] + b.get("sample", 0.0))
         # a pipelined plan's stale epochs hide their halo exchange behind compute
-        t += model.predict_epoch(compute, pairs, calls, overlapped_classes(run_dir, r))["epoch"]
+        t += model.predict_epoch(compute, pairs, calls, overlapped_classes(r, is_pipelined))["epoch"]
         cum.append(t)
-    return [r["val_acc"] for r in rows], cum, comm, statistics.mean(r["total_bytes"] for r in rows)
+    return [r["val_acc"] for r in rows], cum, comm, statistics.mean(r["total_bytes"] for r in rows), setup
 
 
 def still_rising(vals: list[float]) -> bool:
@@ -189,15 +191,18 @@ def plan(base: RunConfig, model: ClusterModel, *, tolerance: float, probe_epochs
                         else f"{epochs} epochs")
                 log(f"probe: {name} ({what} on {P} local ranks)")
                 run(cfg, env={})
+            if compute_scale is None:  # one contention factor, the exact probe's, for every plan
+                compute_scale = measured_compute_scale(out, P)
+                log(f"probe: compute scaled by {compute_scale:.3f} (exact probe's compute alone over shared)")
             curves[name] = (levers, *_score(out, model, compute_scale))
             if auto:
                 epochs = len(curves[name][1])
                 log(f"probe: exact stopped after {epochs} epochs; every other plan is probed for as many")
         target = max(curves["exact"][1]) - tolerance / 100
-        for name, (levers, vals, cum, comm, nbytes) in curves.items():
+        for name, (levers, vals, cum, comm, nbytes, setup) in curves.items():
             reach = next((t for v, t in zip(vals, cum) if v >= target - 1e-12), None)
             rising = still_rising(vals) and probe_epochs is not None
-            results.append(PlanResult(name, levers, max(vals), cum[-1] / len(cum), comm, reach, nbytes,
+            results.append(PlanResult(name, levers, max(vals), (cum[-1] - setup) / len(cum), comm, reach, nbytes,
                                       len(vals), rising))
         if next(r for r in results if r.name == "exact").still_rising:  # the target may be low
             log(f"warning: the exact probe was still improving at epoch {len(curves['exact'][1])} (its best came in "

@@ -253,6 +253,8 @@ def test_pipelined_uses_last_epochs_rows_and_gradients(tmp_path, graph):
         for e in range(1, EPOCHS):
             assert torch.equal(r["outs"][e], r["truths"][e - 1])
             assert torch.equal(r["grads"][e], r["true_grads"][e - 1])
+        # the log says which epochs ran stale (the cost model prices their overlap)
+        assert [log["stale_epoch"] for log in r["logs"]] == [False] + [True] * (EPOCHS - 1)
     assert sum(r["sent"] for r in res) == sum(r["received"] for r in res)
 
 

@@ -156,7 +156,7 @@ def test_a_pipelined_runs_stale_epochs_are_priced_with_their_overlap(tmp_path):
     run = _run_dir(tmp_path)
     m = model(hosts=1, r=2)
     plain = predict_run(run, m)
-    rows = [json.loads(ln) for ln in (run / "metrics.jsonl").read_text().splitlines()] * 2  # 4 epochs
+    rows = [json.loads(ln) for ln in (run / "metrics.jsonl").read_text().splitlines() * 2]  # 4 epochs
     for r, overlap in zip(rows, (0.0, 0.2, 0.0, 0.2)):  # epochs 2 and 4 ran stale
         r["time_busiest_s"] = {**r["time_busiest_s"], "overlap": overlap}
     (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
@@ -167,3 +167,9 @@ def test_a_pipelined_runs_stale_epochs_are_priced_with_their_overlap(tmp_path):
     hidden = min(0.5, m.predict_epoch(0.5, pairs, calls)["halo_fwd"])
     assert hidden > 0 and pred["predicted_hidden_s"] == pytest.approx(hidden * 2 / 3)  # 2 of epochs 2-4
     assert pred["predicted_epoch_s"] == pytest.approx(plain["predicted_epoch_s"] - hidden * 2 / 3)
+    # the epoch log's flag decides where it is written: exact epochs also run their
+    # exchange on the pipeline's thread (background time) but hide nothing
+    for r, stale in zip(rows, (False, False, False, True)):
+        r["stale_epoch"] = stale
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert predict_run(run, m)["predicted_hidden_s"] == pytest.approx(hidden / 3)

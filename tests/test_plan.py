@@ -20,9 +20,10 @@ def test_the_grid_fits_the_model():
     assert "precompute + transform-first" not in sage
 
 
-def test_a_probe_is_scored_with_its_measured_compute_alone_and_its_set_up(tmp_path):
-    """The default compute scale is the probe's own alone/shared ratio (cores / ranks only
-    where it was not measured), and the time to accuracy starts with the set-up."""
+def test_a_probe_is_scored_with_the_measured_compute_scale_and_its_set_up(tmp_path):
+    """The default compute scale is the exact probe's alone/shared ratio, at most 1 (cores /
+    ranks only where it was not measured); the time to accuracy starts with the set-up,
+    which the per-epoch estimate leaves out."""
     import os
 
     from commgnn.planner import _score, measured_compute_scale
@@ -35,13 +36,18 @@ def test_a_probe_is_scored_with_its_measured_compute_alone_and_its_set_up(tmp_pa
     rows = [{"epoch": e, "val_acc": 0.5, "total_bytes": 1000, "bytes": {"halo_fwd": 1000}, "epoch_s": 1.0,
              "time_busiest_s": {"compute": 0.8, "comm": 0.1}} for e in (1, 2)]
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    assert measured_compute_scale(tmp_path, 2) == 0.25
-    vals, cum, comm, _ = _score(tmp_path, m, None)
-    assert cum[0] == pytest.approx(0.25 * 2.0 + 0.25 * 0.8 + comm)  # set-up, then epoch 1
+    scale = measured_compute_scale(tmp_path, 2)
+    assert scale == 0.25
+    vals, cum, comm, _, setup = _score(tmp_path, m, scale)
+    assert setup == pytest.approx(0.25 * 2.0)
+    assert cum[0] == pytest.approx(setup + 0.25 * 0.8 + comm)  # set-up, then epoch 1
     assert cum[1] - cum[0] == pytest.approx(0.25 * 0.8 + comm)
-    assert _score(tmp_path, m, 1.0)[1][0] == pytest.approx(2.0 + 0.8 + comm)  # an explicit scale wins
+    assert _score(tmp_path, m, 1.0)[1][0] == pytest.approx(2.0 + 0.8 + comm)
     summary = json.loads((tmp_path / "summary.json").read_text())
-    del summary["compute_shared_over_alone"]  # a mini-batch probe does not measure it
+    summary["compute_shared_over_alone"] = 0.5  # alone slower than shared (noise): never scaled up
+    (tmp_path / "summary.json").write_text(json.dumps(summary))
+    assert measured_compute_scale(tmp_path, 2) == 1.0
+    del summary["compute_shared_over_alone"]  # not measured
     (tmp_path / "summary.json").write_text(json.dumps(summary))
     assert measured_compute_scale(tmp_path, 64) == pytest.approx(min(1.0, (os.cpu_count() or 1) / 64))
 

@@ -297,7 +297,8 @@ def partition_to_dir(cfg: Any, out: Path) -> str:
     data = load_dataset(cfg.data)
     fp = fingerprint(data)
     parts, report = partition_for_run(cfg, data, fp)
-    save_partitions(out, build_local_partitions(data, parts, cfg.runtime.parts), partition_meta(cfg, fp, report))
+    save_partitions(out, build_local_partitions(data, parts, cfg.runtime.parts),
+                    partition_meta(cfg, fp, report, data))
     return format_report(PartitionReport.from_dict(report))
 
 

@@ -39,8 +39,8 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--probe-patience", dest="probe_patience", type=int, default=20,
                    help="with --probe-epochs auto: epochs without improvement that end the exact probe (default 20)")
     p.add_argument("--compute-scale", dest="compute_scale", type=float,
-                   help="factor on the probes' compute (default: each probe's measured compute alone over shared, "
-                        "else cores / ranks)")
+                   help="factor on the probes' compute (default: the exact probe's measured compute alone over "
+                        "shared, at most 1, else cores / ranks)")
     p.add_argument("--plans", nargs="+", help="only these candidate names (exact is always probed)")
     p.add_argument("--workdir", help="keep the probe runs here (reruns reuse finished probes)")
     p.add_argument("--out", required=True, help="TOML file for the chosen plan")

@@ -79,6 +79,8 @@ def _recorded_graph(cfg: RunConfig, graph: Any) -> tuple[str, dict[str, Any]] | 
 def _describe_from_meta(meta: Mapping[str, Any]) -> dict[str, Any]:
     """The manifest's ``dataset`` entry from a partition directory's ``meta.json`` (the graph
     itself is not loaded)."""
+    if isinstance(meta.get("graph"), dict):
+        return dict(meta["graph"])
     return {"name": meta.get("dataset"), "fingerprint": meta["graph_fingerprint"],
             **{k: meta[k] for k in ("num_nodes", "num_edges", "num_features", "num_classes") if k in meta}}
 
@@ -100,13 +102,28 @@ def _manifest(cfg: RunConfig, graph: dict[str, Any], report: dict[str, Any], tor
 
 
 def _data_table(cfg: RunConfig) -> Any:
-    """The run's ``[data]`` table as JSON reads it back (a partition directory records it)."""
-    return json.loads(json.dumps(to_dict(cfg.data)))
+    """What identifies the run's graph in a partition directory's ``meta.json``: the
+    ``[data]`` table as JSON reads it back, less the folders it is read and cached from
+    (the same named dataset wherever it lies), and for a user's ``.pt`` file its resolved
+    path, size and modification time (a file rewritten in place is another graph)."""
+    table = json.loads(json.dumps(to_dict(cfg.data)))
+    for key in ("root", "cache_dir"):
+        table.pop(key, None)
+    if cfg.data.dataset.endswith(".pt"):
+        path = Path(cfg.data.dataset).expanduser().resolve()
+        try:
+            st = path.stat()
+            table["file"] = {"path": str(path), "size": st.st_size, "mtime_ns": st.st_mtime_ns}
+        except OSError:
+            table["file"] = {"path": str(path), "missing": True}
+    return table
 
 
-def partition_meta(cfg: RunConfig, fp: str, report: dict[str, Any]) -> dict[str, Any]:
-    """``meta.json`` content of a partition directory made for this run."""
-    return {"graph_fingerprint": fp, "dataset": cfg.data.dataset, "data": _data_table(cfg),
+def partition_meta(cfg: RunConfig, fp: str, report: dict[str, Any], data: Any = None) -> dict[str, Any]:
+    """``meta.json`` content of a partition directory made for this run (``data``: the
+    graph, whose manifest description it records)."""
+    described = {"graph": describe_graph(cfg, data, fp)} if data is not None else {}
+    return {"graph_fingerprint": fp, "dataset": cfg.data.dataset, "data": _data_table(cfg), **described,
             "method": cfg.partition.method,
             "objective": cfg.partition.objective, "seed": cfg.partition.seed, "hosts": cfg.partition.hosts,
             "report": report}
@@ -170,7 +187,7 @@ def _write_run_dir(cfg: RunConfig, out: Path, data: Any, graph: dict[str, Any], 
         _write_header(staging, cfg, graph, report, torchrun=False)
         if parts is not None:
             save_partitions(staging / "partitions", build_local_partitions(data, parts, P),
-                            partition_meta(cfg, fp, report))
+                            partition_meta(cfg, fp, report, data))
         commit_out_dir(staging, out)
     except OSError as exc:
         shutil.rmtree(staging, ignore_errors=True)
@@ -308,24 +325,49 @@ def _prepare_torchrun(cfg: RunConfig, ctx: DistContext, graph: Any) -> tuple[dic
         return describe_graph(cfg, data, fp), fp, build_local_partition(data, parts, 1, 0), report
     P, wd = ctx.world_size, ctx.watchdog
     if not ctx.is_main:
-        msg = json.loads(wd.wait_key("prepared", 0, silent_s=ctx.timeout_s))
-        if "error" in msg:
-            raise (UserError if msg["user"] else RankFailure)(msg["error"])
+        # Loading and METIS can take long, and pymetis holds the GIL (rank 0's heartbeat
+        # stops meanwhile): an hour of silence, or the time-out if longer, before rank 0 is
+        # declared stopped. The hand-off itself is judged by the time-out.
+        msg = _handoff(wd.wait_key("prepared", 0, silent_s=max(ctx.timeout_s, PREPARE_SILENCE_S)))
+        _handoff(wd.wait_key(f"part/{ctx.rank}", 0, silent_s=ctx.timeout_s))
         part = partition_from_bytes(ctx.recv_bytes(0), rank=ctx.rank, num_parts=P, num_nodes=msg["num_nodes"])
+        _handoff(wd.wait_key("sent", 0, silent_s=ctx.timeout_s))  # not a collective: rank 0 may still be sending
         return {}, msg["fingerprint"], part, msg["report"]
+    published = False
     try:
         data = load_dataset(cfg.data, graph)
         fp = fingerprint(data)
         parts, report = partition_for_run(cfg, data, fp)
-    except Exception as exc:  # the others wait for this key: tell them, then fail here
+        wd.publish("prepared", json.dumps({"fingerprint": fp, "report": report, "num_nodes": int(data.num_nodes)}))
+        published = True
+        for r in range(1, P):  # one partition in memory at a time beside the graph
+            blob = partition_to_bytes(build_local_partition(data, parts, P, r))
+            wd.publish(f"part/{r}", json.dumps({"send": True}))  # rank r posts its receive only now
+            ctx.send_bytes(blob, r)
+            del blob
+        own = build_local_partition(data, parts, P, 0)
+    except Exception as exc:  # the others wait for these keys: tell them, then fail here
         user = isinstance(exc, UserError)
-        wd.publish("prepared", json.dumps({"error": str(exc) if user else f"rank 0: {first_line(exc)}",
-                                           "user": user}))
+        failed = json.dumps({"error": str(exc) if user else f"rank 0: {first_line(exc)}", "user": user})
+        keys = ([] if published else ["prepared"]) + [f"part/{r}" for r in range(1, P)] + ["sent"]
+        for key in keys:  # a rank already receiving sees its receive fail instead
+            wd.publish(key, failed)
         raise
-    wd.publish("prepared", json.dumps({"fingerprint": fp, "report": report, "num_nodes": int(data.num_nodes)}))
-    for r in range(1, P):  # one partition in memory at a time beside the graph
-        ctx.send_bytes(partition_to_bytes(build_local_partition(data, parts, P, r)), r)
-    return describe_graph(cfg, data, fp), fp, build_local_partition(data, parts, P, 0), report
+    wd.publish("sent", json.dumps({"sent": True}))
+    return describe_graph(cfg, data, fp), fp, own, report
+
+
+PREPARE_SILENCE_S = 3600.0
+"""How long rank 0 may show no heartbeat while it loads and partitions the graph under
+torchrun (pymetis holds the GIL) before the waiting ranks declare it stopped."""
+
+
+def _handoff(raw: str) -> dict[str, Any]:
+    """A key rank 0 published for the hand-off; its error, raised here, when it failed."""
+    msg = json.loads(raw)
+    if "error" in msg:
+        raise (UserError if msg["user"] else RankFailure)(msg["error"])
+    return msg
 
 
 def _prepare_from_dir(cfg: RunConfig, ctx: DistContext, graph: Any) -> tuple[dict[str, Any], str,

@@ -11,6 +11,7 @@ from __future__ import annotations
 import datetime as _dt
 import os
 import socket
+import warnings
 from dataclasses import dataclass
 from typing import Literal, Mapping
 
@@ -160,14 +161,20 @@ class DistContext:
 
     def send_bytes(self, blob: bytes, dst: int) -> None:
         """Send ``blob`` to rank ``dst`` (which calls :meth:`recv_bytes`): its length, then
-        its bytes, point to point (on the device under NCCL, which moves device tensors only)."""
-        data = torch.frombuffer(bytearray(blob), dtype=torch.uint8) if blob else torch.empty(0, dtype=torch.uint8)
+        its bytes, point to point. Returns when the send is done, also under NCCL (which
+        moves device tensors only, asynchronously to the host: the device is synchronised,
+        so a caller sending several blobs holds one at a time)."""
+        with warnings.catch_warnings():  # a read-only view of blob, never written to
+            warnings.simplefilter("ignore", UserWarning)
+            data = torch.frombuffer(blob, dtype=torch.uint8) if blob else torch.empty(0, dtype=torch.uint8)
         size = torch.tensor([data.numel()], dtype=torch.int64)
         if self.backend == "nccl":
             size, data = size.to(self.device), data.to(self.device)
         dist.send(size, dst, group=self.group)
         if data.numel():
             dist.send(data, dst, group=self.group)
+        if self.backend == "nccl":
+            torch.cuda.synchronize(self.device)
 
     def recv_bytes(self, src: int) -> bytes:
         """The bytes rank ``src`` sent with :meth:`send_bytes`."""

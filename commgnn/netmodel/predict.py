@@ -11,8 +11,8 @@ all-gather, priced alike). A mini-batch run's feature fetch is a request-reply r
 step (``fetch_ids``: the count exchange and the ids, two all-to-alls; ``fetch_rows``: one),
 and owner-side sampling one round per layer and step (``topology``). A pipelined halo
 exchange (``staleness.mode = "pipeline"``) overlaps compute in the epochs that ran stale
-(those whose busiest rank logged background time, ``overlap > 0``; the first and any exact
-epoch did not), and is priced so there. The comparison skips the first epoch (connections
+(``stale_epoch`` in the epoch log; the first and any exact epoch did not), and is priced so
+there. The comparison skips the first epoch (connections
 open, caches warm).
 """
 
@@ -53,10 +53,23 @@ def _layers(run_dir: Path) -> int:
     return int(_config(run_dir).get("model", {}).get("layers", 2))
 
 
-def overlapped_classes(run_dir: Path, row: Mapping[str, Any]) -> tuple[str, ...]:
-    """The classes epoch ``row`` of ``run_dir`` exchanged behind compute (see the module docstring)."""
-    mode = _config(run_dir).get("comm", {}).get("halo", {}).get("staleness", {}).get("mode", "none")
-    return PIPELINED if mode == "pipeline" and row["time_busiest_s"].get("overlap", 0.0) > 0 else ()
+def pipelined(run_dir: Path) -> bool:
+    """Whether ``run_dir`` ran a pipelined halo exchange."""
+    return _config(run_dir).get("comm", {}).get("halo", {}).get("staleness", {}).get("mode", "none") == "pipeline"
+
+
+def overlapped_classes(row: Mapping[str, Any], is_pipelined: bool) -> tuple[str, ...]:
+    """The classes epoch ``row`` exchanged behind compute: a pipelined run's stale epochs
+    (``stale_epoch`` in its log; rows written before that flag: epochs after the first with
+    background time and no exact epoch forced by the controller)."""
+    if not is_pipelined:
+        return ()
+    if "stale_epoch" in row:
+        stale = bool(row["stale_epoch"])
+    else:
+        stale = (row.get("epoch", 2) > 1 and row["time_busiest_s"].get("overlap", 0.0) > 0
+                 and not row.get("exact_by_controller", False))
+    return PIPELINED if stale else ()
 
 
 def per_epoch_traffic(run_dir: Path) -> tuple[dict[str, torch.Tensor], dict[str, float]]:
@@ -98,7 +111,8 @@ def predict_run(run_dir: Path | str, model: ClusterModel) -> dict[str, Any]:
     later = rows[1:]
     compute = statistics.mean(r["time_busiest_s"]["compute"] + r["time_busiest_s"].get("sample", 0.0) for r in later)
     pred = model.predict_epoch(compute, pairs, calls)
-    stale = [overlapped_classes(run_dir, r) for r in later]
+    is_pipelined = pipelined(run_dir)
+    stale = [overlapped_classes(r, is_pipelined) for r in later]
     if any(stale):  # the mean over epochs, each priced with or without its overlap
         pred["hidden"] = statistics.mean(model.predict_epoch(compute, pairs, calls, o)["hidden"] for o in stale)
         pred["epoch"] = compute + pred["comm"] - pred["hidden"]

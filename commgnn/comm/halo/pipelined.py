@@ -90,9 +90,12 @@ class Pipelined(Wrapper):
         super().flush()
 
     def epoch_log(self) -> dict[str, Any]:
+        # stale_epoch: this epoch computed with last epoch's rows while its own exchange ran
+        # behind compute (the cost model prices such epochs with the overlap)
+        log = {**super().epoch_log(), "stale_epoch": self.stale_epoch}
         if not self.max_error:
-            return super().epoch_log()
-        return {**super().epoch_log(), "stale_error": self.error, "exact_by_controller": self.controlled}
+            return log
+        return {**log, "stale_error": self.error, "exact_by_controller": self.controlled}
 
     def own_state(self) -> dict[str, Any]:
         if self.pending:
