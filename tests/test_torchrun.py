@@ -195,16 +195,17 @@ def test_the_local_launcher_with_a_partition_dir_does_not_load_the_graph(tmp_pat
     cfg = tmp_path / "run.toml"
     cfg.write_text(CONFIG)
     parts = tmp_path / "parts"
-    assert main(["partition", "--config", str(cfg), "--parts", "2", "--out", str(parts)]) == 0
+    assert main(["partition", "--config", str(cfg), "--parts", "1", "--out", str(parts)]) == 0  # 1 rank: in process
 
     def refuse(*args, **kwargs):
         raise AssertionError("the launcher loaded the whole graph")
     monkeypatch.setattr(run_mod, "load_dataset", refuse)
     out = tmp_path / "local"
-    assert main(["train", "--config", str(cfg), "--partition-dir", str(parts), "--out", str(out)]) == 0
+    assert main(["train", "--config", str(cfg), "--parts", "1", "--partition-dir", str(parts), "--out", str(out)]) == 0
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["dataset"]["num_nodes"] == 1200 and manifest["dataset"]["num_features"] == 16
     other = tmp_path / "other.toml"
     other.write_text(CONFIG.replace("num_nodes = 1200", "num_nodes = 1300"))
     with pytest.raises(AssertionError, match="loaded the whole graph"):  # other data: checked
-        main(["train", "--config", str(other), "--partition-dir", str(parts), "--out", str(tmp_path / "other")])
+        main(["train", "--config", str(other), "--parts", "1", "--partition-dir", str(parts),
+              "--out", str(tmp_path / "other")])
