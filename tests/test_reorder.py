@@ -210,6 +210,7 @@ def reorder_parity_rank(ctx: DistContext, data, parts) -> dict:
     return out
 
 
+@pytest.mark.slow  # CI time: the halo-alignment tests above and test_train_reorders_the_ranks_partition_once stay
 @pytest.mark.timeout(180)
 def test_two_rank_training_is_the_same_with_a_reorder(tmp_path):
     data = banded_graph(n=300, band=3, f=6)
