@@ -28,30 +28,21 @@ import tempfile
 import time
 from pathlib import Path
 
+from fullgraph_scale import TOML as SCALE_TOML
 from tables import write_table
 
 RESULTS = Path(__file__).resolve().parent / "results"
 ROOT = Path(__file__).resolve().parent.parent
 
-TOML = """
-[data.synthetic]
-num_nodes = {nodes}
-avg_degree = 20.0
-feature_dim = 128
-num_classes = 8
-[data]
-train_ratio = 0.1
-val_ratio = 0.05
-[partition]
-method = "metis"
+# The scale benchmark's graph and partitioner (its [runtime] parts is replaced by torchrun's
+# world size), with this benchmark's model and epochs.
+TOML = SCALE_TOML + """
 [model]
 layers = 3
 hidden = 128
 [train]
 epochs = {epochs}
 patience = 0
-[runtime]
-timeout_s = 900
 [output]
 quiet = true
 """

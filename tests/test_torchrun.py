@@ -25,6 +25,16 @@ quiet = true
 """
 
 
+def _ended_fast_with_one_line(res: subprocess.CompletedProcess, took: float, message: str) -> None:
+    """The job failed well before its 100 s time-out, every rank's error is one line naming
+    ``message``, and no rank printed a traceback."""
+    assert res.returncode != 0
+    assert took < 60, f"took {took:.0f} s: the ranks waited for the time-out (100 s)"
+    errors = [ln for ln in res.stderr.splitlines() if ln.startswith("commgnn: error:")]
+    assert errors and all(message in ln for ln in errors), res.stderr[-2000:]
+    assert "[rank0]: Traceback" not in res.stderr and "[rank1]: Traceback" not in res.stderr
+
+
 FED = """
 [data.synthetic]
 num_nodes = 300
@@ -85,12 +95,7 @@ def test_federate_policy_refusal_under_torchrun_is_fast_and_one_line(tmp_path):
            "--out", str(out)]
     t0 = time.monotonic()
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=110)
-    took = time.monotonic() - t0
-    assert res.returncode != 0
-    assert took < 60, f"took {took:.0f} s: the ranks waited for the time-out (100 s)"
-    errors = [ln for ln in res.stderr.splitlines() if ln.startswith("commgnn: error:")]
-    assert errors and all("over its budget" in ln for ln in errors), res.stderr[-2000:]
-    assert "[rank0]: Traceback" not in res.stderr and "[rank1]: Traceback" not in res.stderr
+    _ended_fast_with_one_line(res, time.monotonic() - t0, "over its budget")
     assert not out.exists()
 
 
@@ -177,12 +182,7 @@ def test_torchrun_bad_graph_on_rank_0_ends_every_rank_with_its_one_line_error(tm
     t0 = time.monotonic()
     res = _torchrun(tmp_path, 2, ["train", "--config", str(cfg), "--dataset", str(tmp_path / "missing.pt"),
                                   "--out", str(tmp_path / "tr")], deny="1", timeout=110)
-    took = time.monotonic() - t0
-    assert res.returncode != 0
-    assert took < 60, f"took {took:.0f} s: the ranks waited for the time-out (100 s)"
-    errors = [ln for ln in res.stderr.splitlines() if ln.startswith("commgnn: error:")]
-    assert errors and all("missing.pt" in ln for ln in errors), res.stderr[-2000:]
-    assert "[rank0]: Traceback" not in res.stderr and "[rank1]: Traceback" not in res.stderr
+    _ended_fast_with_one_line(res, time.monotonic() - t0, "missing.pt")
     assert not (tmp_path / "tr").exists()
 
 
