@@ -102,6 +102,8 @@ def test_attention_dropout_in_training_keeps_the_torch_path() -> None:
 
 def test_kernel_config() -> None:
     assert TrainConfig(kernel="auto").resolved_kernel == "numba"
+    assert TrainConfig(kernel="auto", mode="minibatch").resolved_kernel == "torch"  # small per-step blocks
+    assert TrainConfig(kernel="numba", mode="minibatch").resolved_kernel == "numba"  # asked for: given
     assert TrainConfig(kernel="torch").resolved_kernel == "torch"
     with pytest.raises(ConfigError, match="train.kernel"):
         TrainConfig(kernel="cuda")  # type: ignore[arg-type]
