@@ -29,7 +29,7 @@ class TrainConfig:
         """The kernel in force: ``auto`` resolved against what is installed and the mode.
         Mini-batch training takes torch's: its per-step blocks are small and rebuilt every
         step, and with numba in force 4 ranks on 2 cores ran Coauthor CS's neighbour-sampling
-        epochs 2.3-2.8x slower (12.8-15.2 s against 5.5 s; `runs/mbprobe.sh`)."""
+        epochs 2.3-2.8x slower (12.8-15.2 s against 5.5 s; `benchmarks/minibatch_kernel_probe.sh`)."""
         if self.kernel == "auto":
             return "numba" if kernels.available() and self.mode == "fullgraph" else "torch"
         return self.kernel
