@@ -78,3 +78,49 @@ def test_threads_share_the_cores():
     assert threads_per_rank(RuntimeConfig(), 1) == cores
     assert threads_per_rank(RuntimeConfig(), 2 * cores) == 1
     assert threads_per_rank(RuntimeConfig(threads=3), 4) == 3
+
+
+def many_tensors_rank(info: LaunchInfo, tensors: dict[str, torch.Tensor], out_dir: str) -> None:
+    # what reached this rank, and the environment it runs in
+    total = sum(float(t.sum()) for t in tensors.values())
+    with open(os.path.join(out_dir, f"rank{info.rank}.txt"), "w") as f:
+        f.write(f"{len(tensors)} {total} {os.environ.get('COMMGNN_TEST_LAUNCH', '-')} {os.getppid()}")
+
+
+def test_ranks_get_many_tensors_and_the_launchers_current_environment(tmp_path, monkeypatch):
+    # 300 tensors: multiprocessing's pickler would send each as a file descriptor, and the
+    # fork server passes at most 256
+    tensors = {f"t{i}": torch.full((3,), float(i)) for i in range(300)}
+    for value in ("first", "second"):  # the fork server outlives the first launch
+        monkeypatch.setenv("COMMGNN_TEST_LAUNCH", value)
+        spawn_ranks(many_tensors_rank, (tensors, str(tmp_path)), nprocs=2, master_addr="127.0.0.1",
+                    port=free_port())
+        for r in range(2):
+            n, total, env, parent = (tmp_path / f"rank{r}.txt").read_text().split()
+            assert (int(n), float(total), env) == (300, 3 * sum(range(300)), value)
+            # spawned by this process, or forked by a fork server that this process started
+            assert int(parent) == os.getpid() or _parent_of(int(parent)) == os.getpid()
+
+
+def _parent_of(pid: int) -> int:
+    stat = open(f"/proc/{pid}/stat").read()
+    return int(stat.rsplit(")", 1)[1].split()[1])
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/stat"), reason="needs /proc")
+@pytest.mark.parametrize("launcher, alive", [("parent", True), ("grandparent", True), ("stranger", False)])
+def test_a_rank_whose_launcher_is_gone_exits_at_once(launcher, alive):
+    import subprocess
+    import sys
+
+    from commgnn.dist.watchdog import EXIT_PEER_FAILED
+
+    # The child's parent is this process; its grandparent is this process's parent (the
+    # fork server case). Anyone else means the launcher died before the rank started.
+    pid = {"parent": os.getpid(), "grandparent": os.getppid(), "stranger": 999999}[launcher]
+    res = subprocess.run([sys.executable, "-c", "from commgnn.dist.watchdog import die_with_launcher as d; "
+                          f"print(d({pid}))"], capture_output=True, text=True, timeout=60)
+    if alive:
+        assert (res.returncode, res.stdout.strip()) == (0, str(os.getpid())), res.stderr
+    else:
+        assert res.returncode == EXIT_PEER_FAILED and res.stdout == ""

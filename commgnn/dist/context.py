@@ -103,6 +103,9 @@ class LaunchInfo:
     """True under torchrun (rendezvous via its environment), False for our own spawner."""
     launcher_pid: int | None = None
     """Our launcher's pid (local ranks die with it); None under torchrun."""
+    parent_pid: int | None = None
+    """This rank's parent, whose death ends it: the launcher, or the fork server the launcher
+    started (set in the rank itself; None under torchrun)."""
     heartbeat_s: float = 30.0
     """Heartbeat time-out the launcher chose (see ``RuntimeConfig.heartbeat_s``)."""
     restart_count: int = 0
@@ -262,7 +265,7 @@ def init_distributed(info: LaunchInfo, cfg: RuntimeConfig) -> DistContext:
         stale, prefix = cfg.heartbeat_timeout_s, "commgnn/"
     else:
         # Our launcher hosts the store (it outlives every rank); ranks are its clients.
-        parent = info.launcher_pid
+        parent = info.parent_pid or info.launcher_pid
         store = dist.TCPStore(info.master_addr, info.port, None, False, timeout=timeout)
         stale, prefix = info.heartbeat_s, "commgnn/"
         dist.init_process_group(backend, store=dist.PrefixStore("pg/", store), rank=info.rank,

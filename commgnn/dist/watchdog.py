@@ -35,6 +35,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Callable
 
 from commgnn.errors import RankFailure
@@ -58,6 +59,26 @@ def die_with_parent(parent_pid: int) -> None:
             pass  # the watchdog's getppid() check still covers it
     if os.getppid() != parent_pid:
         os._exit(EXIT_PEER_FAILED)
+
+
+def _parent_of(pid: int) -> int | None:
+    """``pid``'s parent from ``/proc`` (None where it cannot be read)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return int(stat.rsplit(")", 1)[1].split()[1])  # after "pid (comm)": state, ppid
+
+
+def die_with_launcher(launcher_pid: int) -> int:
+    """:func:`die_with_parent` for a rank whose parent is ``launcher_pid`` itself or a fork
+    server that ``launcher_pid`` started (the server exits when the launcher dies, and its
+    death kills the rank). Exit at once if the launcher is already gone; return the parent."""
+    parent = os.getppid()
+    die_with_parent(parent)
+    if parent != launcher_pid and _parent_of(parent) not in (launcher_pid, None):
+        os._exit(EXIT_PEER_FAILED)  # the launcher died before the server noticed
+    return parent
 
 
 def block_sigterm() -> None:
