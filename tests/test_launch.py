@@ -81,20 +81,30 @@ def test_threads_share_the_cores():
 
 
 def many_tensors_rank(info: LaunchInfo, tensors: dict[str, torch.Tensor], out_dir: str) -> None:
-    # what reached this rank, and the environment it runs in
+    # what reached this rank, the environment it runs in, and where its output goes
+    print(f"rank {info.rank} says {os.environ.get('COMMGNN_TEST_LAUNCH')}", flush=True)
     total = sum(float(t.sum()) for t in tensors.values())
     with open(os.path.join(out_dir, f"rank{info.rank}.txt"), "w") as f:
         f.write(f"{len(tensors)} {total} {os.environ.get('COMMGNN_TEST_LAUNCH', '-')} {os.getppid()}")
 
 
-def test_ranks_get_many_tensors_and_the_launchers_current_environment(tmp_path, monkeypatch):
+def test_ranks_get_many_tensors_and_the_launchers_current_environment_and_streams(tmp_path, monkeypatch,
+                                                                                   capfd):
     # 300 tensors: multiprocessing's pickler would send each as a file descriptor, and the
     # fork server passes at most 256
     tensors = {f"t{i}": torch.full((3,), float(i)) for i in range(300)}
     for value in ("first", "second"):  # the fork server outlives the first launch
         monkeypatch.setenv("COMMGNN_TEST_LAUNCH", value)
-        spawn_ranks(many_tensors_rank, (tensors, str(tmp_path)), nprocs=2, master_addr="127.0.0.1",
-                    port=free_port())
+        if value == "first":  # the server (if it starts now) gets streams this test does not capture
+            with capfd.disabled():
+                spawn_ranks(many_tensors_rank, (tensors, str(tmp_path)), nprocs=2, master_addr="127.0.0.1",
+                            port=free_port())
+        else:
+            capfd.readouterr()
+            spawn_ranks(many_tensors_rank, (tensors, str(tmp_path)), nprocs=2, master_addr="127.0.0.1",
+                        port=free_port())
+            # the ranks write where the launcher writes now
+            assert sorted(capfd.readouterr().out.splitlines()) == [f"rank {r} says {value}" for r in range(2)]
         for r in range(2):
             n, total, env, parent = (tmp_path / f"rank{r}.txt").read_text().split()
             assert (int(n), float(total), env) == (300, 3 * sum(range(300)), value)
@@ -124,3 +134,59 @@ def test_a_rank_whose_launcher_is_gone_exits_at_once(launcher, alive):
         assert (res.returncode, res.stdout.strip()) == (0, str(os.getpid())), res.stderr
     else:
         assert res.returncode == EXIT_PEER_FAILED and res.stdout == ""
+
+
+def sleeping_rank(info: LaunchInfo, out_dir: str) -> None:
+    # never reaches init_distributed: no watchdog runs yet
+    with open(os.path.join(out_dir, f"pid{info.rank}"), "w") as f:
+        f.write(f"{os.getpid()} {os.getppid()}")
+    time.sleep(120)
+
+
+@pytest.mark.timeout(120)
+def test_a_killed_launcher_takes_its_ranks_and_fork_server_before_they_start_training(tmp_path):
+    import signal
+    import subprocess
+    import sys
+
+    import psutil
+
+    script = ("import sys; sys.path.insert(0, sys.argv[1]); from test_launch import sleeping_rank; "
+              "from commgnn.dist.launch import spawn_ranks; from commgnn.dist.context import free_port; "
+              "spawn_ranks(sleeping_rank, (sys.argv[2],), nprocs=2, master_addr='127.0.0.1', port=free_port())")
+    launcher = subprocess.Popen([sys.executable, "-c", script, os.path.dirname(__file__), str(tmp_path)])
+    deadline = time.monotonic() + 90
+    while len(list(tmp_path.glob("pid*"))) < 2 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    pids = {int(x) for f in tmp_path.glob("pid*") for x in f.read_text().split()} - {launcher.pid}
+    assert len(pids) >= 2  # the ranks, and the fork server where there is one
+    os.kill(launcher.pid, signal.SIGKILL)
+    launcher.wait(timeout=10)
+    t0 = time.monotonic()
+    while any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE for p in pids):
+        assert time.monotonic() - t0 < 5, "a rank or the fork server outlived the launcher by 5 s"
+        time.sleep(0.05)
+
+
+def _start_method_here(q) -> None:  # type: ignore[no-untyped-def]
+    from commgnn.dist.forkserver import start_context
+
+    q.put(start_context(cuda=False).get_start_method())
+
+
+def test_the_fork_server_is_used_only_where_it_is_safe():
+    import multiprocessing as mp
+    import sys
+
+    from commgnn.dist.forkserver import start_context
+
+    assert start_context(cuda=True).get_start_method() == "spawn"  # CUDA is never forked
+    here = start_context(cuda=False).get_start_method()
+    assert here == ("forkserver" if sys.platform.startswith("linux") else "spawn")
+    if here == "forkserver":
+        # a fork of this launcher does not share its server: its ranks are spawned
+        q = mp.get_context("fork").Queue()
+        p = mp.get_context("fork").Process(target=_start_method_here, args=(q,))
+        p.start()
+        assert q.get(timeout=30) == "spawn"
+        p.join(10)

@@ -128,10 +128,10 @@ def test_a_stopped_rank_is_named_by_its_heartbeat(tmp_path, capfd):
     assert not _alive(_rank_pids(out))  # a stopped process is killed, not left behind
 
 
-def _start(tmp_path: Path, out: Path, epochs: int = 100000) -> subprocess.Popen:
+def _start(tmp_path: Path, out: Path, epochs: int = 100000, session: bool = False) -> subprocess.Popen:
     cfg = _config(tmp_path, epochs=epochs)
     proc = subprocess.Popen([sys.executable, "-m", "commgnn", "train", "--config", cfg, "--parts", "2",
-                             "--out", str(out)], stderr=subprocess.PIPE, text=True)
+                             "--out", str(out)], stderr=subprocess.PIPE, text=True, start_new_session=session)
     deadline = time.monotonic() + 90
     while time.monotonic() < deadline:  # until both ranks train
         metrics = out / "metrics.jsonl"
@@ -145,25 +145,31 @@ def _start(tmp_path: Path, out: Path, epochs: int = 100000) -> subprocess.Popen:
 
 
 @pytest.mark.timeout(150)
-# SIGKILL takes the same path as OOM (a kill no handler sees); it runs outside CI (CI time).
-@pytest.mark.parametrize("how", ["SIGTERM", pytest.param("SIGKILL", marks=pytest.mark.slow), "OOM"])
+# SIGKILL takes the same path as OOM (a kill no handler sees). "group": SIGTERM to the whole
+# process group, as a scheduler cancelling the job sends it (the ranks, and their fork server,
+# get it too).
+@pytest.mark.parametrize("how", ["SIGTERM", "SIGKILL", "OOM", "group"])
 def test_no_rank_outlives_its_launcher(tmp_path, how):
     out = tmp_path / "run"
-    proc = _start(tmp_path, out)
+    proc = _start(tmp_path, out, session=how == "group")
     ranks = _rank_pids(out)
     assert len(_alive(ranks)) == 2
+    ranks += [p.ppid() for p in map(psutil.Process, ranks) if p.ppid() != proc.pid][:1]  # the fork server
     if how == "OOM":
         # What the kernel's OOM killer does: pick the process with the highest score and
         # SIGKILL it. The score is raised so a real OOM would choose the launcher too.
         Path(f"/proc/{proc.pid}/oom_score_adj").write_text("1000")
     t0 = time.monotonic()
-    proc.send_signal(signal.SIGTERM if how == "SIGTERM" else signal.SIGKILL)
+    if how == "group":
+        os.killpg(proc.pid, signal.SIGTERM)
+    else:
+        proc.send_signal(signal.SIGTERM if how == "SIGTERM" else signal.SIGKILL)
     rc = proc.wait(timeout=30)
     while _alive(ranks) and time.monotonic() - t0 < 5:
         time.sleep(0.05)
     assert not _alive(ranks), f"ranks left {time.monotonic() - t0:.1f} s after the launcher died"
     assert not (out / "summary.json").exists()
-    if how == "SIGTERM":
+    if how in ("SIGTERM", "group"):
         assert rc == 143
         assert proc.stderr.read().strip() == "commgnn: terminated (SIGTERM)"
         assert _state(out) == "interrupted"

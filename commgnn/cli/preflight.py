@@ -32,7 +32,8 @@ MAX_RANKS_PER_CORE = 8
 PROCESS_BASE_MB = 600.0
 """Resident memory of one rank before its activations: Python, torch, PyG, numba and gloo
 (320 MB after import, about 380 MB once a process group is up) plus the operators and
-buffers built once (CSR pairs, caches)."""
+buffers built once (CSR pairs, caches). Ranks forked from the fork server share its imported
+pages copy-on-write, so counting them in every rank also covers the server itself."""
 ACTIVATION_COPIES = 3
 """Per-layer ``[rows, hidden]`` tensors alive at the peak. Fitted as an upper bound on
 ``benchmarks/fullgraph_scale.py`` (GCN aggregating first, 3x128, 4 ranks): the estimate is

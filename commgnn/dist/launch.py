@@ -7,12 +7,12 @@ error from a crash, and leaves its children running when it is killed. This laun
 * **A store in the launcher.** The parent hosts the job's ``TCPStore``; ranks connect to it
   as clients. It outlives any rank, so a dead or stopped rank 0 cannot take the failure
   record with it (see :mod:`commgnn.dist.watchdog` for what the ranks keep there).
-* **Fast starts.** On Linux, ranks fork from a fork server that imported torch and PyG
-  once, instead of each importing them (~3 s of CPU a rank; see :func:`_start_context`).
+* **Fast starts.** On Linux without CUDA, ranks fork from a fork server that imported torch
+  and PyG once, instead of each importing them (see :mod:`commgnn.dist.forkserver`).
 * **No orphans.** Each rank asks the kernel to SIGKILL it when its parent dies: the launcher,
-  or the fork server, which exits when the launcher does. That holds whatever killed the
-  launcher (SIGKILL and the OOM killer included). On Ctrl-C or SIGTERM the launcher kills
-  its ranks before it returns.
+  or the fork server, which the kernel kills when the launcher dies. That holds whatever
+  killed the launcher (SIGKILL and the OOM killer included). On Ctrl-C or SIGTERM the
+  launcher kills its ranks before it returns.
 * **Fail fast, blame right.** The parent waits on all process sentinels at once. When one
   rank exits non-zero, the failure record says who is at fault (the rank that raised, or
   the one whose heartbeat stopped); survivors have already ended themselves through their
@@ -40,9 +40,11 @@ import warnings
 from pathlib import Path
 from typing import Any, Callable, TextIO
 
+import torch
 import torch.distributed as dist
 
 from commgnn.dist.context import DistContext, LaunchInfo
+from commgnn.dist.forkserver import Stream, in_forked_rank, start_context
 from commgnn.dist.watchdog import (EXIT_PEER_FAILED, EXIT_SIGTERM, Failure, block_sigterm, die_with_launcher,
                                    read_failure)
 from commgnn.errors import RankFailure, UserError
@@ -94,25 +96,26 @@ def _report(info: LaunchInfo, kind: str, message: str) -> None:
         pass  # the launcher still has the exit code
 
 
-def _child(job: bytes, info: LaunchInfo, log_dir: str | None) -> None:
+def _child(job: bytes, env: dict[str, str], start_method: str, streams: tuple[int, int],
+           info: LaunchInfo, log_dir: str | None) -> None:
+    # ``streams``: the launcher's stdout and stderr, already in place (Stream's unpickling).
     assert info.launcher_pid is not None
-    # Forked by the fork server (whose parent is the launcher) or spawned by the launcher.
+    # Spawned by the launcher, or forked by its fork server (see commgnn.dist.forkserver).
     info = dataclasses.replace(info, parent_pid=die_with_launcher(info.launcher_pid))
-    # A forked rank inherits the server's "forkserver" start method; libraries read it (numba
-    # then takes a named semaphore that a rank ending in os._exit never frees, and the
-    # resource tracker warns of the leak at exit). Ranks start nothing themselves: give them
-    # the method a spawned rank has.
-    mp.set_start_method("spawn", force=True)
+    in_forked_rank()
+    if env != os.environ:  # the launcher's at this launch, before anything is unpickled
+        os.environ.clear()
+        os.environ.update(env)
+    # The launcher's default start method, as a spawned rank gets it (a forked one would keep
+    # the server's; numba then takes a named semaphore that os._exit never frees).
+    mp.set_start_method(start_method, force=True)
     block_sigterm()  # before gloo starts its threads; the watchdog takes SIGTERM
     log: TextIO = sys.stderr
     if log_dir is not None:
         log = _redirect_stderr(log_dir, info.rank)
         _log(log, f"commgnn rank {info.rank} of {info.world_size}: pid {os.getpid()}")
     try:
-        fn, args, env = pickle.loads(job)
-        if env != os.environ:  # the launcher's now, not the fork server's at its start
-            os.environ.clear()
-            os.environ.update(env)
+        fn, args = pickle.loads(job)
         fn(info, *args)
     except UserError as exc:
         _report(info, "user", str(exc))
@@ -170,24 +173,27 @@ def spawn_ranks(fn: Callable[..., Any], args: tuple, *, nprocs: int, master_addr
 
     ``port`` is where this process hosts the job's store (the ranks' rendezvous).
     ``fn`` and ``args`` must be picklable: ranks never fork from this process, so none of
-    its torch or gloo state (the store's threads included) leaks into them. On Linux they
-    fork from multiprocessing's fork server, a clean process that imported torch, PyG and
-    ``fn``'s module once; elsewhere each is spawned and imports them itself. ``heartbeat_s``:
-    a rank whose heartbeat stops for this long (after set-up) is declared failed by its peers.
+    its torch or gloo state (the store's threads included) leaks into them. On Linux without
+    CUDA they fork from a fork server that imported torch and PyG once
+    (:mod:`commgnn.dist.forkserver`); otherwise each is spawned and imports them itself.
+    ``heartbeat_s``: a rank whose heartbeat stops for this long (after set-up) is declared
+    failed by its peers.
     """
     store = dist.TCPStore(master_addr, port, None, True, timeout=_dt.timedelta(seconds=30),
                           wait_for_workers=False)
-    ctx = _start_context(fn)
+    ctx = start_context(cuda=torch.cuda.is_available())
     # Pickled here, plainly: multiprocessing's own pickler would send every tensor as a
     # shared-memory file descriptor, and the fork server passes at most 256 of them.
-    job = pickle.dumps((fn, args, dict(os.environ)), protocol=pickle.HIGHEST_PROTOCOL)
+    job = pickle.dumps((fn, args), protocol=pickle.HIGHEST_PROTOCOL)
+    env, method = dict(os.environ), mp.get_start_method()
     procs = []
     try:
         for rank in range(nprocs):
             info = LaunchInfo(rank=rank, world_size=nprocs, local_rank=rank, local_world_size=nprocs,
                               master_addr=master_addr, port=port, launcher_pid=os.getpid(),
                               heartbeat_s=heartbeat_s)
-            p = ctx.Process(target=_child, args=(job, info, log_dir), name=f"commgnn-rank{rank}")
+            p = ctx.Process(target=_child, args=(job, env, method, (Stream(1), Stream(2)), info, log_dir),
+                            name=f"commgnn-rank{rank}")
             p.start()
             procs.append(p)
         failed = _watch(procs, grace_s)
@@ -196,27 +202,6 @@ def spawn_ranks(fn: Callable[..., Any], args: tuple, *, nprocs: int, master_addr
         raise
     if failed:
         _raise_failure(failed, read_failure(store), nprocs, log_dir)
-
-
-def _start_context(fn: Callable[..., Any]) -> Any:
-    """The multiprocessing context that starts ranks.
-
-    Spawning imports torch and PyG afresh in every rank: about 3 s of CPU each, which on a
-    machine with fewer cores than ranks dominates the start of a job (4 ranks on 2 cores:
-    ~6 s). The fork server imports them once (at its first use in this process) and forks
-    every rank from there. It is started, not forked, from this process, and forks before any
-    thread or process group exists in it. Its standard streams are this process's at that
-    first use (ranks of later launches write there too); each rank takes this process's
-    environment as it is at the launch.
-    """
-    if not sys.platform.startswith("linux"):
-        return mp.get_context("spawn")
-    ctx = mp.get_context("forkserver")
-    preload = ["torch", "torch.distributed", "torch_geometric"]
-    if fn.__module__ not in ("__main__", "__mp_main__"):
-        preload.append(fn.__module__)
-    ctx.set_forkserver_preload(preload)  # takes effect when the server starts (once per process)
-    return ctx
 
 
 def _watch(procs: list[Any], grace_s: float) -> list[tuple[int, int]]:
@@ -258,6 +243,9 @@ def _raise_failure(failed: list[tuple[int, int]], record: Failure | None, nprocs
             cause = "stopped by SIGTERM"
         elif code < 0:
             cause = f"killed by {signal.Signals(-code).name}"
+        elif code == 255 and all(c == 255 for _, c in failed):
+            # what multiprocessing reports for ranks whose fork server died under them
+            cause = "exited with code 255 (every rank did: their fork server was killed)"
         else:
             cause = f"exited with code {code}"
     where = f" (log: {Path(log_dir) / f'rank{rank}.log'})" if log_dir and record is not None \

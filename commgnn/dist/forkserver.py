@@ -1,0 +1,119 @@
+"""Start local ranks from a fork server that imported torch and PyG once.
+
+Spawning a rank imports torch and PyG afresh: about 3 s of CPU each, which on a machine with
+fewer cores than ranks dominates the start of a job (4 ranks on 2 cores: 26.6 s of CPU
+against 4.9 s from a fork server). multiprocessing's fork server is a clean interpreter,
+started (not forked) from the launcher, that imports a preload list once and forks every
+rank from there before any thread or process group exists in it. This module (written here,
+around the standard library's fork server) closes the gaps between it and spawned ranks:
+
+* **It dies with the launcher.** Imported in the server (it is on the preload list), it asks
+  the kernel to SIGKILL the server when the launcher dies. The server's own liveness pipe
+  cannot do that: every rank holds a copy of its write end. Each rank in turn dies with
+  the server (:func:`commgnn.dist.watchdog.die_with_launcher`).
+* **SIGTERM reaches the ranks, not the server.** The server ignores it, so a SIGTERM sent
+  to the whole process group (a scheduler cancelling the job) stops the ranks through
+  their watchdogs as it would spawned ones; ranks restore the default at start.
+* **Ranks write where the launcher writes now**, not where it wrote when the server
+  started (a notebook, or pytest's capture, redirects both over time): the launcher's
+  stdout and stderr travel with each rank as descriptors (:class:`Stream`).
+* **Not where it cannot be safe.** CUDA cannot be used in a process forked from one that
+  touched it, and some imports do (PyG creates CUDA tensors at import under pytest when
+  pyg-lib is installed): with CUDA present ranks are spawned. So are ranks of a process
+  that is itself a fork of a launcher (the server belongs to the launcher), and ranks on
+  systems without ``fork``.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import signal
+import sys
+from multiprocessing import reduction
+from typing import Any
+
+PRELOAD = ("torch", "torch.distributed", "torch_geometric", __name__)
+"""What the server imports once (this module last: it then guards the server)."""
+
+_owner: int | None = None
+"""Pid of the process whose fork server this module set up (a fork of it gets another pid)."""
+
+
+def start_context(*, cuda: bool) -> Any:
+    """The multiprocessing context that starts this launch's ranks (see the module docstring):
+    the fork server on Linux, ``spawn`` with ``cuda`` or elsewhere."""
+    global _owner
+    if cuda or not sys.platform.startswith("linux") or _owner not in (None, os.getpid()):
+        return mp.get_context("spawn")
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(list(PRELOAD))  # read when the server starts: once per process
+    _owner = os.getpid()
+    return ctx
+
+
+def in_forked_rank() -> None:
+    """First thing in a rank: undo what it inherited from the server and no spawned rank has
+    (SIGTERM ignored; the server's liveness pipe, which would keep a dead launcher's server
+    waiting for end-of-file)."""
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    from multiprocessing import forkserver
+
+    fd = getattr(forkserver._forkserver, "_forkserver_alive_fd", None)
+    if fd is not None:
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+        forkserver._forkserver._forkserver_alive_fd = None
+
+
+class Stream:
+    """One of the launcher's standard streams (by descriptor), pickled into a rank so that it
+    writes where the launcher writes at this launch."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+
+    def __reduce__(self) -> tuple[Any, tuple[Any, int]]:
+        # DupFd works only while multiprocessing pickles a process for starting: it hands the
+        # descriptor over with the process (by SCM_RIGHTS to the fork server).
+        return _attach, (reduction.DupFd(self.fd), self.fd)
+
+
+def _attach(dup: Any, target: int) -> int:
+    """In the rank: put the received descriptor at ``target`` (1 or 2)."""
+    fd = dup.detach()
+    if fd != target:
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (OSError, ValueError, AttributeError):
+                pass
+        os.dup2(fd, target)
+        os.close(fd)
+    return target
+
+
+def _guard_server() -> None:
+    """In the fork server (this module is on its preload list): die with the launcher, and
+    leave SIGTERM to the ranks."""
+    from commgnn.dist.watchdog import die_with_parent
+
+    die_with_parent(os.getppid())
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+
+
+def _imported_by_the_fork_server() -> bool:
+    """True while ``multiprocessing.forkserver.main`` imports its preload list."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        code = frame.f_code
+        if code.co_name == "main" and code.co_filename.endswith(os.path.join("multiprocessing", "forkserver.py")):
+            return True
+        frame = frame.f_back  # type: ignore[assignment]
+    return False
+
+
+if _imported_by_the_fork_server():
+    _guard_server()
