@@ -95,14 +95,15 @@ def test_ranks_get_many_tensors_and_the_launchers_current_environment_and_stream
     tensors = {f"t{i}": torch.full((3,), float(i)) for i in range(300)}
     for value in ("first", "second"):  # the fork server outlives the first launch
         monkeypatch.setenv("COMMGNN_TEST_LAUNCH", value)
+        kw = {"cuda": False}  # the fork server's path also where there is a GPU
         if value == "first":  # the server (if it starts now) gets streams this test does not capture
             with capfd.disabled():
                 spawn_ranks(many_tensors_rank, (tensors, str(tmp_path)), nprocs=2, master_addr="127.0.0.1",
-                            port=free_port())
+                            port=free_port(), **kw)
         else:
             capfd.readouterr()
             spawn_ranks(many_tensors_rank, (tensors, str(tmp_path)), nprocs=2, master_addr="127.0.0.1",
-                        port=free_port())
+                        port=free_port(), **kw)
             # the ranks write where the launcher writes now
             assert sorted(capfd.readouterr().out.splitlines()) == [f"rank {r} says {value}" for r in range(2)]
         for r in range(2):
@@ -163,9 +164,54 @@ def test_a_killed_launcher_takes_its_ranks_and_fork_server_before_they_start_tra
     os.kill(launcher.pid, signal.SIGKILL)
     launcher.wait(timeout=10)
     t0 = time.monotonic()
-    while any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE for p in pids):
+    while _running(pids):
         assert time.monotonic() - t0 < 5, "a rank or the fork server outlived the launcher by 5 s"
         time.sleep(0.05)
+
+
+def _running(pids: set[int]) -> bool:
+    import psutil
+
+    for pid in pids:
+        try:
+            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                return True
+        except psutil.NoSuchProcess:
+            pass
+    return False
+
+
+def napping_rank(info: LaunchInfo, out_dir: str, nap_s: float) -> None:
+    with open(os.path.join(out_dir, f"nap{info.rank}"), "w") as f:
+        f.write(str(os.getppid()))
+    time.sleep(nap_s)
+
+
+@pytest.mark.timeout(120)
+def test_a_sigterm_to_the_fork_server_leaves_its_ranks_running(tmp_path):
+    # A SIGTERM to the job's process group reaches the fork server too; the ranks (and the
+    # launcher) handle theirs. Were the server to die of it, the kernel would kill every rank.
+    import signal
+    import sys
+    import threading
+
+    if not sys.platform.startswith("linux"):
+        pytest.skip("the fork server is used on Linux")
+
+    def kill_server() -> None:
+        deadline = time.monotonic() + 60
+        while len(list(tmp_path.glob("nap*"))) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        for parent in {int(f.read_text()) for f in tmp_path.glob("nap*")} - {os.getpid()}:
+            os.kill(parent, signal.SIGTERM)
+            (tmp_path / "signalled").touch()
+
+    killer = threading.Thread(target=kill_server)
+    killer.start()
+    spawn_ranks(napping_rank, (str(tmp_path), 3.0), nprocs=2, master_addr="127.0.0.1", port=free_port(),
+                cuda=False)
+    killer.join()
+    assert (tmp_path / "signalled").exists()  # the ranks' parent was a fork server, and it got SIGTERM
 
 
 def _start_method_here(q) -> None:  # type: ignore[no-untyped-def]
@@ -177,6 +223,7 @@ def _start_method_here(q) -> None:  # type: ignore[no-untyped-def]
 def test_the_fork_server_is_used_only_where_it_is_safe():
     import multiprocessing as mp
     import sys
+    import threading
 
     from commgnn.dist.forkserver import start_context
 
@@ -188,5 +235,15 @@ def test_the_fork_server_is_used_only_where_it_is_safe():
         q = mp.get_context("fork").Queue()
         p = mp.get_context("fork").Process(target=_start_method_here, args=(q,))
         p.start()
-        assert q.get(timeout=30) == "spawn"
-        p.join(10)
+        try:
+            assert q.get(timeout=30) == "spawn"
+            p.join(10)
+            assert p.exitcode == 0
+        finally:
+            p.kill()
+        # nor does a thread other than the main one (the server would die with that thread)
+        seen: list[str] = []
+        t = threading.Thread(target=lambda: seen.append(start_context(cuda=False).get_start_method()))
+        t.start()
+        t.join(10)
+        assert seen == ["spawn"]

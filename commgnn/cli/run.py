@@ -250,7 +250,8 @@ def train_local(cfg: RunConfig, *, resume: bool = False, graph: Any = None,
                                    master_addr=rt.master_addr, port=0), *args)
         else:
             spawn_ranks(_local_rank, args, nprocs=P, master_addr=rt.master_addr, port=port,
-                        log_dir=str(out / "logs"), heartbeat_s=rt.heartbeat_timeout_s)
+                        log_dir=str(out / "logs"), heartbeat_s=rt.heartbeat_timeout_s,
+                        cuda=None if rt.device == "auto" else rt.device == "cuda")
     except UserError as exc:
         if resume:
             _ended(out, "failed", error=str(exc), attempt=attempt)

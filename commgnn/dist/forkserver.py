@@ -1,8 +1,8 @@
 """Start local ranks from a fork server that imported torch and PyG once.
 
 Spawning a rank imports torch and PyG afresh: about 3 s of CPU each, which on a machine with
-fewer cores than ranks dominates the start of a job (4 ranks on 2 cores: 26.6 s of CPU
-against 4.9 s from a fork server). multiprocessing's fork server is a clean interpreter,
+fewer cores than ranks dominates the start of a job (the test suite, which starts several
+hundred small jobs, takes 302 s from a fork server against 643 s spawned, on 2 cores). multiprocessing's fork server is a clean interpreter,
 started (not forked) from the launcher, that imports a preload list once and forks every
 rank from there before any thread or process group exists in it. This module (written here,
 around the standard library's fork server) closes the gaps between it and spawned ranks:
@@ -13,15 +13,15 @@ around the standard library's fork server) closes the gaps between it and spawne
   the server (:func:`commgnn.dist.watchdog.die_with_launcher`).
 * **SIGTERM reaches the ranks, not the server.** The server ignores it, so a SIGTERM sent
   to the whole process group (a scheduler cancelling the job) stops the ranks through
-  their watchdogs as it would spawned ones; ranks restore the default at start.
+  their watchdogs as it would spawned ones, instead of killing them with their server.
 * **Ranks write where the launcher writes now**, not where it wrote when the server
   started (a notebook, or pytest's capture, redirects both over time): the launcher's
   stdout and stderr travel with each rank as descriptors (:class:`Stream`).
 * **Not where it cannot be safe.** CUDA cannot be used in a process forked from one that
   touched it, and some imports do (PyG creates CUDA tensors at import under pytest when
   pyg-lib is installed): with CUDA present ranks are spawned. So are ranks of a process
-  that is itself a fork of a launcher (the server belongs to the launcher), and ranks on
-  systems without ``fork``.
+  that is itself a fork of a launcher (the server belongs to the launcher), ranks started
+  off the main thread, and ranks on systems without ``fork``.
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ import multiprocessing as mp
 import os
 import signal
 import sys
+import threading
 from multiprocessing import reduction
 from typing import Any
 
@@ -42,9 +43,18 @@ _owner: int | None = None
 
 def start_context(*, cuda: bool) -> Any:
     """The multiprocessing context that starts this launch's ranks (see the module docstring):
-    the fork server on Linux, ``spawn`` with ``cuda`` or elsewhere."""
+    the fork server on Linux, ``spawn`` with ``cuda`` or elsewhere.
+
+    Also ``spawn`` off the main thread: the kernel kills the server when the *thread* that
+    started it ends (``PR_SET_PDEATHSIG`` follows threads), which would take the ranks of a
+    later launch with it. And ``spawn`` where a fork server this module did not set up runs
+    (it has no guard)."""
     global _owner
-    if cuda or not sys.platform.startswith("linux") or _owner not in (None, os.getpid()):
+    from multiprocessing import forkserver
+
+    foreign = _owner is None and getattr(forkserver._forkserver, "_forkserver_pid", None) is not None
+    if (cuda or not sys.platform.startswith("linux") or _owner not in (None, os.getpid()) or foreign
+            or threading.current_thread() is not threading.main_thread()):
         return mp.get_context("spawn")
     ctx = mp.get_context("forkserver")
     ctx.set_forkserver_preload(list(PRELOAD))  # read when the server starts: once per process
@@ -75,6 +85,18 @@ class Stream:
     def __init__(self, fd: int) -> None:
         self.fd = fd
 
+    @staticmethod
+    def pair(ctx: Any) -> tuple["Stream", "Stream"] | None:
+        """stdout and stderr for a forked rank (a spawned one inherits them); None if either
+        is closed here (the rank then keeps the server's)."""
+        if ctx.get_start_method() != "forkserver":
+            return None
+        try:
+            os.fstat(1), os.fstat(2)
+        except OSError:
+            return None
+        return Stream(1), Stream(2)
+
     def __reduce__(self) -> tuple[Any, tuple[Any, int]]:
         # DupFd works only while multiprocessing pickles a process for starting: it hands the
         # descriptor over with the process (by SCM_RIGHTS to the fork server).
@@ -95,25 +117,44 @@ def _attach(dup: Any, target: int) -> int:
     return target
 
 
+_server_pid: int | None = None
+
+
+def _on_sigterm(signum: int, frame: Any) -> None:
+    """The server's SIGTERM handler: the server itself ignores SIGTERM (its launcher and
+    ranks handle theirs); a process forked from it that has not yet set its own handling
+    (a rank starting) dies of it as it would without this handler."""
+    if os.getpid() == _server_pid:
+        return
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    os.kill(os.getpid(), signal.SIGTERM)
+
+
 def _guard_server() -> None:
-    """In the fork server (this module is on its preload list): die with the launcher, and
-    leave SIGTERM to the ranks."""
-    from commgnn.dist.watchdog import die_with_parent
+    """In our fork server: die with the launcher, and leave SIGTERM to the ranks."""
+    global _server_pid
+    import ctypes
 
-    die_with_parent(os.getppid())
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    _server_pid = os.getpid()
+    try:  # the server's parent is the launcher, which started it
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass  # the liveness pipe still ends it once no rank holds it
+    signal.signal(signal.SIGTERM, _on_sigterm)
 
 
-def _imported_by_the_fork_server() -> bool:
-    """True while ``multiprocessing.forkserver.main`` imports its preload list."""
+def _preloaded_by_our_fork_server() -> bool:
+    """True while ``multiprocessing.forkserver.main`` imports the preload list that
+    :func:`start_context` set (another fork server may import this module too, through its
+    ``__main__``: it is left alone)."""
     frame = sys._getframe(1)
     while frame is not None:
         code = frame.f_code
         if code.co_name == "main" and code.co_filename.endswith(os.path.join("multiprocessing", "forkserver.py")):
-            return True
+            return list(frame.f_locals.get("preload") or ()) == list(PRELOAD)
         frame = frame.f_back  # type: ignore[assignment]
     return False
 
 
-if _imported_by_the_fork_server():
+if _preloaded_by_our_fork_server():
     _guard_server()

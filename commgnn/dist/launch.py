@@ -96,9 +96,10 @@ def _report(info: LaunchInfo, kind: str, message: str) -> None:
         pass  # the launcher still has the exit code
 
 
-def _child(job: bytes, env: dict[str, str], start_method: str, streams: tuple[int, int],
+def _child(job: bytes, env: dict[str, str], start_method: str, streams: tuple[int, int] | None,
            info: LaunchInfo, log_dir: str | None) -> None:
-    # ``streams``: the launcher's stdout and stderr, already in place (Stream's unpickling).
+    # ``streams``: the launcher's stdout and stderr, already in place (Stream's unpickling),
+    # or None (spawned: inherited).
     assert info.launcher_pid is not None
     # Spawned by the launcher, or forked by its fork server (see commgnn.dist.forkserver).
     info = dataclasses.replace(info, parent_pid=die_with_launcher(info.launcher_pid))
@@ -106,8 +107,9 @@ def _child(job: bytes, env: dict[str, str], start_method: str, streams: tuple[in
     if env != os.environ:  # the launcher's at this launch, before anything is unpickled
         os.environ.clear()
         os.environ.update(env)
-    # The launcher's default start method, as a spawned rank gets it (a forked one would keep
-    # the server's; numba then takes a named semaphore that os._exit never frees).
+    # The launcher's default start method, set again after the environment (multiprocessing
+    # already applies it; libraries read it: numba takes a named semaphore, never freed by
+    # os._exit, under any method but "fork").
     mp.set_start_method(start_method, force=True)
     block_sigterm()  # before gloo starts its threads; the watchdog takes SIGTERM
     log: TextIO = sys.stderr
@@ -168,7 +170,7 @@ def _kill(procs: list[Any]) -> None:
 
 def spawn_ranks(fn: Callable[..., Any], args: tuple, *, nprocs: int, master_addr: str, port: int,
                 grace_s: float = 3.0, log_dir: str | None = None,
-                heartbeat_s: float = 30.0) -> None:
+                heartbeat_s: float = 30.0, cuda: bool | None = None) -> None:
     """Run ``fn(LaunchInfo, *args)`` in ``nprocs`` processes; raise if any rank fails.
 
     ``port`` is where this process hosts the job's store (the ranks' rendezvous).
@@ -177,22 +179,23 @@ def spawn_ranks(fn: Callable[..., Any], args: tuple, *, nprocs: int, master_addr
     CUDA they fork from a fork server that imported torch and PyG once
     (:mod:`commgnn.dist.forkserver`); otherwise each is spawned and imports them itself.
     ``heartbeat_s``: a rank whose heartbeat stops for this long (after set-up) is declared
-    failed by its peers.
+    failed by its peers. ``cuda``: whether the ranks will use CUDA (None: whether there is
+    a GPU here).
     """
     store = dist.TCPStore(master_addr, port, None, True, timeout=_dt.timedelta(seconds=30),
                           wait_for_workers=False)
-    ctx = start_context(cuda=torch.cuda.is_available())
+    ctx = start_context(cuda=torch.cuda.is_available() if cuda is None else cuda)
     # Pickled here, plainly: multiprocessing's own pickler would send every tensor as a
     # shared-memory file descriptor, and the fork server passes at most 256 of them.
     job = pickle.dumps((fn, args), protocol=pickle.HIGHEST_PROTOCOL)
-    env, method = dict(os.environ), mp.get_start_method()
+    env, method, streams = dict(os.environ), mp.get_start_method(), Stream.pair(ctx)
     procs = []
     try:
         for rank in range(nprocs):
             info = LaunchInfo(rank=rank, world_size=nprocs, local_rank=rank, local_world_size=nprocs,
                               master_addr=master_addr, port=port, launcher_pid=os.getpid(),
                               heartbeat_s=heartbeat_s)
-            p = ctx.Process(target=_child, args=(job, env, method, (Stream(1), Stream(2)), info, log_dir),
+            p = ctx.Process(target=_child, args=(job, env, method, streams, info, log_dir),
                             name=f"commgnn-rank{rank}")
             p.start()
             procs.append(p)
@@ -201,7 +204,9 @@ def spawn_ranks(fn: Callable[..., Any], args: tuple, *, nprocs: int, master_addr
         _kill(procs)
         raise
     if failed:
-        _raise_failure(failed, read_failure(store), nprocs, log_dir)
+        server_died = ctx.get_start_method() == "forkserver" and len(failed) == nprocs \
+            and all(code == 255 for _, code in failed)
+        _raise_failure(failed, read_failure(store), nprocs, log_dir, server_died)
 
 
 def _watch(procs: list[Any], grace_s: float) -> list[tuple[int, int]]:
@@ -229,7 +234,7 @@ def _watch(procs: list[Any], grace_s: float) -> list[tuple[int, int]]:
 
 
 def _raise_failure(failed: list[tuple[int, int]], record: Failure | None, nprocs: int,
-                   log_dir: str | None) -> None:
+                   log_dir: str | None, server_died: bool = False) -> None:
     """Name the rank at fault: the failure record if a rank wrote one, else the first rank
     that died by itself (not a survivor ended because of it)."""
     if record is not None and record.kind == "user":
@@ -243,8 +248,7 @@ def _raise_failure(failed: list[tuple[int, int]], record: Failure | None, nprocs
             cause = "stopped by SIGTERM"
         elif code < 0:
             cause = f"killed by {signal.Signals(-code).name}"
-        elif code == 255 and all(c == 255 for _, c in failed):
-            # what multiprocessing reports for ranks whose fork server died under them
+        elif server_died:  # 255 is what multiprocessing reports for ranks of a dead fork server
             cause = "exited with code 255 (every rank did: their fork server was killed)"
         else:
             cause = f"exited with code {code}"
