@@ -207,7 +207,7 @@ def test_exact_single_rank(setup_refs) -> None:
     _check(data, refs, [byo_rank(DistContext.single(), data, parts, states)])
 
 
-@pytest.mark.parametrize("P", [2, pytest.param(4, marks=pytest.mark.slow)])  # 4 ranks outside CI (time)
+@pytest.mark.parametrize("P", [2, 4])
 def test_exact_multi_rank(setup_refs, tmp_path, P: int) -> None:
     data, refs = setup_refs
     states = {k: r["state"] for k, r in refs.items()}

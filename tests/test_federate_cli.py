@@ -87,7 +87,6 @@ def test_fedavg_writes_config_metrics_summary_fairness(small_toml, tmp_path, cap
     assert lines[-1].startswith("test accuracy") and "worst client" in lines[-1] and str(out) in lines[-1]
 
 
-@pytest.mark.slow  # CI keeps the engine's 3-rank parity test and the torchrun one
 @pytest.mark.timeout(120)
 def test_three_ranks_give_the_one_process_run(small_toml, plain_run, tmp_path):
     """--parts 3: rank 0 serves, clients on ranks 1-2; the same curve and bytes as one process."""

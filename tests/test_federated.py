@@ -424,7 +424,6 @@ def test_what_reaches_the_server_is_masked_not_the_update(monkeypatch):
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.slow  # CI time; twin: tests/test_torchrun.py's policy refusal on 3 ranks
 def test_a_budget_overrun_on_the_server_stops_every_rank_at_once(tmp_path):
     """Three ranks, SecAgg: the budget holds round 1's masked payload (what the reservation
     can know before it) but not the key and share messages besides. The server's gate

@@ -276,7 +276,7 @@ def gossip_rank(ctx: DistContext, method: str, topology: str, rounds: int) -> di
     return {"final": p.detach().clone(), "sums": sums}
 
 
-@pytest.mark.parametrize("n", [4, pytest.param(8, marks=pytest.mark.slow)])
+@pytest.mark.parametrize("n", [4, 8])
 def test_one_peer_exponential_gossip_is_exact_after_log2_n_rounds(tmp_path, n):
     res = run_on_ranks(gossip_rank, n, tmp_path, "dpsgd", "exponential", int(math.log2(n)))
     avg = (n - 1) / 2 + torch.arange(3.0)
@@ -284,7 +284,6 @@ def test_one_peer_exponential_gossip_is_exact_after_log2_n_rounds(tmp_path, n):
         torch.testing.assert_close(r["final"], avg, atol=1e-6, rtol=0)
 
 
-@pytest.mark.slow  # 8 ranks on 2 cores; the 4-rank exponential test covers the gossip path in CI
 def test_ring_of_8_is_not_yet_exact_after_8_rounds(tmp_path):
     res = run_on_ranks(gossip_rank, 8, tmp_path, "dpsgd", "ring", 8)
     avg = 3.5 + torch.arange(3.0)
@@ -292,7 +291,7 @@ def test_ring_of_8_is_not_yet_exact_after_8_rounds(tmp_path):
 
 
 # The directed exponential graph is push-sum's case; the ring runs outside CI (CI time).
-@pytest.mark.parametrize("topology", ["exponential", pytest.param("ring", marks=pytest.mark.slow)])
+@pytest.mark.parametrize("topology", ["exponential", "ring"])
 def test_push_sum_keeps_the_average(tmp_path, topology):
     n = 4
     res = run_on_ranks(gossip_rank, n, tmp_path, "pushsum", topology, 12)
@@ -324,7 +323,7 @@ def tracking_rank(ctx: DistContext, rounds: int, atc: bool) -> dict:
     return {"gaps": gaps, "x_gaps": x_gaps, "spread": spread, "x": p.detach().clone(), "state": gt.state_dict()}
 
 
-@pytest.mark.parametrize("atc", [False, pytest.param(True, marks=pytest.mark.slow)], ids=["cta", "atc"])
+@pytest.mark.parametrize("atc", [False, True], ids=["cta", "atc"])
 def test_gradient_tracking_keeps_the_average_gradient(tmp_path, atc):
     res = run_on_ranks(tracking_rank, 4, tmp_path, 10, atc)
     for r in res:

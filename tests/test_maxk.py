@@ -110,7 +110,6 @@ def test_a_rank_with_no_rows_to_send_takes_part(tmp_path):
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.slow  # heavy on 2 cores; siblings cover the path in CI
 def test_maxk_messages_compose_with_boundary_sampling(tmp_path):
     from helpers import run_on_ranks
 
@@ -120,7 +119,6 @@ def test_maxk_messages_compose_with_boundary_sampling(tmp_path):
         assert 0 < sparse["sent"]["halo_fwd"] < dense["sent"]["halo_fwd"] / 5
 
 
-@pytest.mark.slow  # the fp32 and sampling exchange tests run in CI
 @pytest.mark.timeout(120)
 def test_quantized_values_stay_within_one_step(tmp_path):
     from helpers import run_on_ranks

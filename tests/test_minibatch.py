@@ -125,7 +125,7 @@ def test_all_neighbours_in_one_batch_equals_full_graph_training(tmp_path):
 
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("topology, policies", [
-    pytest.param("replicated", ("degree", "presample", "lru"), marks=pytest.mark.slow),  # CI time: the twin below
+    ("replicated", ("degree", "presample", "lru")),
     ("partitioned", ("presample",))])
 def test_every_cache_policy_trains_exactly_as_no_cache(tmp_path, topology, policies):
     """fp32 rows from a cache are the owners' rows, and filling or consulting a cache draws
@@ -183,9 +183,7 @@ def _mk(path):
 
 
 @pytest.mark.timeout(180)
-@pytest.mark.parametrize("sampler, n1", [pytest.param("neighbor", 11, marks=pytest.mark.slow),  # neighbor-3 covers it
-                                         pytest.param("cluster", 11, marks=pytest.mark.slow), ("neighbor", 3),
-                                         pytest.param("saint-rw", 11, marks=pytest.mark.slow)])
+@pytest.mark.parametrize("sampler, n1", [("neighbor", 11), ("cluster", 11), ("neighbor", 3), ("saint-rw", 11)])
 def test_uneven_training_nodes_take_equal_steps_without_hanging(tmp_path, sampler, n1):
     """Rank 0 holds 10x the training nodes of rank 1 (or 37x: then rank 1 has fewer seeds
     than steps, so some of its batches are empty): both take the same number of steps (the
@@ -374,7 +372,6 @@ def test_minibatch_run_records_its_summary_keys(tmp_path):
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.slow  # heavy on 2 cores; siblings cover the path in CI
 def test_adaptive_fetch_bits_fit_the_budget_and_stay_within_a_step(tmp_path):
     """Epoch 1 fetches at 8 bits; then each asker picks per-owner widths whose bytes fit its
     budget (the same request volume each epoch here), and every row stays within one

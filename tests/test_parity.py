@@ -76,7 +76,7 @@ def test_parity_single_rank(graph_and_refs):
     _check(data, refs, [parity_rank(DistContext.single(), data, parts, refs)])
 
 
-@pytest.mark.parametrize("P", [2, pytest.param(4, marks=pytest.mark.slow)])  # 4 ranks outside CI (time)
+@pytest.mark.parametrize("P", [2, 4])
 def test_parity_multi_rank(graph_and_refs, tmp_path, P):
     data, refs = graph_and_refs
     parts = partition_graph(data.edge_index, data.num_nodes, P, PartitionConfig(method="random", seed=1))
@@ -87,7 +87,7 @@ def test_parity_multi_rank(graph_and_refs, tmp_path, P):
 
 @pytest.mark.parametrize("levers", [
     # CI time: transform-first alone is also checked by test_sparse_input_keeps_parity
-    pytest.param({"transform_first": True}, marks=pytest.mark.slow),
+    {"transform_first": True},
     {"precompute": True, "transform_first": True}, {"bits": 32, "sample_rate": 1.0, "exact_every": 5}])
 def test_lossless_levers_keep_parity(graph_and_refs, tmp_path, levers):
     """Precomputed layer-1 aggregation, transform-before-aggregate and neutral lossy

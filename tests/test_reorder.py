@@ -210,7 +210,6 @@ def reorder_parity_rank(ctx: DistContext, data, parts) -> dict:
     return out
 
 
-@pytest.mark.slow  # CI time: the halo-alignment tests above and test_train_reorders_the_ranks_partition_once stay
 @pytest.mark.timeout(180)
 def test_two_rank_training_is_the_same_with_a_reorder(tmp_path):
     data = banded_graph(n=300, band=3, f=6)
@@ -240,7 +239,6 @@ def _metrics(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
-@pytest.mark.slow  # two 2-rank CLI runs; the 2-rank trainer parity test covers it in CI
 @pytest.mark.timeout(240)
 def test_commgnn_train_with_rcm_matches_the_plain_run(tmp_path):
     import commgnn

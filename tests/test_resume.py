@@ -79,14 +79,14 @@ def _crash_then_resume(tmp_path: Path, capfd: pytest.CaptureFixture, levers: lis
 
 @pytest.mark.timeout(180)
 @pytest.mark.parametrize("levers", [
-    pytest.param(["--grad", "topk", "--ratio", "0.1"], marks=pytest.mark.slow),  # CI time; twin: pipelined-halo
-    pytest.param(["--bits", "4"], marks=pytest.mark.slow),
+    ["--grad", "topk", "--ratio", "0.1"],
+    ["--bits", "4"],
     ["--staleness", "pipeline"],
-    pytest.param(["--bits", "adaptive", "--budget-mb", "0.05"], marks=pytest.mark.slow),
-    pytest.param(["--sample-rate", "0.5"], marks=pytest.mark.slow),
-    pytest.param(["--staleness", "skip", "--stale-threshold", "0.05"], marks=pytest.mark.slow),
-    pytest.param(["--grad", "powersgd", "--powersgd-rank", "1"], marks=pytest.mark.slow),
-    pytest.param(["--gossip", "ring"], marks=pytest.mark.slow),
+    ["--bits", "adaptive", "--budget-mb", "0.05"],
+    ["--sample-rate", "0.5"],
+    ["--staleness", "skip", "--stale-threshold", "0.05"],
+    ["--grad", "powersgd", "--powersgd-rank", "1"],
+    pytest.param(["--gossip", "ring"], marks=pytest.mark.slow),  # CI time (5 s); gossip state is tested in test_grad_sync
 ], ids=["topk-error-feedback", "4-bit-halo", "pipelined-halo", "adaptive-bits", "sampled-halo",
         "skip-unchanged", "powersgd", "gossip-dpsgd"])
 def test_resume_with_a_stateful_lever_equals_the_uninterrupted_run(tmp_path, capfd, levers):
@@ -135,7 +135,6 @@ def test_elastic_restart_under_torchrun_completes_and_matches(tmp_path, referenc
 
 
 @pytest.mark.timeout(180)
-@pytest.mark.slow  # heavy on 2 cores; siblings cover the path in CI
 def test_your_own_model_on_a_python_graph_resumes_from_python(tmp_path, capfd):
     import commgnn
     from commgnn.errors import RankFailure
