@@ -248,3 +248,20 @@ def test_the_fork_server_is_used_only_where_it_is_safe():
         t.start()
         t.join(10)
         assert seen == ["spawn"]
+
+
+def test_prestart_starts_the_server_that_the_launch_then_uses(tmp_path):
+    import sys
+    from multiprocessing import forkserver
+
+    from commgnn.dist.forkserver import prestart
+
+    prestart(cuda=True)  # CUDA ranks are spawned: nothing to start for them
+    if not sys.platform.startswith("linux"):
+        return
+    prestart(cuda=False)
+    pid = forkserver._forkserver._forkserver_pid
+    assert pid is not None and os.path.exists(f"/proc/{pid}")
+    spawn_ranks(napping_rank, (str(tmp_path), 0.0), nprocs=2, master_addr="127.0.0.1", port=free_port(),
+                cuda=False)
+    assert {int(f.read_text()) for f in tmp_path.glob("nap*")} == {pid}  # both ranks forked by it

@@ -38,6 +38,7 @@ from commgnn.cli.preflight import check_disk, check_memory, check_rank_count, es
 from commgnn.cli.own_model import (check_own_model, pack_model, read_own_model, unpack_model,
                                    write_own_model)
 from commgnn.cli.rank import run_rank
+from commgnn.dist.forkserver import prestart
 from commgnn.dist.launch import first_line, is_collective_failure, rank_failure, spawn_ranks
 from commgnn.errors import PartitionError, RankFailure, UserError
 from commgnn.partition import (LocalPartition, build_local_partition, build_local_partitions, load_meta,
@@ -208,11 +209,13 @@ def train_local(cfg: RunConfig, *, resume: bool = False, graph: Any = None,
         check_own_model(module, cfg)
     check_rank_count(P, force=rt.force)
     port = rt.port  # the config keeps the user's value (0 = pick), so it can be rerun
+    cuda = None if rt.device == "auto" else rt.device == "cuda"
     if P > 1:
         if port:
             check_port_free(rt.master_addr, port)
         else:
             port = free_port(rt.master_addr)
+        prestart(cuda=torch.cuda.is_available() if cuda is None else cuda)
     out = Path(cfg.output.out) if cfg.output.out else default_out_dir(cfg)
     if resume and graph is None and read_json(out / "manifest.json")["dataset"]["name"] == GIVEN_GRAPH:
         raise UserError(f"{out} trained on a graph given in Python; resume it from Python with "
@@ -251,7 +254,7 @@ def train_local(cfg: RunConfig, *, resume: bool = False, graph: Any = None,
         else:
             spawn_ranks(_local_rank, args, nprocs=P, master_addr=rt.master_addr, port=port,
                         log_dir=str(out / "logs"), heartbeat_s=rt.heartbeat_timeout_s,
-                        cuda=None if rt.device == "auto" else rt.device == "cuda")
+                        cuda=cuda)
     except UserError as exc:
         if resume:
             _ended(out, "failed", error=str(exc), attempt=attempt)

@@ -62,6 +62,16 @@ def start_context(*, cuda: bool) -> Any:
     return ctx
 
 
+def prestart(*, cuda: bool) -> None:
+    """Start the fork server now, where it will be used, so that its imports overlap with
+    the launcher's own work (loading and partitioning the graph) instead of following it."""
+    ctx = start_context(cuda=cuda)
+    if ctx.get_start_method() == "forkserver":
+        from multiprocessing import forkserver
+
+        forkserver.ensure_running()
+
+
 def in_forked_rank() -> None:
     """First thing in a rank: undo what it inherited from the server and no spawned rank has
     (SIGTERM ignored; the server's liveness pipe, which would keep a dead launcher's server
