@@ -72,8 +72,8 @@ def _parent_of(pid: int) -> int | None:
 
 def die_with_launcher(launcher_pid: int) -> int:
     """:func:`die_with_parent` for a rank whose parent is ``launcher_pid`` itself or a fork
-    server that ``launcher_pid`` started (the server exits when the launcher dies, and its
-    death kills the rank). Exit at once if the launcher is already gone; return the parent."""
+    server that ``launcher_pid`` started (the kernel kills that server when the launcher dies,
+    and the server's death kills the rank). Exit at once if the launcher is already gone; return the parent."""
     parent = os.getppid()
     die_with_parent(parent)
     if parent != launcher_pid and _parent_of(parent) not in (launcher_pid, None):
