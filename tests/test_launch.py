@@ -12,6 +12,7 @@ import torch
 from commgnn.dist.context import (LaunchInfo, RuntimeConfig, check_port_free, free_port, init_distributed,
                                   launch_info_from_env, shutdown, threads_per_rank)
 from commgnn.dist.launch import spawn_ranks
+from commgnn.dist.watchdog import _parent_of
 from commgnn.errors import RankFailure, UserError
 
 
@@ -112,11 +113,6 @@ def test_ranks_get_many_tensors_and_the_launchers_current_environment_and_stream
             assert (int(n), float(total), env) == (300, 3 * sum(range(300)), value)
             # spawned by this process, or forked by a fork server that this process started
             assert int(parent) == os.getpid() or _parent_of(int(parent)) == os.getpid()
-
-
-def _parent_of(pid: int) -> int:
-    stat = open(f"/proc/{pid}/stat").read()
-    return int(stat.rsplit(")", 1)[1].split()[1])
 
 
 @pytest.mark.skipif(not os.path.exists("/proc/self/stat"), reason="needs /proc")

@@ -143,13 +143,10 @@ def _on_sigterm(signum: int, frame: Any) -> None:
 def _guard_server() -> None:
     """In our fork server: die with the launcher, and leave SIGTERM to the ranks."""
     global _server_pid
-    import ctypes
+    from commgnn.dist.watchdog import die_with_parent
 
     _server_pid = os.getpid()
-    try:  # the server's parent is the launcher, which started it
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass  # the liveness pipe still ends it once no rank holds it
+    die_with_parent(os.getppid())  # the server's parent is the launcher, which started it
     signal.signal(signal.SIGTERM, _on_sigterm)
 
 
