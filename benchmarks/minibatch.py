@@ -128,8 +128,8 @@ def table(out: Path, datasets: list[str], seeds: list[int]) -> list[dict[str, An
             summ = [r[0] for r in runs]
             split = {k: [statistics.mean(x["time_mean_s"][k] for x in r[1]) for r in runs]
                      for k in ("sample", "fetch", "comm", "compute")}
-            reach = [time_to(r[1], target) for r in runs] if target else []
-            near = [time_to(r[1], target - 0.005) for r in runs] if target else []
+            reach = [time_to(r[1], target, r[0].get("setup_s", 0.0)) for r in runs] if target else []
+            near = [time_to(r[1], target - 0.005, r[0].get("setup_s", 0.0)) for r in runs] if target else []
             hit = [s["cache_hit_rate"] for s in summ if s.get("cache_hit_rate") is not None]
             opt = [s["cache_hit_rate_optimal"] for s in summ if s.get("cache_hit_rate_optimal") is not None]
             rows_out.append({

@@ -47,10 +47,12 @@ def write_table(rows: Sequence[dict[str, Any]], stem: Path, title: str, notes: S
     stem.with_suffix(".md").write_text("\n".join(lines) + "\n")
 
 
-def time_to(rows: Sequence[dict[str, Any]], target: float) -> float | None:
-    """Cumulative epoch seconds (``epoch_s``: the slowest rank's) of ``metrics.jsonl`` rows
-    until ``val_acc`` first reaches ``target``; None if it never does."""
-    t = 0.0
+def time_to(rows: Sequence[dict[str, Any]], target: float, setup_s: float = 0.0) -> float | None:
+    """``setup_s`` (the run's set-up before its first epoch: ``summary.json``'s ``setup_s``,
+    which a precomputed aggregation or a filled cache makes longer) plus the cumulative epoch
+    seconds (``epoch_s``: the slowest rank's) of ``metrics.jsonl`` rows until ``val_acc``
+    first reaches ``target``; None if it never does."""
+    t = setup_s
     for r in rows:
         t += r["epoch_s"]
         if r["val_acc"] >= target - 1e-12:

@@ -178,3 +178,26 @@ def test_report_only_tabulates_valid_records(tmp_path, capsys):
     assert main(["bench", "--grid", str(grid), "--report-only", "--out", str(out)]) == 0
     rows = list(csv.DictReader((out / "results.csv").open()))
     assert [r["setting"] for r in rows] == ["exact"] and float(rows[0]["reduction_vs_exact"]) == 1.0
+
+
+def test_tables_count_the_one_time_set_up_exchange(tmp_path):
+    """precompute's input rows travel once before training: the table shows them and a
+    reduction over the whole run that includes them (40 epochs: 10 + 400 / 40 = 20 bytes an
+    epoch against exact's 100); a summary written before set-up bytes were kept shows '?'."""
+    grid = tmp_path / "g.toml"
+    grid.write_text(GRID)
+    out = tmp_path / "bench"
+    _fake_run(out, "exact", summary=json.dumps({**_SUMMARY, "halo_bytes_per_epoch": 100, "epochs_run": 40,
+                                                "setup_bytes": {"halo_setup": 0}}))
+    _fake_run(out, "lossless_8bit", summary=json.dumps({**_SUMMARY, "epochs_run": 40,
+                                                        "setup_bytes": {"halo_setup": 400, "control": 8}}))
+    assert main(["bench", "--grid", str(grid), "--report-only", "--out", str(out)]) == 0
+    rows = {r["setting"]: r for r in csv.DictReader((out / "results.csv").open())}
+    assert float(rows["lossless+8bit"]["reduction_vs_exact"]) == pytest.approx(10.0)
+    assert float(rows["lossless+8bit"]["halo_setup_bytes"]) == 400
+    assert float(rows["lossless+8bit"]["reduction_incl_setup_vs_exact"]) == pytest.approx(5.0)
+    assert "| 0.000 | 5.0x |" in (out / "results.md").read_text()
+    old = tmp_path / "old"
+    _fake_run(old, "exact")
+    assert main(["bench", "--grid", str(grid), "--report-only", "--out", str(old)]) == 0
+    assert "| ? | ? |" in (old / "results.md").read_text()

@@ -78,6 +78,11 @@ class HaloConfig:
     """Aggregate the raw input features once before training (GCN, SAGE) or keep their halo
     rows (GAT): no per-epoch exchange of input features. Input dropout then acts on the
     aggregated features."""
+    sparse_setup: bool = True
+    """Send the one-time exchange of constant input rows (``precompute``, the first layer's
+    sparse-input pattern, VR-GCN's input aggregate) as non-zero counts, column indices and
+    values, the values left out when all are 1.0 (bag-of-words features); a peer's block stays
+    dense where that is smaller. Lossless. ``false`` sends the dense fp32 rows."""
     transform_first: bool = False
     """Apply a layer's linear map before the exchange where that narrows the message
     (send min(d_in, d_out) columns). Exact for GCN, SAGE-mean and GAT."""

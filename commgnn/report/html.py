@@ -256,6 +256,8 @@ _RESULT_COLS: list[tuple[str, Any]] = [
     ("Δ vs ref (pts)", lambda r: _fmt(r.get("acc_delta_vs_exact_pts"), "+.2f")),
     ("halo / epoch", lambda r: human_bytes(r["halo_bytes_per_epoch"])),
     ("halo reduction", lambda r: _fmt(r.get("reduction_vs_exact"), ".1f") + "x"),
+    ("halo set-up", lambda r: "?" if r.get("halo_setup_bytes") is None else human_bytes(r["halo_setup_bytes"])),
+    ("reduction incl. set-up", lambda r: _fmt(r.get("reduction_incl_setup_vs_exact"), ".1f") + "x"),
     ("grad / epoch", lambda r: human_bytes(r["grad_bytes_per_epoch"])),
     ("grad reduction", lambda r: _fmt(r.get("grad_reduction_vs_exact"), ".1f") + "x"),
     ("epoch ms", lambda r: _fmt(r.get("epoch_time_s"), ".1f", 1000)),

@@ -29,6 +29,7 @@ from commgnn.comm.grad_sync import GradSync
 from commgnn.comm.halo.alltoall import AllToAllHalo
 from commgnn.comm.halo.exchange import RowExchange
 from commgnn.comm.halo.maxk_rows import MaxKRows
+from commgnn.comm.halo.sparse_setup import SparseSetup
 from commgnn.comm.halo.protocol import HaloExchange, HaloPlan
 from commgnn.dist.context import DistContext
 from commgnn.dist.events import Hooks
@@ -122,6 +123,8 @@ class FullGraphTrainer:
         self.eval_halo: RowExchange = AllToAllHalo(ctx, plan, hooks)
         if maxk is not None and ctx.is_distributed:
             self.eval_halo = MaxKRows(self.eval_halo, k=maxk[0], sparse_layers=sparse)
+        if halo_cfg.sparse_setup:  # only the one-time halo_setup rows; evaluation passes through
+            self.eval_halo = SparseSetup(self.eval_halo)
         self.grad_sync = grad_sync if grad_sync is not None else build_grad_sync(ctx, hooks, comm_cfg,
                                                                                  seed=train_cfg.seed)
         torch.manual_seed(train_cfg.seed)  # identical initial weights on every rank

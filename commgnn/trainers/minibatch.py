@@ -56,6 +56,7 @@ from commgnn.sampling.config import SamplerConfig
 from commgnn.sampling.remote import RemoteNeighbors
 from commgnn.trainers.config import TrainConfig
 from commgnn.comm.halo.alltoall import AllToAllHalo
+from commgnn.comm.halo.sparse_setup import SparseSetup
 from commgnn.trainers.fullgraph import FullGraphTrainer, halo_plan
 from commgnn.trainers.mb_setup import (available_memory, build_cache, build_sampler, cache_capacity, choose_topology,
                                        owner_map, remote_candidates, replicated_topology)
@@ -79,6 +80,8 @@ class MiniBatchTrainer(FullGraphTrainer):
         # Evaluation's exchanges count their bytes but not their time as comm: in mini-batch
         # logs comm_s is the gradient sync alone, and evaluation is part of compute_s.
         self.eval_halo = AllToAllHalo(ctx, halo_plan(self.part), hooks.bytes_only())
+        if self.halo_cfg.sparse_setup:
+            self.eval_halo = SparseSetup(self.eval_halo)
         cpu = self.part.to("cpu")
         self.owner, self.row = owner_map(ctx, hooks, cpu)
         edges = ctx.all_reduce(torch.tensor([float(cpu.edge_index.shape[1])], dtype=torch.float64))

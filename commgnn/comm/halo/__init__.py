@@ -12,6 +12,7 @@ from commgnn.comm.halo.adaptive import AdaptiveQuantized
 from commgnn.comm.halo.alltoall import AllToAllHalo
 from commgnn.comm.halo.exchange import RowExchange, Wrapper
 from commgnn.comm.halo.maxk_rows import MaxKRows
+from commgnn.comm.halo.sparse_setup import SparseSetup
 from commgnn.comm.halo.pipelined import Pipelined
 from commgnn.comm.halo.protocol import HaloExchange, HaloPlan
 from commgnn.comm.halo.quantized import Quantized
@@ -19,4 +20,4 @@ from commgnn.comm.halo.sampled import Sampled
 from commgnn.comm.halo.skip import SkipUnchanged
 
 __all__ = ["AdaptiveQuantized", "AllToAllHalo", "HaloExchange", "HaloPlan", "MaxKRows", "Pipelined", "Quantized",
-           "RowExchange", "Sampled", "SkipUnchanged", "Wrapper"]
+           "RowExchange", "Sampled", "SkipUnchanged", "SparseSetup", "Wrapper"]
