@@ -8,7 +8,8 @@ import torch
 
 from commgnn.comm.halo.alltoall import AllToAllHalo
 from commgnn.comm.halo.protocol import HaloPlan
-from commgnn.comm.halo.sparse_setup import BINARY, DENSE, VALUES, SparseSetup, decode_block, encode_block
+from commgnn.comm.halo.sparse_setup import (BINARY, BITMAP, BITMAP_VALUES, DENSE, VALUES, SparseSetup,
+                                            decode_block, encode_block)
 from commgnn.dist.events import CommEvent, Hooks
 
 
@@ -42,6 +43,18 @@ def test_blocks_round_trip_bit_for_bit_in_the_smallest_format(d, kind, fmt):
             cb = 2 if d <= 32767 else 4
             ib = 1 if d <= 256 else (2 if d <= 32768 else 4)
             assert payload.numel() == 1 + n * cb + z * ib
+
+
+@pytest.mark.parametrize("d", [9, 767])
+def test_denser_rows_travel_as_bitmaps(d):
+    g = torch.Generator().manual_seed(d)
+    x = (torch.rand(6, d, generator=g) < 0.35).float()
+    x[2] = 0
+    for fmt, rows in ((BITMAP, x), (BITMAP_VALUES, x * torch.randn(6, d, generator=g))):
+        payload = encode_block(rows)
+        assert int(payload[0]) == fmt and torch.equal(decode_block(payload, 6, d, rows.dtype), rows)
+        z = int((rows != 0).sum())
+        assert payload.numel() == 1 + 6 * -(-d // 8) + (0 if fmt == BITMAP else 4 * z)
 
 
 def test_a_row_wider_than_half_full_stays_dense():
