@@ -262,6 +262,8 @@ def test_saint_samplers_train_in_the_trainer(sampler):
      "minibatch.batch_size must be > 0"),
     ({"train": {"mode": "minibatch"}, "model": {"name": "sage"}, "comm": {"halo": {"bits": 8}}},
      r"\[comm.halo\] levers act on full-graph training"),
+    ({"train": {"mode": "minibatch"}, "model": {"name": "sage"}, "runtime": {"device": "cuda"}},
+     "train.mode = 'minibatch' runs on the CPU"),
     ({"minibatch": {"topology": "partitioned", "sampler": "cluster"}}, "works with sampler 'neighbor' only"),
     ({"fetch": {"cache_mb": 5, "cache_ratio": 0.1}}, "not both"),
     ({"fetch": {"bits": "adaptive"}}, "needs fetch.budget_mb > 0"),
@@ -270,6 +272,15 @@ def test_saint_samplers_train_in_the_trainer(sampler):
 def test_bad_minibatch_settings_are_config_errors(table, message):
     with pytest.raises(ConfigError, match=message):
         from_dict(RunConfig, table)
+
+
+def test_minibatch_resolves_auto_to_the_cpu_and_takes_the_sparse_set_up_setting():
+    """device = auto would pick CUDA on a GPU host, where the sampled path's CPU tensors
+    would meet CUDA ones; full-graph training keeps auto."""
+    mb = from_dict(RunConfig, {"train": {"mode": "minibatch"}, "model": {"name": "sage"},
+                               "comm": {"halo": {"sparse_setup": False}}})
+    assert mb.runtime.device == "cpu" and mb.comm.halo.sparse_setup is False
+    assert from_dict(RunConfig, {}).runtime.device == "auto"
 
 
 @pytest.mark.parametrize("flags, message", [

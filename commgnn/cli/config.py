@@ -129,9 +129,15 @@ class RunConfig:
         if self.partition.reorder != "none":
             raise ConfigError(f"partition.reorder = '{self.partition.reorder}' renumbers full-graph partitions; "
                               f"mini-batch sampling needs them in ascending global id: drop it (reorder = 'none')")
+        if self.runtime.device == "cuda":
+            raise ConfigError("train.mode = 'minibatch' runs on the CPU (gloo) for now: its samplers, feature "
+                              "fetch and cache build CPU tensors; drop runtime.device = 'cuda' (or train full-graph)")
+        if self.runtime.device == "auto":  # auto would pick CUDA on a GPU host; mini-batch is CPU-only
+            object.__setattr__(self, "runtime", replace(self.runtime, device="cpu"))
         from commgnn.comm.config import HaloConfig
 
-        if self.comm.halo != HaloConfig():
+        # sparse_setup applies (VR-GCN's input aggregate is a one-time set-up exchange)
+        if replace(self.comm.halo, sparse_setup=True) != HaloConfig():
             raise ConfigError("[comm.halo] levers act on full-graph training; in train.mode = 'minibatch' remote "
                               "rows travel through [fetch] (bits, cache)")
 
