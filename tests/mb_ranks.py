@@ -141,3 +141,24 @@ def fetch_adaptive(ctx: DistContext, data: Any, parts: torch.Tensor, budget: flo
         out["received"].append(sum(e.nbytes for e in events if e.kind == "fetch_rows"))  # bytes this rank sent
         fetcher.end_epoch()
     return out
+
+
+def fetch_adaptive_after_fill(ctx: DistContext, data: Any, parts: torch.Tensor, budget: float) -> list[list[int]]:
+    """The widths an adaptive fetcher picks after one epoch, without and with a cache-fill
+    style ``fetch_setup`` round before it (which must not count as the epoch's traffic)."""
+    part = build_local_partition(data, parts, ctx.world_size, ctx.rank)
+    hooks, _ = _counting_hooks()
+    owner, row = owner_map(ctx, hooks, part)
+    N = data.x.shape[0]
+    picked = []
+    for fill in (False, True):
+        fetcher = FeatureFetcher(ctx, hooks, table=part.x, owner=owner, row=row, bits="adaptive",
+                                 budget_bytes=budget, seed=ctx.rank)
+        if fill:
+            fetcher.fetch(torch.arange(N), kind="fetch_setup", use_cache=False)
+        g = torch.Generator().manual_seed(100 + ctx.rank)
+        for _ in range(4):
+            fetcher.fetch(torch.randperm(N, generator=g)[: N // 2])
+        fetcher.end_epoch()
+        picked.append(list(fetcher.adaptive.bits))
+    return picked

@@ -383,6 +383,14 @@ def test_minibatch_run_records_its_summary_keys(tmp_path):
 
 
 @pytest.mark.timeout(120)
+def test_a_cache_fill_does_not_count_as_an_epochs_traffic_for_adaptive_bits(tmp_path):
+    data = small_graph(n=120, f=16)
+    for without_fill, with_fill in run_on_ranks(mb_ranks.fetch_adaptive_after_fill, 3, tmp_path, data,
+                                                _parts(120, 3, 5), 3000.0):
+        assert with_fill == without_fill and any(b < 8 for b in with_fill), (without_fill, with_fill)
+
+
+@pytest.mark.timeout(120)
 def test_adaptive_fetch_bits_fit_the_budget_and_stay_within_a_step(tmp_path):
     """Epoch 1 fetches at 8 bits; then each asker picks per-owner widths whose bytes fit its
     budget (the same request volume each epoch here), and every row stays within one

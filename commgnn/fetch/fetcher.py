@@ -129,7 +129,7 @@ class FeatureFetcher:
         rows = []
         for o, (seg, c) in enumerate(zip(torch.split(back, in_bytes), counts.tolist())):
             r, r2 = decode_rows(seg, c, d, bits[o], dtype)
-            if c:
+            if c and kind == "fetch_rows":  # a cache's one-time fill is not an epoch's traffic
                 self.adaptive.observe(o, r2)
             rows.append(r)
         out = torch.empty((rids.numel(), d), dtype=dtype)
