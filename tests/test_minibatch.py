@@ -15,7 +15,7 @@ from commgnn.comm import quant
 from commgnn.config import from_dict
 from commgnn.dist.context import DistContext
 from commgnn.dist.events import Hooks
-from commgnn.errors import ConfigError
+from commgnn.errors import ConfigError, UserError
 from commgnn.fetch.config import FetchConfig
 from commgnn.models import ModelConfig
 from commgnn.partition import build_local_partition
@@ -355,6 +355,12 @@ def test_a_resumed_minibatch_run_continues_exactly():
     for (k, v), w in zip(a.model.state_dict().items(), b.model.state_dict().values()):
         assert torch.equal(v, w), k
     assert torch.equal(a.history[1], b.history[1])
+    # a run that sampled a partitioned topology (topology = auto, less memory then) is not
+    # resumed on a replicated one: one clear error instead of other samples
+    assert saved["minibatch"]["topology"] == b.topology == "replicated"
+    saved["minibatch"]["topology"] = "partitioned"
+    with pytest.raises(UserError, match="set minibatch.topology = 'partitioned' in the run's config.toml"):
+        trainer().load_state_dict(saved)
 
 
 @pytest.mark.timeout(120)

@@ -40,7 +40,7 @@ from torch import Tensor, nn
 from commgnn.comm.config import CommConfig
 from commgnn.dist.context import DistContext
 from commgnn.dist.events import Hooks
-from commgnn.errors import ConfigError
+from commgnn.errors import ConfigError, UserError
 from commgnn.fetch.cache import RowCache, StaticCache
 from commgnn.fetch.adaptive import row_bytes
 from commgnn.fetch.config import FetchConfig
@@ -272,12 +272,19 @@ class MiniBatchTrainer(FullGraphTrainer):
         state = super().state_dict()
         state["minibatch"] = {"gen": self.gen.get_state(), "fetcher": self.fetcher.state_dict(),
                               "history": self.history.state_dict() if self.vr else None,
-                              "remote_gen": _remote_gen_state(self.sampler)}
+                              "remote_gen": _remote_gen_state(self.sampler), "topology": self.topology}
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        super().load_state_dict(state)
         mb = state["minibatch"]
+        saved = mb.get("topology", self.topology)  # (checkpoints before 2026-12-02 did not say)
+        if saved != self.topology:
+            # topology = auto decides from the free memory at start: a resume can choose
+            # otherwise, and the samples (and a cache's rows) would then not be the run's.
+            raise UserError(f"this run sampled a {saved} topology, but on resuming minibatch.topology = "
+                            f"'{self.sampler_cfg.topology}' chose {self.topology} (the free memory changed): "
+                            f"set minibatch.topology = '{saved}' in the run's config.toml to resume it exactly")
+        super().load_state_dict(state)
         self.gen.set_state(mb["gen"])
         self.fetcher.load_state_dict(mb["fetcher"])
         if self.vr and mb.get("history") is not None:
