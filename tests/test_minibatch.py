@@ -274,6 +274,13 @@ def test_bad_minibatch_settings_are_config_errors(table, message):
         from_dict(RunConfig, table)
 
 
+def test_no_rank_draws_another_ranks_stream():
+    from commgnn.trainers.config import STREAMS, SEED_LIMIT, stream_seed
+
+    seeds = [stream_seed(s, r, p) for s in (0, 1, SEED_LIMIT - 1) for r in range(64) for p in STREAMS]
+    assert len(set(seeds)) == len(seeds) and max(seeds) < 2**63
+
+
 def test_minibatch_resolves_auto_to_the_cpu_and_takes_the_sparse_set_up_setting():
     """device = auto would pick CUDA on a GPU host, where the sampled path's CPU tensors
     would meet CUDA ones; full-graph training keeps auto."""

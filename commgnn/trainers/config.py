@@ -16,6 +16,18 @@ SEED_LIMIT = 2**32
 """``train.seed`` lies in ``[0, SEED_LIMIT)``: derived seeds (per rank, per lever: ``seed *
 1_000_003 + rank``) must stay inside the 64-bit range ``torch.manual_seed`` takes."""
 
+STREAMS = {"train": 1, "fetch": 2, "owner": 3, "presample": 4}
+"""The random streams of one rank in mini-batch training, by purpose."""
+
+
+def stream_seed(seed: int, rank: int, purpose: str) -> int:
+    """The seed of rank ``rank``'s ``purpose`` stream (:data:`STREAMS`): ``(seed * 1_000_003 +
+    rank) * 16 + STREAMS[purpose]``, distinct for every (seed, rank < 1,000,003, purpose), so
+    that no stream of one rank repeats another rank's (offsets such as ``rank + 7`` made rank
+    r + 7's pre-sampling draw rank r's training samples)."""
+    return (seed * 1_000_003 + rank) * 16 + STREAMS[purpose]
+
+
 _DTYPE_MAX = {"float32": float(torch.finfo(torch.float32).max), "float64": float(torch.finfo(torch.float64).max)}
 """Largest learning rate / weight decay the optimiser can apply to parameters of each dtype."""
 

@@ -34,6 +34,7 @@ from commgnn.sampling.neighbor import NeighborSampler, replicated_source
 from commgnn.sampling.remote import RemoteNeighbors
 from commgnn.sampling.saint import SaintSampler
 from commgnn.sampling.vrgcn import VRGCNSampler
+from commgnn.trainers.config import stream_seed
 
 
 def gather_variable(ctx: DistContext, hooks: Hooks, t: Tensor, kind: TrafficClass) -> list[Tensor]:
@@ -116,7 +117,7 @@ def build_sampler(cfg: SamplerConfig, ctx: DistContext, hooks: Hooks, part: Loca
         if csr is None:
             own_csr = CSRTopology.from_edge_index(
                 torch.stack([own_in_edges(part)[0], part.edge_index[1].cpu()]), part.num_owned)
-            gen = torch.Generator().manual_seed(seed * 1_000_003 + ctx.rank + 101)
+            gen = torch.Generator().manual_seed(stream_seed(seed, ctx.rank, "owner"))
             source = RemoteNeighbors(ctx, hooks, own_csr=own_csr, owner=owner, row=row, replace=cfg.replace,
                                      generator=gen)
         else:
@@ -133,7 +134,7 @@ def build_sampler(cfg: SamplerConfig, ctx: DistContext, hooks: Hooks, part: Loca
     s = cfg.saint
     return SaintSampler(csr, own, train, kind=name.removeprefix("saint-"), num_layers=layers,  # type: ignore[arg-type]
                         budget=s.budget, walk_length=s.walk_length, presample=s.presample, steps=s.steps,
-                        seed=seed * 1_000_003 + ctx.rank)
+                        seed=stream_seed(seed, ctx.rank, "presample"))
 
 
 def remote_candidates(part: LocalPartition, csr: CSRTopology | None, owner: Tensor, hops: int) -> Tensor:

@@ -38,6 +38,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from commgnn.comm.config import CommConfig
+from commgnn.comm.halo.alltoall import AllToAllHalo
+from commgnn.comm.halo.sparse_setup import SparseSetup
 from commgnn.dist.context import DistContext
 from commgnn.dist.events import Hooks
 from commgnn.errors import ConfigError, UserError
@@ -54,9 +56,7 @@ from commgnn.partition.local import LocalPartition
 from commgnn.sampling.base import MiniBatch
 from commgnn.sampling.config import SamplerConfig
 from commgnn.sampling.remote import RemoteNeighbors
-from commgnn.trainers.config import TrainConfig
-from commgnn.comm.halo.alltoall import AllToAllHalo
-from commgnn.comm.halo.sparse_setup import SparseSetup
+from commgnn.trainers.config import TrainConfig, stream_seed
 from commgnn.trainers.fullgraph import FullGraphTrainer, halo_plan
 from commgnn.trainers.mb_setup import (available_memory, build_cache, build_sampler, cache_capacity, choose_topology,
                                        owner_map, remote_candidates, replicated_topology)
@@ -92,7 +92,7 @@ class MiniBatchTrainer(FullGraphTrainer):
         layers = len(self.model.convs)
         self.sampler = build_sampler(sampler_cfg, ctx, hooks, cpu, layers=layers, csr=csr, owner=self.owner,
                                      row=self.row, seed=train_cfg.seed)
-        self.gen = torch.Generator().manual_seed(train_cfg.seed * 1_000_003 + ctx.rank + 7)
+        self.gen = torch.Generator().manual_seed(stream_seed(train_cfg.seed, ctx.rank, "train"))
         steps = ctx.all_reduce(torch.tensor([float(self.sampler.num_batches())], dtype=torch.float64), "max")
         self.steps = max(1, int(steps[0]))
         self.n_train = float(self.split_sizes[0])
@@ -108,7 +108,7 @@ class MiniBatchTrainer(FullGraphTrainer):
             self.cache, self.capacity = self._build_cache(cpu, csr, layers, table)
         self.fetcher = FeatureFetcher(ctx, hooks, table=table, owner=self.owner, row=self.row, cache=self.cache,
                                       bits=fetch_cfg.bits, budget_bytes=fetch_cfg.budget_mb * 1e6,
-                                      seed=train_cfg.seed * 1_000_003 + ctx.rank + 13)
+                                      seed=stream_seed(train_cfg.seed, ctx.rank, "fetch"))
         if isinstance(self.cache, StaticCache):  # one set-up fetch of the chosen rows
             self.cache.fill(self.fetcher.fetch(self.cache.ids, kind="fetch_setup", use_cache=False))
             self.fetcher.rows_requested = self.fetcher.rows_fetched = 0
