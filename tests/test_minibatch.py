@@ -445,3 +445,38 @@ def test_the_cache_memory_check_counts_every_rank_on_the_host():
     assert cache_capacity(cfg, 10, 8, 4, local_ranks=1) > 0
     with pytest.raises(ConfigError, match="per rank x 4 ranks on this host exceeds the available memory"):
         cache_capacity(cfg, 10, 8, 4, local_ranks=4)
+
+
+@pytest.mark.parametrize("sampler", ["neighbor", "vrgcn", "saint-node", "saint-edge", "saint-rw", "cluster"])
+def test_cache_candidates_are_what_the_sampler_can_request(sampler):
+    """The remote rows a cache may hold are those the sampler's batches can ask for: every
+    remote node of many sampled batches lies among them, and the reach is not wider than
+    the sampler's (VR-GCN one hop less than neighbour sampling, Cluster-GCN none)."""
+    from commgnn.sampling.csr import CSRTopology
+    from commgnn.trainers.mb_setup import build_sampler, remote_candidates, sampler_reach
+
+    data = small_graph(n=150, m=300, f=4)
+    parts = _parts(150, 3, 2)
+    part = build_local_partition(data, parts, 3, 0)
+    csr = CSRTopology.from_edge_index(data.edge_index, 150)
+    owner, row = parts.clone(), torch.zeros(150, dtype=torch.long)
+    cfg = from_dict(SamplerConfig, {"sampler": sampler, "fanout": [3, 3], "batch_size": 8,
+                                    "saint": {"budget": 20, "presample": 5, "walk_length": 3}})
+    from_all_own, hops = sampler_reach(cfg, 2)
+    cand = set(remote_candidates(part, csr, owner, hops, from_all_own=from_all_own).tolist())
+    s = build_sampler(cfg, DistContext.single(), Hooks(), part, layers=2, csr=csr, owner=owner, row=row, seed=0)
+    g = torch.Generator().manual_seed(1)
+    asked = set()
+    for _ in range(20):
+        for batch in s.epoch(max(1, s.num_batches()), g):
+            asked |= {int(v) for v in batch.nodes if int(owner[v]) != 0}
+    assert asked <= cand, sorted(asked - cand)
+    assert {"neighbor": (False, 2), "vrgcn": (False, 1), "saint-node": (True, 1), "saint-edge": (True, 1),
+            "saint-rw": (False, 3), "cluster": (False, 0)}[sampler] == (from_all_own, hops)
+    if sampler == "cluster":
+        assert not cand and not asked
+        with pytest.raises(ConfigError, match="nothing to cache"):
+            from_dict(RunConfig, {"train": {"mode": "minibatch"}, "model": {"name": "sage"},
+                                  "minibatch": {"sampler": "cluster"}, "fetch": {"cache_ratio": 0.1}})
+    else:
+        assert asked, "the sampler asked for no remote row: the test graph is too small to tell"

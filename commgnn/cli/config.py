@@ -129,6 +129,9 @@ class RunConfig:
         if self.partition.reorder != "none":
             raise ConfigError(f"partition.reorder = '{self.partition.reorder}' renumbers full-graph partitions; "
                               f"mini-batch sampling needs them in ascending global id: drop it (reorder = 'none')")
+        if mb.sampler == "cluster" and self.fetch.cached:
+            raise ConfigError("sampler 'cluster' trains on each rank's own nodes and fetches no remote rows: "
+                              "there is nothing to cache; drop fetch.cache_mb / fetch.cache_ratio")
         if self.runtime.device == "cuda":
             raise ConfigError("train.mode = 'minibatch' runs on the CPU (gloo) for now: its samplers, feature "
                               "fetch and cache build CPU tensors; drop runtime.device = 'cuda' (or train full-graph)")

@@ -137,13 +137,32 @@ def build_sampler(cfg: SamplerConfig, ctx: DistContext, hooks: Hooks, part: Loca
                         seed=stream_seed(seed, ctx.rank, "presample"))
 
 
-def remote_candidates(part: LocalPartition, csr: CSRTopology | None, owner: Tensor, hops: int) -> Tensor:
+def sampler_reach(cfg: SamplerConfig, layers: int) -> tuple[bool, int]:
+    """Where a sampler's remote rows can come from: ``(from_all_own, hops)``, the hops
+    around this rank's training nodes (or all its own nodes) that its batches can reach.
+    Neighbour sampling reaches ``layers`` hops; VR-GCN ``layers - 1`` (its input layer's
+    aggregate is fetched precomputed); GraphSAINT's node and edge samplers one hop around
+    every own node (their pool), its walks ``walk_length`` hops; Cluster-GCN none."""
+    if cfg.sampler == "cluster":
+        return False, 0
+    if cfg.sampler in ("saint-node", "saint-edge"):
+        return True, 1
+    if cfg.sampler == "saint-rw":
+        return False, cfg.saint.walk_length
+    return False, layers - 1 if cfg.sampler == "vrgcn" else layers
+
+
+def remote_candidates(part: LocalPartition, csr: CSRTopology | None, owner: Tensor, hops: int, *,
+                      from_all_own: bool = False) -> Tensor:
     """Sorted global ids of the other ranks' nodes within ``hops`` of this rank's
-    training nodes (its halo nodes when the topology is partitioned)."""
+    training nodes (all its own nodes with ``from_all_own``, or when none trains; its halo
+    nodes when the topology is partitioned)."""
     if csr is None:
         return torch.sort(part.halo_global_ids.cpu()).values
     reached = torch.zeros(csr.num_nodes, dtype=torch.bool)
-    frontier = part.global_ids.cpu()[part.train_mask.cpu()]
+    own = part.global_ids.cpu()
+    train = part.train_mask.cpu()
+    frontier = own if from_all_own or not bool(train.any()) else own[train]
     reached[frontier] = True
     for _ in range(hops):
         src, _ = csr.neighbours_of(frontier)

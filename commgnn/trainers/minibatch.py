@@ -59,7 +59,8 @@ from commgnn.sampling.remote import RemoteNeighbors
 from commgnn.trainers.config import TrainConfig, stream_seed
 from commgnn.trainers.fullgraph import FullGraphTrainer, halo_plan
 from commgnn.trainers.mb_setup import (available_memory, build_cache, build_sampler, cache_capacity, choose_topology,
-                                       owner_map, remote_candidates, replicated_topology)
+                                       owner_map, remote_candidates, replicated_topology,
+                                       sampler_reach)
 
 BELADY_LIMIT = 3_000_000
 """Requests per epoch above which Belady's optimum (a Python-level heap walk) is skipped."""
@@ -128,7 +129,8 @@ class MiniBatchTrainer(FullGraphTrainer):
     def _build_cache(self, cpu: LocalPartition, csr: Any, layers: int, table: Tensor) -> tuple[RowCache, int]:
         """The cache of ``fetch_cfg`` and its configured size in rows."""
         cfg = self.fetch_cfg
-        candidates = remote_candidates(cpu, csr, self.owner, layers)
+        from_all_own, hops = sampler_reach(self.sampler_cfg, layers)
+        candidates = remote_candidates(cpu, csr, self.owner, hops, from_all_own=from_all_own)
         capacity = cache_capacity(cfg, int(candidates.numel()), table.shape[1], table.element_size(),
                                   self.ctx.local_world_size, self.available)
         capacity = min(capacity, int(candidates.numel()))
