@@ -387,6 +387,8 @@ def test_minibatch_run_records_its_summary_keys(tmp_path):
     assert summary["feature_bytes_per_epoch"] == sum(per_epoch) / 2 > 0
     hits = sum(r["cache_hits"] for r in rows)
     assert summary["cache_hit_rate"] == hits / sum(r["remote_requests"] for r in rows)
+    # each hit kept a 4-byte id and an 8-wide fp32 row off the wire
+    assert [r["cache_bytes_saved"] for r in rows] == [r["cache_hits"] * (4 + 8 * 4) for r in rows]
     # a static (degree) cache cannot beat the best static set of its size on the same trace
     assert 0 < summary["cache_hit_rate"] <= summary["cache_hit_rate_optimal"] + 1e-12
     # (a pre-filled static cache can beat Belady, which starts empty and admits on a miss)

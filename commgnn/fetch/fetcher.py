@@ -55,6 +55,9 @@ class FeatureFetcher:
         self.trace: list[Tensor] = []
         self.rows_fetched = 0
         self.rows_requested = 0
+        self.bytes_saved = 0
+        """Bytes the cache's hits kept off the wire (ids out, rows back at the widths in force
+        when they hit), since the owner of this counter last reset it."""
 
     @property
     def width(self) -> int:
@@ -81,6 +84,7 @@ class FeatureFetcher:
         if self.cache is not None and use_cache:
             hit, cached = self.cache.lookup(rids)
             out.index_copy_(0, rpos[hit], cached.to(out.dtype))
+            self.bytes_saved += self._wire_bytes(rids[hit])
             rpos, rids = rpos[~hit], rids[~hit]
         rows = self._remote(rids, kind) if self.adaptive is None else self._remote_adaptive(rids, kind)
         out.index_copy_(0, rpos, rows.to(out.dtype))
@@ -88,6 +92,16 @@ class FeatureFetcher:
         if self.cache is not None and use_cache:
             self.cache.admit(rids, rows)
         return out
+
+    def _wire_bytes(self, rids: Tensor) -> int:
+        """What fetching ``rids`` now would cost: an id each way out, a row each back, at
+        the width each owner would send (the adaptive widths now in force)."""
+        idb = 4 if self.table.shape[0] < 2**31 else 8
+        esz = self.table.element_size()
+        if self.adaptive is None:
+            return int(rids.numel()) * (row_bytes(self.width, int(self.bits), esz) + idb)
+        per_owner = torch.bincount(self.owner[rids].to(torch.int64), minlength=self.ctx.world_size).tolist()
+        return sum(c * (row_bytes(self.width, b, esz) + idb) for c, b in zip(per_owner, self.adaptive.bits) if c)
 
     def _remote(self, rids: Tensor, kind: TrafficClass) -> Tensor:
         """One request-reply round: owner-local rows of ``rids`` back, decoded."""

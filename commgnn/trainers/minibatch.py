@@ -44,7 +44,6 @@ from commgnn.dist.context import DistContext
 from commgnn.dist.events import Hooks
 from commgnn.errors import ConfigError, UserError
 from commgnn.fetch.cache import RowCache, StaticCache
-from commgnn.fetch.adaptive import row_bytes
 from commgnn.fetch.config import FetchConfig
 from commgnn.fetch.fetcher import FeatureFetcher
 from commgnn.fetch.optimal import belady_hit_rate, optimal_static_hit_rate
@@ -239,9 +238,9 @@ class MiniBatchTrainer(FullGraphTrainer):
             opt = optimal_static_hit_rate(trace, self.capacity) * requests
             belady = belady_hit_rate(trace, self.capacity) * requests if requests <= BELADY_LIMIT else float("nan")
         mine = torch.tensor([*self._stats.tolist(), requests, float(stats["hits"]), opt, belady,
-                             float(self.fetcher.rows_fetched)], dtype=torch.float64)
+                             float(self.fetcher.rows_fetched), float(self.fetcher.bytes_saved)], dtype=torch.float64)
         self._stats.zero_()
-        self.fetcher.rows_fetched = 0
+        self.fetcher.rows_fetched = self.fetcher.bytes_saved = 0
         rows = self.ctx.all_gather(mine)
         s = rows.sum(0)
         batches = max(float(s[2]), 1.0)
@@ -255,19 +254,8 @@ class MiniBatchTrainer(FullGraphTrainer):
             log["cache_hit_rate"] = float(s[5]) / float(s[4]) if s[4] else 0.0
             log["cache_hit_rate_optimal"] = float(s[6]) / float(s[4]) if s[4] else 0.0
             log["cache_hit_rate_belady"] = float(s[7]) / float(s[4]) if s[4] else 0.0
-            log["cache_bytes_saved"] = int(s[5]) * self._row_bytes()
+            log["cache_bytes_saved"] = int(s[9])
         return log
-
-    def _row_bytes(self) -> int:
-        """Bytes one fetched row costs on the wire (its id out, its payload back)."""
-        width = self.fetcher.width
-        bits = self.fetch_cfg.bits
-        if bits == "adaptive":  # the widths now in force, averaged over the owners
-            bits_list = [b for o, b in enumerate(self.fetcher.adaptive.bits) if o != self.ctx.rank]  # type: ignore[union-attr]
-            return sum(row_bytes(width, b, self.fetcher.table.element_size()) for b in bits_list) // max(
-                len(bits_list), 1) + 4
-        payload = row_bytes(width, int(bits), self.fetcher.table.element_size())
-        return payload + 4
 
     # ------------------------------------------------------------------ state
     def state_dict(self) -> dict[str, Any]:
