@@ -38,6 +38,8 @@ def test_maxk_settings_are_checked():
         ModelConfig(activation="maxk", hidden=16, maxk_k=32)
     with pytest.raises(ConfigError, match="activation"):
         ModelConfig(activation="gelu")
+    with pytest.raises(ConfigError, match="at most 65536"):
+        ModelConfig(activation="maxk", hidden=65537, maxk_k=8)
     assert ModelConfig(name="gat").act == "elu" and ModelConfig(activation="maxk").act == "maxk"
     from commgnn.cli.config import RunConfig
     from commgnn.config import from_dict

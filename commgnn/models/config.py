@@ -61,6 +61,9 @@ class ModelConfig:
         if self.activation not in ("auto", "relu", "elu", "maxk"):
             raise ConfigError(f"model.activation must be 'auto', 'relu', 'elu' or 'maxk', got {self.activation!r}")
         positive("model.maxk_k", self.maxk_k)
+        if self.activation == "maxk" and self.hidden > 65536:  # halo indices travel as 16 bits
+            raise ConfigError(f"model.activation = 'maxk' sends 16-bit column indices: model.hidden must be at "
+                              f"most 65536, got {self.hidden}")
         if self.activation == "maxk" and self.maxk_k > self.hidden:
             raise ConfigError(f"model.maxk_k ({self.maxk_k}) cannot exceed model.hidden ({self.hidden})")
         if self.name == "gat" and self.hidden % self.heads:
