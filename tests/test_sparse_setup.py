@@ -8,8 +8,8 @@ import torch
 
 from commgnn.comm.halo.alltoall import AllToAllHalo
 from commgnn.comm.halo.protocol import HaloPlan
-from commgnn.comm.halo.sparse_setup import (BINARY, BITMAP, BITMAP_VALUES, DENSE, VALUES, SparseSetup,
-                                            decode_block, encode_block)
+from commgnn.comm.halo.sparse_setup import SparseSetup
+from commgnn.comm.sparse_codec import BINARY, BITMAP, BITMAP_VALUES, DENSE, VALUES, decode_block, encode_block
 from commgnn.dist.events import CommEvent, Hooks
 
 

@@ -1,0 +1,111 @@
+"""Lossless codec for blocks of mostly-zero rows (raw bag-of-words features, their sums).
+
+A block of ``n`` rows of width ``d`` (element size ``s``, ``z`` non-zeros) is one uint8
+payload::
+
+    [format: 1 byte]
+    0 dense:            n * d * s bytes                 (the rows as they are)
+    1 listed values:    n * c + z * i + z * s bytes     (counts, column indices, values)
+    2 listed binary:    n * c + z * i bytes             (every non-zero is exactly 1.0)
+    3 bitmap + values:  n * ceil(d / 8) + z * s bytes   (a bit per column, then values)
+    4 bitmap binary:    n * ceil(d / 8) bytes
+
+with ``c`` = 2 bytes per row count (4 when d > 32,767) and ``i`` = 1 byte per column index
+(d <= 256), 2 (d <= 32,768) or 4. Each block takes the smallest format, so it never costs
+more than dense plus one byte: lists win on very sparse rows
+(CS: 59.6 of 6,805), bitmaps on denser ones (Amazon Computers: 267 of 767, 96 bytes a row
+against 536 listed and 3,068 dense).
+
+Decoding rebuilds the dense ``[n, d]`` rows bit for bit (a ``-0.0`` comes back as ``0.0``).
+Used by the one-time halo set-up exchange (:mod:`commgnn.comm.halo.sparse_setup`) and by
+mini-batch feature fetches (``fetch.sparse``). Written by hand: no maintained library ships
+a sparse row codec for torch.distributed payloads.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+DENSE, VALUES, BINARY, BITMAP_VALUES, BITMAP = 0, 1, 2, 3, 4
+_BITS = 1 << torch.arange(8)  # bit j of a bitmap byte = column 8 * byte + j
+
+
+def _int_dtype(limit: int) -> torch.dtype:
+    """Smallest signed integer dtype whose non-negative range holds ``0 .. limit - 1``
+    (uint8 for indices below 256: torch has no uint16 arithmetic on every device)."""
+    if limit <= 256:
+        return torch.uint8
+    return torch.int16 if limit <= 32768 else torch.int32
+
+
+def _bytes(t: Tensor) -> Tensor:
+    return t.contiguous().view(torch.uint8).reshape(-1)
+
+
+def _pack(mask: Tensor) -> Tensor:
+    """``[n, d]`` bool -> ``[n * ceil(d / 8)]`` uint8, little-endian bits per byte."""
+    n, d = mask.shape
+    padded = torch.zeros((n, -(-d // 8) * 8), dtype=torch.uint8, device=mask.device)
+    padded[:, :d] = mask
+    return (padded.view(n, -1, 8) * _BITS.to(mask.device, torch.uint8)).sum(2, dtype=torch.uint8).reshape(-1)
+
+
+def _unpack(packed: Tensor, n: int, d: int) -> Tensor:
+    bits = (packed.view(n, -1, 1) & _BITS.to(packed.device, torch.uint8)) != 0
+    return bits.reshape(n, -1)[:, :d]
+
+
+def encode_block(rows: Tensor) -> Tensor:
+    """``[n, d]`` rows -> one uint8 payload in the smallest of the formats."""
+    n, d = rows.shape
+    s = rows.element_size()
+    dense = torch.cat([rows.new_full((1,), DENSE, dtype=torch.uint8), _bytes(rows)])
+    if n == 0:
+        return dense
+    mask = rows != 0
+    vals = rows[mask]  # row-major: each row's non-zeros in column order
+    z, binary = vals.numel(), bool((vals == 1).all())
+    cb, ib = torch.empty((), dtype=_int_dtype(d + 1)), torch.empty((), dtype=_int_dtype(d))
+    value_bytes = 0 if binary else z * s
+    listed = n * cb.element_size() + z * ib.element_size() + value_bytes
+    bitmap = n * (-(-d // 8)) + value_bytes
+    if min(listed, bitmap) + 1 >= dense.numel():
+        return dense
+    if bitmap < listed:
+        parts = [rows.new_full((1,), BITMAP if binary else BITMAP_VALUES, dtype=torch.uint8), _pack(mask)]
+    else:
+        c = mask.nonzero(as_tuple=True)[1]
+        parts = [rows.new_full((1,), BINARY if binary else VALUES, dtype=torch.uint8),
+                 _bytes(mask.sum(1).to(cb.dtype)), _bytes(c.to(ib.dtype))]
+    if not binary:
+        parts.append(_bytes(vals))
+    return torch.cat(parts)
+
+
+def decode_block(payload: Tensor, n: int, d: int, dtype: torch.dtype) -> Tensor:
+    """Inverse of :func:`encode_block` for a block of ``n`` rows of width ``d``."""
+    fmt, body = int(payload[0]), payload[1:].clone()  # a fresh buffer: dtype views need aligned storage
+    if fmt == DENSE:
+        return body.view(dtype).reshape(n, d).clone()
+    if fmt in (BITMAP, BITMAP_VALUES):
+        nb = n * (-(-d // 8))
+        mask = _unpack(body[:nb], n, d)
+        values_at = nb
+    else:
+        cdt, idt = _int_dtype(d + 1), _int_dtype(d)
+        cb, ib = torch.empty((), dtype=cdt).element_size(), torch.empty((), dtype=idt).element_size()
+        counts = body[: n * cb].clone().view(cdt).long()
+        z = int(counts.sum())
+        cols = body[n * cb: n * cb + z * ib].clone().view(idt).long()
+        mask = torch.zeros((n, d), dtype=torch.bool, device=payload.device)
+        mask[torch.repeat_interleave(torch.arange(n, device=payload.device), counts), cols] = True
+        values_at = n * cb + z * ib
+    out = torch.zeros((n, d), dtype=dtype, device=payload.device)
+    if fmt in (BINARY, BITMAP):
+        out[mask] = 1
+    else:
+        z = int(mask.sum())
+        s = torch.empty((), dtype=dtype).element_size()
+        out[mask] = body[values_at: values_at + z * s].clone().view(dtype)
+    return out
