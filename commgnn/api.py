@@ -52,7 +52,8 @@ class TrainResult:
     """The run directory (config, manifest, metrics, ``model.pt``, ``predictions.pt``)."""
 
 
-def train(data: Any = None, *, model: str = "gcn", parts: int | None = None, comm: CommConfig | None = None,
+def train(data: Any = None, *, model: str | nn.Module | None = None, parts: int | None = None,
+          comm: CommConfig | None = None,
           config: RunConfig | str | Path | None = None, out: str | Path | None = None,
           env: Mapping[str, str] | None = None, **options: Any) -> TrainResult | None:
     """Train a GNN partition-parallel on ``data`` and return the result.
@@ -61,7 +62,8 @@ def train(data: Any = None, *, model: str = "gcn", parts: int | None = None, com
         data: a PyG ``Data``, a dict of tensors (``x``, ``edge_index``, ``y``, optional
             masks), an ``InMemoryDataset`` (its first graph), a dataset name or a ``.pt``
             path; None = the config's dataset (the synthetic graph by default).
-        model: ``"gcn"``, ``"sage"`` or ``"gat"``, or your own ``nn.Module`` built from PyG
+        model: ``"gcn"``, ``"sage"`` or ``"gat"`` (None: the config's, GCN by default), or
+            your own ``nn.Module`` built from PyG
             layers (see :mod:`commgnn.models.byo` for the supported ones), whose forward is
             ``forward(x, edge_index)``. It runs partition-parallel with the halo exchange
             inserted before each message-passing layer; its weights are the starting point
@@ -74,10 +76,12 @@ def train(data: Any = None, *, model: str = "gcn", parts: int | None = None, com
         **options: any ``commgnn train`` flag by its Python name, e.g. ``epochs=200``,
             ``lr=0.01``, ``hidden=128``, ``layers=3``, ``seed=1``, ``quiet=False``.
     """
-    cfg = _config(config, options)
     module = model if isinstance(model, nn.Module) else None
-    if module is None:
-        cfg = _set(cfg, "model.name", model)
+    if isinstance(model, str):  # with the other options, so that they are checked together
+        options = {**options, "model": model}
+    elif model is not None and module is None:
+        raise ConfigError(f"model= takes a model name or an nn.Module, got {type(model).__name__}")
+    cfg = _config(config, options)
     if parts is not None:
         cfg = _set(cfg, "runtime.parts", parts)
     if comm is not None:

@@ -29,7 +29,7 @@ def _counting_hooks() -> tuple[Hooks, list[CommEvent]]:
 
 
 def fetch_rows(ctx: DistContext, data: Any, parts: torch.Tensor, bits: int, policy: str | None,
-               steps: int) -> dict[str, Any]:
+               steps: int, sparse: bool = False) -> dict[str, Any]:
     """Fetch random id sets; return what was served and the true rows, and the bytes."""
     part = build_local_partition(data, parts, ctx.world_size, ctx.rank)
     hooks, events = _counting_hooks()
@@ -41,7 +41,8 @@ def fetch_rows(ctx: DistContext, data: Any, parts: torch.Tensor, bits: int, poli
     elif policy == "static":
         remote = (owner != ctx.rank).nonzero().flatten()
         cache = StaticCache(N, remote[:15], F, torch.float32)
-    fetcher = FeatureFetcher(ctx, hooks, table=part.x, owner=owner, row=row, cache=cache, bits=bits, seed=ctx.rank)
+    fetcher = FeatureFetcher(ctx, hooks, table=part.x, owner=owner, row=row, cache=cache, bits=bits, seed=ctx.rank,
+                             sparse=sparse)
     if isinstance(cache, StaticCache):
         cache.fill(fetcher.fetch(cache.ids, kind="fetch_setup", use_cache=False))
     events.clear()
@@ -55,7 +56,8 @@ def fetch_rows(ctx: DistContext, data: Any, parts: torch.Tensor, bits: int, poli
     rows_bytes = sum(e.nbytes for e in events if e.kind == "fetch_rows")
     return {"served": served, "asked": asked, "rows_bytes": rows_bytes, "fetched": fetcher.rows_fetched,
             "requested": fetcher.rows_requested, "n_remote": n_remote,
-            "hits": cache.reset_stats()["hits"] if cache is not None else 0}
+            "hits": cache.reset_stats()["hits"] if cache is not None else 0,
+            "ids_bytes": sum(e.nbytes for e in events if e.kind == "fetch_ids"), "saved": fetcher.bytes_saved}
 
 
 def fetch_one_sided(ctx: DistContext, data: Any, parts: torch.Tensor) -> list[torch.Tensor]:

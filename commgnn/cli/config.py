@@ -213,6 +213,7 @@ FLAG_KEYS: dict[str, str] = {
     "cache_policy": "fetch.cache_policy",
     "fetch_bits": "fetch.bits",
     "fetch_budget_mb": "fetch.budget_mb",
+    "fetch_sparse": "fetch.sparse",
     "prefetch": "fetch.prefetch",
     "country": "energy.country_iso_code",
     "energy_track": "energy.track",

@@ -209,6 +209,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="bits of fetched rows: 1|2|4|8|32 or adaptive (with --fetch-budget-mb)")
     m.add_argument("--fetch-budget-mb", dest="fetch_budget_mb", type=float,
                    help="adaptive fetch bits: MB of rows each rank may receive per epoch")
+    m.add_argument("--fetch-sparse", dest="fetch_sparse", action="store_const", const=True,
+                   help="fetched rows as lossless index lists / bitmaps (one more all-to-all per step)")
     m.add_argument("--prefetch", action="store_const", const=True,
                    help="sample and fetch the next batch while the current one computes")
     e = t.add_argument_group("energy")

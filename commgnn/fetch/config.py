@@ -4,6 +4,7 @@ Example::
 
     [fetch]
     bits = 4                # 1, 2, 4, 8 or 32 (float32 rows)
+    sparse = false          # true: lossless index lists / bitmaps (with bits = 32)
     cache_ratio = 0.1       # or cache_mb = 64
     cache_policy = "degree" # degree (PaGraph) | presample (GNNLab) | lru
     prefetch = true
@@ -28,6 +29,12 @@ class FetchConfig:
     """Bits per value of fetched rows: 32 = float32 as stored; 1, 2, 4, 8 = the halo
     exchange's stochastic row codes (within one quantisation step, unbiased);
     ``"adaptive"`` = widths per owner re-solved every epoch to fit ``budget_mb``."""
+    sparse: bool = False
+    """Send fetched rows through the lossless sparse codec (:mod:`commgnn.comm.sparse_codec`:
+    index lists or bitmaps, values left out when all are 1.0, dense where that is smaller),
+    one block per asker, at the cost of one more all-to-all per step (the block sizes).
+    Bit-identical training; for bag-of-words features (Coauthor CS keeps 59.6 of 6,805
+    entries) a row costs ~122 bytes instead of 27,220. Needs ``bits = 32``."""
     budget_mb: float = 0.0
     """adaptive: feature-row MB (1e6 bytes) each rank may receive per epoch."""
     cache_mb: float = 0.0
@@ -48,6 +55,9 @@ class FetchConfig:
     def __post_init__(self) -> None:
         if self.bits != "adaptive" and self.bits not in FETCH_BITS:
             raise ConfigError(f"fetch.bits must be one of 1, 2, 4, 8, 32 or 'adaptive', got {self.bits!r}")
+        if self.sparse and self.bits != 32:
+            raise ConfigError(f"fetch.sparse sends rows losslessly (float32 values, index lists or bitmaps); it "
+                              f"does not combine with fetch.bits = {self.bits!r}: drop one of them")
         positive("fetch.budget_mb", self.budget_mb, allow_zero=True)
         if self.bits == "adaptive" and not self.budget_mb:
             raise ConfigError("fetch.bits = 'adaptive' needs fetch.budget_mb > 0 (MB of rows a rank receives per epoch)")

@@ -28,6 +28,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from commgnn.comm import quant
+from commgnn.comm.sparse_codec import decode_block, encode_block
 from commgnn.dist.context import DistContext
 from commgnn.dist.events import Hooks, TrafficClass
 from commgnn.fetch.cache import RowCache
@@ -40,12 +41,16 @@ class FeatureFetcher:
 
     def __init__(self, ctx: DistContext, hooks: Hooks, *, table: Tensor, owner: Tensor, row: Tensor,
                  cache: RowCache | None = None, bits: int | str = 32, budget_bytes: float = 0.0, seed: int = 0,
-                 group: dist.ProcessGroup | None = None, record_trace: bool = True) -> None:
+                 group: dist.ProcessGroup | None = None, record_trace: bool = True, sparse: bool = False) -> None:
         """``table [n_own, F]``: this rank's rows; ``owner [N]`` / ``row [N]``: every node's
         owner rank and row there; ``bits``: 32, 1, 2, 4, 8 or ``"adaptive"`` (widths per
         owner within ``budget_bytes`` of rows received per epoch, :mod:`commgnn.fetch.adaptive`);
         ``group``: the communicator (a background prefetch gets its own); ``record_trace``:
-        keep the epoch's request trace."""
+        keep the epoch's request trace; ``sparse``: replies through the lossless sparse
+        codec (``bits`` must be 32)."""
+        if sparse and bits != 32:
+            raise ValueError("sparse fetches carry float32 values (bits = 32)")
+        self.sparse = sparse
         self.ctx, self.hooks, self.group = ctx, hooks, group
         self.table, self.owner, self.row = table, owner.to(torch.int16 if ctx.world_size < 2**15 else torch.int32), row
         self.cache, self.bits = cache, bits
@@ -84,20 +89,26 @@ class FeatureFetcher:
         if self.cache is not None and use_cache:
             hit, cached = self.cache.lookup(rids)
             out.index_copy_(0, rpos[hit], cached.to(out.dtype))
-            self.bytes_saved += self._wire_bytes(rids[hit])
+            self.bytes_saved += self._wire_bytes(rids[hit], cached)
             rpos, rids = rpos[~hit], rids[~hit]
-        rows = self._remote(rids, kind) if self.adaptive is None else self._remote_adaptive(rids, kind)
+        if self.adaptive is not None:
+            rows = self._remote_adaptive(rids, kind)
+        else:
+            rows = self._remote_sparse(rids, kind) if self.sparse else self._remote(rids, kind)
         out.index_copy_(0, rpos, rows.to(out.dtype))
         self.rows_fetched += int(rids.numel())
         if self.cache is not None and use_cache:
             self.cache.admit(rids, rows)
         return out
 
-    def _wire_bytes(self, rids: Tensor) -> int:
-        """What fetching ``rids`` now would cost: an id each way out, a row each back, at
-        the width each owner would send (the adaptive widths now in force)."""
+    def _wire_bytes(self, rids: Tensor, rows: Tensor) -> int:
+        """What fetching ``rids`` (whose rows are ``rows``) now would cost: an id each way
+        out, a row each back, at the width each owner would send (the adaptive widths now in
+        force), or as one sparse block (within a few header bytes of the per-owner blocks)."""
         idb = 4 if self.table.shape[0] < 2**31 else 8
         esz = self.table.element_size()
+        if self.sparse:
+            return int(rids.numel()) * idb + (int(encode_block(rows.to(self.table.dtype)).numel()) if rids.numel() else 0)
         if self.adaptive is None:
             return int(rids.numel()) * (row_bytes(self.width, int(self.bits), esz) + idb)
         per_owner = torch.bincount(self.owner[rids].to(torch.int64), minlength=self.ctx.world_size).tolist()
@@ -115,6 +126,35 @@ class FeatureFetcher:
         got = request_reply(self.ctx, self.hooks, self.owner[rids], self.row[rids].to(small), serve,
                             req_kind="fetch_ids", rep_kind=kind, group=self.group)
         return got if bits == 32 else quant.decode(got, bits, width, dtype)
+
+    def _remote_sparse(self, rids: Tensor, kind: TrafficClass) -> Tensor:
+        """One round whose replies are sparse-codec blocks, one per asker::
+
+            counts -> ids -> (owner encodes each asker's rows) block sizes -> blocks
+
+        Four all-to-alls (the block sizes are the extra one); ``[len(rids), F]`` rows back,
+        bit for bit the owners'."""
+        ctx, P, d, dtype = self.ctx, self.ctx.world_size, self.width, self.table.dtype
+        owners = self.owner[rids].to(torch.int64)
+        order = torch.sort(owners, stable=True).indices
+        counts = torch.bincount(owners, minlength=P)
+        in_counts = all_to_all(ctx, self.group, counts, [1] * P, [1] * P).tolist()
+        ids = self.row[rids[order]].to(torch.int32 if self.table.shape[0] < 2**31 else torch.int64)
+        got = all_to_all(ctx, self.group, ids, counts.tolist(), in_counts)
+        blocks = [encode_block(self.table[part.to(torch.int64)]) if n else torch.zeros(0, dtype=torch.uint8)
+                  for part, n in zip(torch.split(got, in_counts), in_counts)]
+        out_bytes = [int(b.numel()) for b in blocks]
+        in_bytes = all_to_all(ctx, self.group, torch.tensor(out_bytes, dtype=torch.int64), [1] * P, [1] * P).tolist()
+        for q in range(P):
+            if q != ctx.rank:
+                self.hooks.sent("fetch_ids", -1, q, 8 + int(counts[q]) * ids.element_size())  # count, ids
+                self.hooks.sent(kind, -1, q, 8 * int(in_counts[q] > 0) + out_bytes[q])  # block size, block
+        back = all_to_all(ctx, self.group, torch.cat(blocks), out_bytes, in_bytes)
+        rows = [decode_block(seg, c, d, dtype) for seg, c in zip(torch.split(back, in_bytes), counts.tolist()) if c]
+        out = torch.empty((rids.numel(), d), dtype=dtype)
+        if rows:
+            out[order] = torch.cat(rows)
+        return out
 
     def _remote_adaptive(self, rids: Tensor, kind: TrafficClass) -> Tensor:
         """One round with per-owner widths: the counts go out with the widths this rank

@@ -108,7 +108,7 @@ class MiniBatchTrainer(FullGraphTrainer):
             self.cache, self.capacity = self._build_cache(cpu, csr, layers, table)
         self.fetcher = FeatureFetcher(ctx, hooks, table=table, owner=self.owner, row=self.row, cache=self.cache,
                                       bits=fetch_cfg.bits, budget_bytes=fetch_cfg.budget_mb * 1e6,
-                                      seed=stream_seed(train_cfg.seed, ctx.rank, "fetch"))
+                                      seed=stream_seed(train_cfg.seed, ctx.rank, "fetch"), sparse=fetch_cfg.sparse)
         if isinstance(self.cache, StaticCache):  # one set-up fetch of the chosen rows
             self.cache.fill(self.fetcher.fetch(self.cache.ids, kind="fetch_setup", use_cache=False))
             self.fetcher.rows_requested = self.fetcher.rows_fetched = 0
