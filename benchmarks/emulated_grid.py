@@ -202,8 +202,8 @@ def report(ns: argparse.Namespace, out: Path) -> None:
         f"{ns.ranks_per_host} ranks in network namespaces, links shaped with tbf (`commgnn cluster`), gloo over the "
         f"links. GCN {ns.layers}x{ns.hidden}, dropout 0.5, Adam lr 0.01, METIS, {ns.epochs} epochs, no early "
         "stop, validation every epoch. All hosts share the machine's 2 cores.",
-        "Time = the run's set-up (`setup_s`: loading and partitioning, and one-time exchanges such as precompute's "
-        "input rows, whose bytes are 'set-up MB') plus the slowest rank's epoch seconds (training + evaluation), "
+        "Time = the run's set-up (`setup_s`: building the trainer after the partition is loaded, with one-time "
+        "exchanges such as precompute's input rows, whose bytes are 'set-up MB') plus the slowest rank's epoch seconds (training + evaluation), "
         "summed until the validation accuracy first reaches the same seed's exact run's best (or that less 0.5 points); speed-up = exact's time to that "
         "accuracy / the entry's, per seed, then averaged. (k/n) = seeds that reached it within the epochs.",
         "Model epoch s: the cost model's prediction from the run's recorded per-pair bytes and its busiest rank's "

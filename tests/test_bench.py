@@ -189,13 +189,16 @@ def test_tables_count_the_one_time_set_up_exchange(tmp_path):
     out = tmp_path / "bench"
     _fake_run(out, "exact", summary=json.dumps({**_SUMMARY, "halo_bytes_per_epoch": 100, "epochs_run": 40,
                                                 "setup_bytes": {"halo_setup": 0}}))
-    _fake_run(out, "lossless_8bit", summary=json.dumps({**_SUMMARY, "epochs_run": 40,
+    _fake_run(out, "lossless_8bit", summary=json.dumps({**_SUMMARY, "epochs_run": 40, "setup_s": 2.0,
                                                         "setup_bytes": {"halo_setup": 400, "control": 8}}))
     assert main(["bench", "--grid", str(grid), "--report-only", "--out", str(out)]) == 0
     rows = {r["setting"]: r for r in csv.DictReader((out / "results.csv").open())}
     assert float(rows["lossless+8bit"]["reduction_vs_exact"]) == pytest.approx(10.0)
     assert float(rows["lossless+8bit"]["halo_setup_bytes"]) == 400
     assert float(rows["lossless+8bit"]["reduction_incl_setup_vs_exact"]) == pytest.approx(5.0)
+    # its time to exact's best validation accuracy starts with its set-up (2 s) before epoch 1 (0.01 s)
+    assert float(rows["lossless+8bit"]["time_to_exact_best_val_s"]) == pytest.approx(2.01)
+    assert float(rows["exact"]["time_to_exact_best_val_s"]) == pytest.approx(0.01)
     assert "| 0.000 | 5.0x |" in (out / "results.md").read_text()
     old = tmp_path / "old"
     _fake_run(old, "exact")

@@ -286,8 +286,9 @@ def test_minibatch_resolves_auto_to_the_cpu_and_takes_the_sparse_set_up_setting(
     would meet CUDA ones; full-graph training keeps auto."""
     mb = from_dict(RunConfig, {"train": {"mode": "minibatch"}, "model": {"name": "sage"},
                                "comm": {"halo": {"sparse_setup": False}}})
-    assert mb.runtime.device == "cpu" and mb.comm.halo.sparse_setup is False
-    assert from_dict(RunConfig, {}).runtime.device == "auto"
+    assert mb.effective_runtime.device == "cpu" and mb.comm.halo.sparse_setup is False
+    assert mb.runtime.device == "auto"  # the config keeps auto: in full-graph mode it means CUDA where there is one
+    assert from_dict(RunConfig, {}).effective_runtime.device == "auto"
 
 
 @pytest.mark.parametrize("flags, message", [
@@ -464,8 +465,8 @@ def test_cache_candidates_are_what_the_sampler_can_request(sampler):
     owner, row = parts.clone(), torch.zeros(150, dtype=torch.long)
     cfg = from_dict(SamplerConfig, {"sampler": sampler, "fanout": [3, 3], "batch_size": 8,
                                     "saint": {"budget": 20, "presample": 5, "walk_length": 3}})
-    from_all_own, hops = sampler_reach(cfg, 2)
-    cand = set(remote_candidates(part, csr, owner, hops, from_all_own=from_all_own).tolist())
+    frontier, hops = sampler_reach(cfg, 2)
+    cand = set(remote_candidates(part, csr, owner, hops, frontier=frontier).tolist())
     s = build_sampler(cfg, DistContext.single(), Hooks(), part, layers=2, csr=csr, owner=owner, row=row, seed=0)
     g = torch.Generator().manual_seed(1)
     asked = set()
@@ -473,8 +474,8 @@ def test_cache_candidates_are_what_the_sampler_can_request(sampler):
         for batch in s.epoch(max(1, s.num_batches()), g):
             asked |= {int(v) for v in batch.nodes if int(owner[v]) != 0}
     assert asked <= cand, sorted(asked - cand)
-    assert {"neighbor": (False, 2), "vrgcn": (False, 1), "saint-node": (True, 1), "saint-edge": (True, 1),
-            "saint-rw": (False, 3), "cluster": (False, 0)}[sampler] == (from_all_own, hops)
+    assert {"neighbor": ("train", 2), "vrgcn": ("train", 1), "saint-node": ("own", 1), "saint-edge": ("own", 1),
+            "saint-rw": ("train-or-own", 3), "cluster": ("train", 0)}[sampler] == (frontier, hops)
     if sampler == "cluster":
         assert not cand and not asked
         with pytest.raises(ConfigError, match="nothing to cache"):

@@ -9,7 +9,8 @@ import torch
 from commgnn.comm.halo.alltoall import AllToAllHalo
 from commgnn.comm.halo.protocol import HaloPlan
 from commgnn.comm.halo.sparse_setup import SparseSetup
-from commgnn.comm.sparse_codec import BINARY, BITMAP, BITMAP_VALUES, DENSE, VALUES, decode_block, encode_block
+from commgnn.comm.sparse_codec import (BINARY, BITMAP, BITMAP_VALUES, DENSE, VALUES, block_bytes, decode_block,
+                                      encode_block)
 from commgnn.dist.events import CommEvent, Hooks
 
 
@@ -40,7 +41,7 @@ def test_blocks_round_trip_bit_for_bit_in_the_smallest_format(d, kind, fmt):
             assert int(payload[0]) == fmt
         if fmt == BINARY and d > 8:  # counts + indices only
             z = int((x != 0).sum())
-            cb = 2 if d <= 32767 else 4
+            cb = 1 if d <= 255 else (2 if d <= 32767 else 4)
             ib = 1 if d <= 256 else (2 if d <= 32768 else 4)
             assert payload.numel() == 1 + n * cb + z * ib
 
@@ -55,6 +56,28 @@ def test_denser_rows_travel_as_bitmaps(d):
         assert int(payload[0]) == fmt and torch.equal(decode_block(payload, 6, d, rows.dtype), rows)
         z = int((rows != 0).sum())
         assert payload.numel() == 1 + 6 * -(-d // 8) + (0 if fmt == BITMAP else 4 * z)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16])
+def test_nans_come_back_bit_for_bit_and_a_negative_zero_as_zero(dtype):
+    x = torch.zeros(5, 300, dtype=dtype)
+    x[0, 3], x[1, 7], x[2, 9], x[3, 1] = -0.0, float("nan"), 1.0, -2.5
+    x = x.t().contiguous().t()  # a non-contiguous input
+    payload = encode_block(x)
+    y = decode_block(payload, 5, 300, dtype)
+    bits = {torch.float32: torch.int32, torch.float64: torch.int64, torch.float16: torch.int16}[dtype]
+    expected = x.clone()
+    expected[0, 3] = 0.0  # -0.0 is not sent: it arrives as 0.0
+    assert torch.equal(y.contiguous().view(bits), expected.contiguous().view(bits))
+    assert block_bytes(x) == payload.numel() == 1 + 5 * 2 + 3 * 2 + 3 * x.element_size()
+
+
+def test_block_bytes_is_the_encoded_size():
+    g = torch.Generator().manual_seed(7)
+    for d in (5, 255, 256, 300, 767):
+        for kind in ("binary", "values", "dense"):
+            x = _rows(kind, 6, d, g)
+            assert block_bytes(x) == encode_block(x).numel() and block_bytes(x[:0]) == encode_block(x[:0]).numel()
 
 
 def test_a_row_wider_than_half_full_stays_dense():

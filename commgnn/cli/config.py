@@ -113,6 +113,15 @@ class RunConfig:
                               f"train.optimizer = 'sgd', not '{self.train.optimizer}'")
 
 
+    @property
+    def effective_runtime(self) -> RuntimeConfig:
+        """``runtime`` as the ranks use it: mini-batch training runs on the CPU, so there
+        ``device = "auto"`` (which would pick CUDA on a GPU host) means ``"cpu"``. The
+        config itself keeps ``auto``, so that it means the same in any other mode."""
+        if self.train.mode == "minibatch" and self.runtime.device == "auto":
+            return replace(self.runtime, device="cpu")
+        return self.runtime
+
     def _check_minibatch(self) -> None:
         mb = self.minibatch
         if self.model.residual != "none":
@@ -135,8 +144,6 @@ class RunConfig:
         if self.runtime.device == "cuda":
             raise ConfigError("train.mode = 'minibatch' runs on the CPU (gloo) for now: its samplers, feature "
                               "fetch and cache build CPU tensors; drop runtime.device = 'cuda' (or train full-graph)")
-        if self.runtime.device == "auto":  # auto would pick CUDA on a GPU host; mini-batch is CPU-only
-            object.__setattr__(self, "runtime", replace(self.runtime, device="cpu"))
         from commgnn.comm.config import HaloConfig
 
         # sparse_setup applies (VR-GCN's input aggregate is a one-time set-up exchange)

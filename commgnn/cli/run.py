@@ -204,7 +204,7 @@ def train_local(cfg: RunConfig, *, resume: bool = False, graph: Any = None,
     existing run directory to continue from its newest checkpoint. ``graph``: a graph given
     in Python (PyG ``Data``, dict or ``InMemoryDataset``) instead of ``cfg.data.dataset``."""
     cfg = config_from_partition_dir(cfg)
-    P, rt = cfg.runtime.parts, cfg.runtime
+    P, rt = cfg.runtime.parts, cfg.effective_runtime
     if module is not None:
         check_own_model(module, cfg)
     check_rank_count(P, force=rt.force)
@@ -289,7 +289,7 @@ def _previous_attempt(out: Path) -> int:
 
 def _local_rank(info: LaunchInfo, cfg: RunConfig, out: str, part_dir: str, fp: str,
                 report: dict[str, Any], resume: bool, attempt: int, packed: bytes | None) -> None:
-    ctx = init_distributed(info, cfg.runtime)
+    ctx = init_distributed(info, cfg.effective_runtime)
     part = load_partition(part_dir, ctx.rank, expected_fingerprint=fp, expected_parts=ctx.world_size)
     run_rank(ctx, cfg, part, Path(out), report, fingerprint=fp, resume=resume, attempt=attempt,
              module=unpack_model(packed))
@@ -414,7 +414,7 @@ def train_torchrun(cfg: RunConfig, info: LaunchInfo, graph: Any = None,
     if module is not None:
         check_own_model(module, cfg)
         module = unpack_model(pack_model(module))  # a copy: the caller's module stays untrained
-    ctx = init_distributed(info, cfg.runtime)
+    ctx = init_distributed(info, cfg.effective_runtime)
     out = Path(cfg.output.out) if cfg.output.out else default_out_dir(cfg)
     cfg = replace(cfg, output=replace(cfg.output, out=str(out)))
     resume = info.restart_count > 0 and (out / "config.toml").is_file()

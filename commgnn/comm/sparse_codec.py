@@ -10,13 +10,14 @@ payload::
     3 bitmap + values:  n * ceil(d / 8) + z * s bytes   (a bit per column, then values)
     4 bitmap binary:    n * ceil(d / 8) bytes
 
-with ``c`` = 2 bytes per row count (4 when d > 32,767) and ``i`` = 1 byte per column index
-(d <= 256), 2 (d <= 32,768) or 4. Each block takes the smallest format, so it never costs
+with ``c`` = 1 byte per row count (d <= 255), 2 (d <= 32,767) or 4, and ``i`` = 1 byte per
+column index (d <= 256), 2 (d <= 32,768) or 4; ``z`` counts the non-zeros. Each block takes the smallest format, so it never costs
 more than dense plus one byte: lists win on very sparse rows
 (CS: 59.6 of 6,805), bitmaps on denser ones (Amazon Computers: 267 of 767, 96 bytes a row
 against 536 listed and 3,068 dense).
 
-Decoding rebuilds the dense ``[n, d]`` rows bit for bit (a ``-0.0`` comes back as ``0.0``).
+Decoding rebuilds the dense ``[n, d]`` rows bit for bit (NaN included), except that a
+``-0.0`` comes back as ``0.0``.
 Used by the one-time halo set-up exchange (:mod:`commgnn.comm.halo.sparse_setup`) and by
 mini-batch feature fetches (``fetch.sparse``). Written by hand: no maintained library ships
 a sparse row codec for torch.distributed payloads.
@@ -32,8 +33,8 @@ _BITS = 1 << torch.arange(8)  # bit j of a bitmap byte = column 8 * byte + j
 
 
 def _int_dtype(limit: int) -> torch.dtype:
-    """Smallest signed integer dtype whose non-negative range holds ``0 .. limit - 1``
-    (uint8 for indices below 256: torch has no uint16 arithmetic on every device)."""
+    """Smallest integer dtype holding ``0 .. limit - 1``: uint8, else int16 or int32 (signed
+    above a byte: torch has no uint16 arithmetic on every device)."""
     if limit <= 256:
         return torch.uint8
     return torch.int16 if limit <= 32768 else torch.int32
@@ -56,28 +57,50 @@ def _unpack(packed: Tensor, n: int, d: int) -> Tensor:
     return bits.reshape(n, -1)[:, :d]
 
 
+def _nonzero(rows: Tensor) -> Tensor:
+    """Entries that travel: the non-zeros (NaN included). A ``-0.0`` counts as zero: sending
+    it would cost an entry wherever a product made one, and no sum or product of training
+    tells it from ``0.0``."""
+    return rows != 0
+
+
+def _sizes(n: int, d: int, s: int, z: int, binary: bool) -> tuple[int, int, int]:
+    """Bytes of the dense, listed and bitmap formats (header included) for ``n`` rows of
+    width ``d``, element size ``s``, ``z`` entries to send."""
+    cb, ib = _int_dtype(d + 1).itemsize, _int_dtype(d).itemsize
+    value_bytes = 0 if binary else z * s
+    return 1 + n * d * s, 1 + n * cb + z * ib + value_bytes, 1 + n * (-(-d // 8)) + value_bytes
+
+
+def block_bytes(rows: Tensor) -> int:
+    """What :func:`encode_block` makes of ``rows``, in bytes, without building it."""
+    n, d = rows.shape
+    if n == 0:
+        return 1
+    mask = _nonzero(rows)
+    z = int(mask.sum())
+    return min(_sizes(n, d, rows.element_size(), z, bool((rows[mask] == 1).all())))
+
+
 def encode_block(rows: Tensor) -> Tensor:
     """``[n, d]`` rows -> one uint8 payload in the smallest of the formats."""
     n, d = rows.shape
-    s = rows.element_size()
     dense = torch.cat([rows.new_full((1,), DENSE, dtype=torch.uint8), _bytes(rows)])
     if n == 0:
         return dense
-    mask = rows != 0
-    vals = rows[mask]  # row-major: each row's non-zeros in column order
-    z, binary = vals.numel(), bool((vals == 1).all())
-    cb, ib = torch.empty((), dtype=_int_dtype(d + 1)), torch.empty((), dtype=_int_dtype(d))
-    value_bytes = 0 if binary else z * s
-    listed = n * cb.element_size() + z * ib.element_size() + value_bytes
-    bitmap = n * (-(-d // 8)) + value_bytes
-    if min(listed, bitmap) + 1 >= dense.numel():
+    mask = _nonzero(rows)
+    vals = rows[mask]  # row-major: each row's entries in column order
+    binary = bool((vals == 1).all())
+    cdt, idt = _int_dtype(d + 1), _int_dtype(d)
+    _, listed, bitmap = _sizes(n, d, rows.element_size(), vals.numel(), binary)
+    if min(listed, bitmap) >= dense.numel():
         return dense
     if bitmap < listed:
         parts = [rows.new_full((1,), BITMAP if binary else BITMAP_VALUES, dtype=torch.uint8), _pack(mask)]
     else:
         c = mask.nonzero(as_tuple=True)[1]
         parts = [rows.new_full((1,), BINARY if binary else VALUES, dtype=torch.uint8),
-                 _bytes(mask.sum(1).to(cb.dtype)), _bytes(c.to(ib.dtype))]
+                 _bytes(mask.sum(1).to(cdt)), _bytes(c.to(idt))]
     if not binary:
         parts.append(_bytes(vals))
     return torch.cat(parts)

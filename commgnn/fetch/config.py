@@ -33,7 +33,7 @@ class FetchConfig:
     """Send fetched rows through the lossless sparse codec (:mod:`commgnn.comm.sparse_codec`:
     index lists or bitmaps, values left out when all are 1.0, dense where that is smaller),
     one block per asker, at the cost of one more all-to-all per step (the block sizes).
-    Bit-identical training; for bag-of-words features (Coauthor CS keeps 59.6 of 6,805
+    The same rows (a -0.0 arrives as 0.0) and training; for bag-of-words features (Coauthor CS keeps 59.6 of 6,805
     entries) a row costs ~122 bytes instead of 27,220. Needs ``bits = 32``."""
     budget_mb: float = 0.0
     """adaptive: feature-row MB (1e6 bytes) each rank may receive per epoch."""

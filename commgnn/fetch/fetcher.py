@@ -28,7 +28,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from commgnn.comm import quant
-from commgnn.comm.sparse_codec import decode_block, encode_block
+from commgnn.comm.sparse_codec import block_bytes, decode_block, encode_block
 from commgnn.dist.context import DistContext
 from commgnn.dist.events import Hooks, TrafficClass
 from commgnn.fetch.cache import RowCache
@@ -104,11 +104,12 @@ class FeatureFetcher:
     def _wire_bytes(self, rids: Tensor, rows: Tensor) -> int:
         """What fetching ``rids`` (whose rows are ``rows``) now would cost: an id each way
         out, a row each back, at the width each owner would send (the adaptive widths now in
-        force), or as one sparse block (within a few header bytes of the per-owner blocks)."""
+        force), or as one sparse block (:func:`block_bytes`, within a few header bytes of the
+        per-owner blocks)."""
         idb = 4 if self.table.shape[0] < 2**31 else 8
         esz = self.table.element_size()
         if self.sparse:
-            return int(rids.numel()) * idb + (int(encode_block(rows.to(self.table.dtype)).numel()) if rids.numel() else 0)
+            return int(rids.numel()) * idb + (block_bytes(rows.to(self.table.dtype)) if rids.numel() else 0)
         if self.adaptive is None:
             return int(rids.numel()) * (row_bytes(self.width, int(self.bits), esz) + idb)
         per_owner = torch.bincount(self.owner[rids].to(torch.int64), minlength=self.ctx.world_size).tolist()
@@ -144,11 +145,15 @@ class FeatureFetcher:
         blocks = [encode_block(self.table[part.to(torch.int64)]) if n else torch.zeros(0, dtype=torch.uint8)
                   for part, n in zip(torch.split(got, in_counts), in_counts)]
         out_bytes = [int(b.numel()) for b in blocks]
-        in_bytes = all_to_all(ctx, self.group, torch.tensor(out_bytes, dtype=torch.int64), [1] * P, [1] * P).tolist()
+        # a block size goes only to an asker (and comes only from an owner asked): both sides know
+        askers, asked = [int(n > 0) for n in in_counts], [int(c > 0) for c in counts.tolist()]
+        sizes = torch.tensor([b for b, a in zip(out_bytes, askers) if a], dtype=torch.int64)
+        got_sizes = iter(all_to_all(ctx, self.group, sizes, askers, asked).tolist())
+        in_bytes = [int(next(got_sizes)) if a else 0 for a in asked]
         for q in range(P):
             if q != ctx.rank:
                 self.hooks.sent("fetch_ids", -1, q, 8 + int(counts[q]) * ids.element_size())  # count, ids
-                self.hooks.sent(kind, -1, q, 8 * int(in_counts[q] > 0) + out_bytes[q])  # block size, block
+                self.hooks.sent(kind, -1, q, 8 * askers[q] + out_bytes[q])  # block size, block
         back = all_to_all(ctx, self.group, torch.cat(blocks), out_bytes, in_bytes)
         rows = [decode_block(seg, c, d, dtype) for seg, c in zip(torch.split(back, in_bytes), counts.tolist()) if c]
         out = torch.empty((rids.numel(), d), dtype=dtype)

@@ -137,38 +137,40 @@ def build_sampler(cfg: SamplerConfig, ctx: DistContext, hooks: Hooks, part: Loca
                         seed=stream_seed(seed, ctx.rank, "presample"))
 
 
-def sampler_reach(cfg: SamplerConfig, layers: int) -> tuple[bool, int]:
-    """Where a sampler's remote rows can come from: ``(from_all_own, hops)``, the hops
-    around this rank's training nodes (or all its own nodes) that its batches can reach.
-    Neighbour sampling reaches ``layers`` hops; VR-GCN ``layers - 1`` (its input layer's
-    aggregate is fetched precomputed); GraphSAINT's node and edge samplers one hop around
-    every own node (their pool), its walks ``walk_length`` hops; Cluster-GCN none."""
+def sampler_reach(cfg: SamplerConfig, layers: int) -> tuple[str, int]:
+    """Where a sampler's remote rows can come from: ``(frontier, hops)``, the hops around
+    this rank's ``"train"`` nodes, all its ``"own"`` nodes, or ``"train-or-own"`` (the
+    training nodes, or every own node when none trains) that its batches can reach.
+    Neighbour sampling reaches ``layers`` hops from its seeds (the training nodes); VR-GCN
+    ``layers - 1`` (its input layer's aggregate is fetched precomputed); GraphSAINT's node
+    and edge samplers one hop around every own node (their pool), its walks
+    ``walk_length`` hops from their roots; Cluster-GCN none."""
     if cfg.sampler == "cluster":
-        return False, 0
+        return "train", 0
     if cfg.sampler in ("saint-node", "saint-edge"):
-        return True, 1
+        return "own", 1
     if cfg.sampler == "saint-rw":
-        return False, cfg.saint.walk_length
-    return False, layers - 1 if cfg.sampler == "vrgcn" else layers
+        return "train-or-own", cfg.saint.walk_length
+    return "train", layers - 1 if cfg.sampler == "vrgcn" else layers
 
 
 def remote_candidates(part: LocalPartition, csr: CSRTopology | None, owner: Tensor, hops: int, *,
-                      from_all_own: bool = False) -> Tensor:
-    """Sorted global ids of the other ranks' nodes within ``hops`` of this rank's
-    training nodes (all its own nodes with ``from_all_own``, or when none trains; its halo
-    nodes when the topology is partitioned)."""
+                      frontier: str = "train") -> Tensor:
+    """Sorted global ids of the other ranks' nodes within ``hops`` of ``frontier`` (see
+    :func:`sampler_reach`; its halo nodes when the topology is partitioned)."""
     if csr is None:
         return torch.sort(part.halo_global_ids.cpu()).values
     reached = torch.zeros(csr.num_nodes, dtype=torch.bool)
     own = part.global_ids.cpu()
     train = part.train_mask.cpu()
-    frontier = own if from_all_own or not bool(train.any()) else own[train]
-    reached[frontier] = True
+    from_own = frontier == "own" or (frontier == "train-or-own" and not bool(train.any()))
+    front = own if from_own else own[train]
+    reached[front] = True
     for _ in range(hops):
-        src, _ = csr.neighbours_of(frontier)
+        src, _ = csr.neighbours_of(front)
         src = torch.unique(src)
-        frontier = src[~reached[src]]
-        reached[frontier] = True
+        front = src[~reached[src]]
+        reached[front] = True
     return (reached & (owner != part.rank)).nonzero().flatten()
 
 

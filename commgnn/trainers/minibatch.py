@@ -128,8 +128,8 @@ class MiniBatchTrainer(FullGraphTrainer):
     def _build_cache(self, cpu: LocalPartition, csr: Any, layers: int, table: Tensor) -> tuple[RowCache, int]:
         """The cache of ``fetch_cfg`` and its configured size in rows."""
         cfg = self.fetch_cfg
-        from_all_own, hops = sampler_reach(self.sampler_cfg, layers)
-        candidates = remote_candidates(cpu, csr, self.owner, hops, from_all_own=from_all_own)
+        frontier, hops = sampler_reach(self.sampler_cfg, layers)
+        candidates = remote_candidates(cpu, csr, self.owner, hops, frontier=frontier)
         capacity = cache_capacity(cfg, int(candidates.numel()), table.shape[1], table.element_size(),
                                   self.ctx.local_world_size, self.available)
         capacity = min(capacity, int(candidates.numel()))
