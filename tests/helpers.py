@@ -17,11 +17,20 @@ from torch_geometric.data import Data
 from torch_geometric.utils import coalesce, remove_self_loops, to_undirected
 
 from commgnn.dist.context import DistContext, LaunchInfo, RuntimeConfig, free_port, init_distributed, shutdown
+from commgnn.dist.events import CommEvent, Hooks
 from commgnn.dist.launch import spawn_ranks
 from commgnn.models import ModelConfig, ReferenceGNN
 
 if TYPE_CHECKING:
     from commgnn.trainers import FullGraphTrainer, TrainConfig
+
+
+def bytes_by_class() -> tuple[Hooks, dict[str, int]]:
+    """Hooks that add up the bytes of every collective by traffic class, and that tally."""
+    hooks, sent = Hooks(), {}
+    hooks.subscribe(lambda ev: isinstance(ev, CommEvent) and sent.__setitem__(ev.kind, sent.get(ev.kind, 0)
+                                                                              + ev.nbytes))
+    return hooks, sent
 
 
 def small_graph(n: int = 60, m: int = 240, f: int = 8, c: int = 3, seed: int = 0) -> Data:

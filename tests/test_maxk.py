@@ -13,10 +13,10 @@ from commgnn.comm.halo.alltoall import AllToAllHalo
 from commgnn.comm.halo.maxk_rows import MaxKRows
 from commgnn.comm.halo.protocol import HaloPlan
 from commgnn.comm.halo.sampled import Sampled
-from commgnn.dist.events import CommEvent, Hooks
 from commgnn.errors import ConfigError
 from commgnn.models.config import ModelConfig
 from commgnn.models.maxk import maxk
+from helpers import bytes_by_class
 
 
 def test_maxk_keeps_the_k_largest_and_passes_gradients_only_there():
@@ -63,9 +63,7 @@ def exchange_rank(ctx, k: int, bits: int, rate: float = 1.0, base: int = 7):
     w = torch.randn(sum(recv), d, generator=g)
     out = {}
     for name in ("dense", "sparse"):
-        hooks, sent = Hooks(), {}
-        hooks.subscribe(lambda ev: isinstance(ev, CommEvent) and sent.__setitem__(ev.kind, sent.get(ev.kind, 0)
-                                                                                  + ev.nbytes))
+        hooks, sent = bytes_by_class()
         ex = AllToAllHalo(ctx, plan, hooks)
         if name == "sparse":
             ex = MaxKRows(ex, k=k, sparse_layers={1}, forward_bits=bits, backward_bits=bits)

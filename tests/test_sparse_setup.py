@@ -11,7 +11,7 @@ from commgnn.comm.halo.protocol import HaloPlan
 from commgnn.comm.halo.sparse_setup import SparseSetup
 from commgnn.comm.sparse_codec import (BINARY, BITMAP, BITMAP_VALUES, DENSE, VALUES, block_bytes, decode_block,
                                       encode_block)
-from commgnn.dist.events import CommEvent, Hooks
+from helpers import bytes_by_class
 
 
 def _rows(kind: str, n: int, d: int, g: torch.Generator, dtype: torch.dtype = torch.float32) -> torch.Tensor:
@@ -99,9 +99,7 @@ def exchange_rank(ctx, d: int, kind: str, base: int):
     x = _rows(kind, n, d, g)
     out = {}
     for name in ("dense", "sparse"):
-        hooks, sent = Hooks(), {}
-        hooks.subscribe(lambda ev: isinstance(ev, CommEvent) and sent.__setitem__(ev.kind, sent.get(ev.kind, 0)
-                                                                                  + ev.nbytes))
+        hooks, sent = bytes_by_class()
         ex = AllToAllHalo(ctx, plan, hooks)
         if name == "sparse":
             ex = SparseSetup(ex)
