@@ -74,7 +74,9 @@ class TrainConfig:
     sparse_input: Literal["auto", "on", "off"] = "auto"
     """Compute the first layer's linear maps on the input's non-zero pattern
     (:mod:`commgnn.models.sparse`); ``auto`` = when under 10% of the input is non-zero.
-    Changes only compute, not what is sent."""
+    Changes compute; without ``precompute`` or ``transform_first`` it also moves the halo's
+    input rows once before training, to learn their non-zero pattern (``halo_setup``, sent
+    sparse under ``comm.halo.sparse_setup``)."""
     kernel: Literal["auto", "torch", "numba"] = "auto"
     """Aggregation kernels on CPU: ``torch`` (``torch.sparse.mm`` and PyG's edge softmax),
     ``numba`` (the fused loops of :mod:`commgnn.kernels`; needs ``pip install
