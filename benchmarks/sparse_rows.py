@@ -63,12 +63,11 @@ def run_all(ns: argparse.Namespace, out: Path) -> None:
                 continue
             subprocess.run(["rm", "-rf", str(run)], check=True)
             pdir = out / f"{ds}-parts{parts}"
-            where = ["--partition-dir", str(pdir)] if (pdir / "meta.json").is_file() else ["--parts", str(parts)]
             if not (pdir / "meta.json").is_file():
                 subprocess.run([sys.executable, "-m", "commgnn", "partition", "--dataset", ds, "--data-root", ns.root,
                                 "--parts", str(parts), "--partitioner", "metis", "--out", str(pdir)], check=True,
                                stdout=subprocess.DEVNULL)
-                where = ["--partition-dir", str(pdir)]
+            where = ["--partition-dir", str(pdir), "--parts", str(parts)]
             args = [a.format(dense_setup=dense) for a in flags]
             subprocess.run([sys.executable, "-m", "commgnn", "train", "--dataset", ds, "--data-root", ns.root,
                             *where, "--seed", "0", *args, "--out", str(run)], check=True)
