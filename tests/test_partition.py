@@ -258,7 +258,8 @@ def test_store_round_trip(saved: tuple[Path, list[LocalPartition], PartitionRepo
 
 def test_store_errors(saved: tuple[Path, list[LocalPartition], PartitionReport], tmp_path: Path) -> None:
     path, lps, _ = saved
-    with pytest.raises(PartitionError, match="^partition dir has 3 parts but 2 were requested"):
+    with pytest.raises(PartitionError,
+                       match=r"^partition dir has 3 parts but 2 were requested; run 3 ranks \(--parts 3\)"):
         load_partition(path, 0, expected_parts=2)
     with pytest.raises(PartitionError, match=r"^partition dir was made for a different graph \(fingerprint "
                                              r"abcdef012345… != other\); re-run `commgnn partition`$"):

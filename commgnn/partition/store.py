@@ -243,7 +243,7 @@ def load_partition(dir: str | Path, rank: int, *, expected_fingerprint: str | No
     P = meta["num_parts"]
     if expected_parts is not None and expected_parts != P:
         raise PartitionError(f"partition dir has {P} parts but {expected_parts} were requested; "
-                             f"re-run `commgnn partition` with {expected_parts} parts")
+                             f"run {P} ranks (--parts {P}), or re-run `commgnn partition` with {expected_parts} parts")
     if expected_fingerprint is not None and expected_fingerprint != meta["graph_fingerprint"]:
         raise PartitionError(f"partition dir was made for a different graph (fingerprint "
                              f"{_short(meta['graph_fingerprint'])} != {_short(expected_fingerprint)}); {_RERUN}")
