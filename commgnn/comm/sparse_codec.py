@@ -25,8 +25,14 @@ a sparse row codec for torch.distributed payloads.
 
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 from torch import Tensor
+
+AllToAll = Callable[[Tensor, list[int], list[int]], Tensor]
+"""``(send, out_counts, in_counts) -> received``: one all-to-all of rows (the caller's
+transport, which counts its bytes or not)."""
 
 DENSE, VALUES, BINARY, BITMAP_VALUES, BITMAP = 0, 1, 2, 3, 4
 _BITS = 1 << torch.arange(8)  # bit j of a bitmap byte = column 8 * byte + j
@@ -132,3 +138,17 @@ def decode_block(payload: Tensor, n: int, d: int, dtype: torch.dtype) -> Tensor:
         s = torch.empty((), dtype=dtype).element_size()
         out[mask] = body[values_at: values_at + z * s].clone().view(dtype)
     return out
+
+
+def exchange_blocks(blocks: list[Tensor], expect: list[bool], a2a: AllToAll) -> list[Tensor]:
+    """Send ``blocks[q]`` (uint8, empty for a peer that gets nothing) to each rank q and
+    receive one block from each rank q with ``expect[q]``, in two all-to-alls: one ``int64``
+    size to every peer that gets a block (both sides know which: the row counts), then the
+    blocks. Returns the received blocks by source rank (empty where nothing was expected)."""
+    has_out = [int(b.numel() > 0) for b in blocks]  # a block with rows holds at least its format byte
+    device = blocks[0].device if blocks else torch.device("cpu")
+    sizes = torch.tensor([[b.numel()] for b in blocks if b.numel()], dtype=torch.int64, device=device)
+    got = iter(a2a(sizes.reshape(-1, 1), has_out, [int(e) for e in expect]).reshape(-1).tolist())
+    in_sizes = [int(next(got)) if e else 0 for e in expect]
+    recv = a2a(torch.cat(blocks).reshape(-1, 1), [b.numel() for b in blocks], in_sizes).reshape(-1)
+    return list(recv.split(in_sizes))

@@ -28,7 +28,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from commgnn.comm import quant
-from commgnn.comm.sparse_codec import block_bytes, decode_block, encode_block
+from commgnn.comm.sparse_codec import block_bytes, decode_block, encode_block, exchange_blocks
 from commgnn.dist.context import DistContext
 from commgnn.dist.events import Hooks, TrafficClass
 from commgnn.fetch.cache import RowCache
@@ -144,18 +144,13 @@ class FeatureFetcher:
         got = all_to_all(ctx, self.group, ids, counts.tolist(), in_counts)
         blocks = [encode_block(self.table[part.to(torch.int64)]) if n else torch.zeros(0, dtype=torch.uint8)
                   for part, n in zip(torch.split(got, in_counts), in_counts)]
-        out_bytes = [int(b.numel()) for b in blocks]
-        # a block size goes only to an asker (and comes only from an owner asked): both sides know
-        askers, asked = [int(n > 0) for n in in_counts], [int(c > 0) for c in counts.tolist()]
-        sizes = torch.tensor([b for b, a in zip(out_bytes, askers) if a], dtype=torch.int64)
-        got_sizes = iter(all_to_all(ctx, self.group, sizes, askers, asked).tolist())
-        in_bytes = [int(next(got_sizes)) if a else 0 for a in asked]
-        for q in range(P):
+        for q, b in enumerate(blocks):
             if q != ctx.rank:
                 self.hooks.sent("fetch_ids", -1, q, 8 + int(counts[q]) * ids.element_size())  # count, ids
-                self.hooks.sent(kind, -1, q, 8 * askers[q] + out_bytes[q])  # block size, block
-        back = all_to_all(ctx, self.group, torch.cat(blocks), out_bytes, in_bytes)
-        rows = [decode_block(seg, c, d, dtype) for seg, c in zip(torch.split(back, in_bytes), counts.tolist()) if c]
+                self.hooks.sent(kind, -1, q, 8 * int(b.numel() > 0) + int(b.numel()))  # block size, block
+        back = exchange_blocks(blocks, [c > 0 for c in counts.tolist()],
+                               lambda t, o, i: all_to_all(ctx, self.group, t, o, i))
+        rows = [decode_block(seg, c, d, dtype) for seg, c in zip(back, counts.tolist()) if c]
         out = torch.empty((rids.numel(), d), dtype=dtype)
         if rows:
             out[order] = torch.cat(rows)

@@ -19,7 +19,7 @@ import torch
 from torch import Tensor
 
 from commgnn.comm.halo.exchange import Wrapper
-from commgnn.comm.sparse_codec import decode_block, encode_block
+from commgnn.comm.sparse_codec import decode_block, encode_block, exchange_blocks
 
 
 class SparseSetup(Wrapper):
@@ -33,12 +33,10 @@ class SparseSetup(Wrapper):
         # A peer with no rows gets no block and no size (both sides know the count is 0).
         blocks = [encode_block(b) if n else rows.new_zeros((0,), dtype=torch.uint8)
                   for b, n in zip(rows.split(list(out_counts)), out_counts)]
-        sizes = torch.tensor([[b.numel()] for b, n in zip(blocks, out_counts) if n], dtype=torch.int64,
-                             device=rows.device).reshape(-1, 1)
-        has_out, has_in = [int(n > 0) for n in out_counts], [int(n > 0) for n in in_counts]
-        got = iter(self.inner.move(sizes, has_out, has_in, layer, "control").reshape(-1).tolist())
-        in_sizes = [int(next(got)) if n else 0 for n in in_counts]
-        payload = torch.cat(blocks).reshape(-1, 1)
-        recv = self.inner.move(payload, [b.numel() for b in blocks], in_sizes, layer, kind).reshape(-1)
-        out = [decode_block(p, n, d, rows.dtype) for p, n in zip(recv.split(in_sizes), in_counts) if n]
+
+        def a2a(t: Tensor, out: list[int], into: list[int]) -> Tensor:
+            return self.inner.move(t, out, into, layer, kind if t.dtype == torch.uint8 else "control")
+
+        got = exchange_blocks(blocks, [n > 0 for n in in_counts], a2a)
+        out = [decode_block(p, n, d, rows.dtype) for p, n in zip(got, in_counts) if n]
         return torch.cat(out) if out else rows.new_zeros((0, d))
