@@ -195,6 +195,7 @@ def main() -> None:
     ap.add_argument("--root", default=os.environ.get("COMMGNN_DATA_ROOT", "../shared/datasets"))
     ap.add_argument("--out", default="runs/bench-minibatch")
     ap.add_argument("--report-only", action="store_true")
+    ap.add_argument("--tag", default="", help="suffix of the result file names (e.g. the dataset)")
     ns = ap.parse_args()
     out = Path(ns.out)
     if not ns.report_only:
@@ -204,10 +205,10 @@ def main() -> None:
                     ensure_partition(out, ns.root, ds, ENTRIES[entry][0])
                     run_one(out, ns.root, ds, entry, seed)
     stamp = datetime.date.today().isoformat()
-    res = Path(__file__).resolve().parent / "results"
-    write(table(out, ns.datasets, ns.seeds), res / f"{stamp}-minibatch")
-    plot(out, ns.datasets, ns.seeds, res / f"{stamp}-minibatch.png")
-    print((res / f"{stamp}-minibatch.md").read_text())
+    stem = Path(__file__).resolve().parent / "results" / f"{stamp}-minibatch{'-' + ns.tag if ns.tag else ''}"
+    write(table(out, ns.datasets, ns.seeds), stem)
+    plot(out, ns.datasets, ns.seeds, stem.with_suffix(".png"))
+    print(stem.with_suffix(".md").read_text())
 
 
 if __name__ == "__main__":
