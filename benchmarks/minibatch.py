@@ -11,7 +11,8 @@ single-process seed stopped at epoch 35 on the 37% majority-class plateau), mini
 to 200 epochs with patience 30 (at 60 the GraphSAINT and Cluster-GCN runs were still
 climbing, best epochs 53-60).
 
-Entries (``ENTRIES``): full-graph exact on 4 ranks and in one process; neighbour sampling
+Entries (``ENTRIES``): full-graph exact on 4 ranks and in one process, and with the best
+full-graph halo levers (transform-first + 4-bit rows) on 4 ranks; neighbour sampling
 (fan-out 15,10, batch 512) on 4 ranks with fp32 fetch and no cache, with a 25% degree
 cache and 4-bit fetch, and in one process; VR-GCN at fan-out 2,2; Cluster-GCN; the three
 GraphSAINT samplers; full-graph exact and neighbour sampling (fan-out 15,10,5) with
@@ -53,6 +54,8 @@ NEIGHBOR = [*MB, "--sampler", "neighbor", "--fanout", "15,10", "--batch-size", "
 ENTRIES: dict[str, tuple[int, list[str]]] = {
     "full-graph exact": (4, FULL),
     "full-graph, 1 process": (1, FULL),
+    # The best full-graph halo levers of the halo-lever tables: transform-first + 4-bit rows.
+    "full-graph tf+q4": (4, [*FULL, "--transform-first", "--bits", "4"]),
     "neighbor fp32": (4, NEIGHBOR),
     "neighbor c25% degree + 4-bit": (4, [*NEIGHBOR, "--cache-ratio", "0.25", "--cache-policy", "degree",
                                         "--fetch-bits", "4"]),
