@@ -1,17 +1,35 @@
-"""VR-GCN's forward pass over a :class:`~commgnn.sampling.vrgcn.VRBatch`, and its history.
+"""VR-GCN's forward pass over a :class:`~commgnn.sampling.vrgcn.VRBatch`, and its history,
+with the paper's control variate for dropout (CVD; Chen, Zhu and Song, ICML 2018, sec. 4.2).
 
-With ``hbar_l: [N, d_l]`` the history of layer l's input (l >= 1) on this rank::
+Two streams run through the layers: ``h`` with dropout (the training signal) and ``mu``
+without (its mean, as dropout is scaled to keep the expectation). With ``hbar_l: [N, d_l]``
+the history of layer l's *no-dropout* input (l >= 1) on this rank, ``A`` the block's
+sampled mean (``1/k_v`` per sampled edge), ``A_full`` all in-edges (``1/d_v``) and
+``s_v = sqrt(k_v / d_v)``::
 
-    h_1     = act(W_l pre[:n] + b_l + W_r x[:n])                 layer 0: exact, precomputed
-    delta   = dropout(h_l) - hbar_l[nodes]                       [num_src_l, d_l]
-    agg     = A_sample delta + A_full hbar_l[all in-neighbours]  [num_dst_l, d_l]
-    h_{l+1} = act(W_l agg + b_l + W_r dropout(h_l)[:num_dst_l])
-    hbar_l[nodes[:num_src_l]] <- h_l   (after the step, detached)
+    h_1, mu_1 = act(W_l pre[:n] + b_l + W_r x[:n]), with and without dropout   layer 0: exact
+    c     = A (mu_l - hbar_l[nodes]) + A_full hbar_l[all in-neighbours]        [num_dst_l, d_l]
+    agg   = s * A (dropout(h_l) - mu_l) + c
+    h_{l+1}  = act(W_l agg + b_l + W_r dropout(h_l)[:num_dst_l])
+    mu_{l+1} = act(W_l c   + b_l + W_r mu_l[:num_dst_l])                       (only for l+1 < L)
+    hbar_l[nodes[:num_src_l]] <- mu_l   (after the step, detached)
 
-``A_sample`` holds ``1/k`` per sampled edge (the block's weights), ``A_full`` ``1/d_v``;
-the history term carries no gradient (hbar is a constant), as in the paper. Each rank
-keeps the history of every node it computes (its own and remote ones); rows it never
-computed are 0, which only weakens the control variate until they are first computed.
+``c`` is VR-GCN's control variate on the mean: its expectation over the sample is
+``A_full mu`` whatever ``hbar`` is, and its variance vanishes as ``hbar -> mu``. The
+dropout noise ``dropout(h) - mu`` has mean 0 (so ``agg`` keeps the expectation) and is
+independent across neighbours: averaged over k of them its variance is ``d/k`` times the
+exact aggregate's, and ``s`` scales it back to the exact one. Without that split (the
+history holding dropped-out activations, the noise averaged over k), VR-GCN at fan-out 2
+on Amazon Computers (degree ~36) trained 4.7 points below full batch. Where ``k_v >= d_v``
+(every neighbour taken) ``s = 1`` and ``agg`` is the exact aggregate; ``s`` is clamped to
+1 when sampling with replacement draws more than ``d_v``. Without dropout (or in
+evaluation) the two streams are one and ``agg = c``.
+
+``W_l`` is applied after the aggregation (the mean is linear, and no row of a layer >= 1
+is exchanged: the history is local), so it receives the history term's gradient; the
+history itself carries none, as in the paper. Each rank keeps the history of every node
+it computes (its own and remote ones); rows it never computed are 0, which only weakens
+the control variate until they are first computed.
 """
 
 from __future__ import annotations
@@ -23,9 +41,10 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from commgnn.models.blocks import BlockGraph
-from commgnn.models.graph import spmm
+from commgnn.models.graph import CSRPair, spmm
 from commgnn.models.net import PartitionGNN, activation
-from commgnn.sampling.vrgcn import VRBatch
+from commgnn.sampling.base import Block
+from commgnn.sampling.vrgcn import HistoryEdges, VRBatch
 
 
 class History:
@@ -56,39 +75,57 @@ class VRGCN(nn.Module):
     def forward(self, rows: Tensor, batch: VRBatch) -> Tensor:
         gnn = self.gnn
         p, training = gnn.cfg.dropout, self.training
+        noisy = training and p > 0  # two streams only when dropout draws noise
         half = rows.shape[1] // 2
         x, pre = rows[:, :half], rows[:, half:]
         n1 = batch.blocks[0].num_dst
-        h = gnn.convs[0].from_precomputed(F.dropout(pre[:n1], p, training), F.dropout(x[:n1], p, training), None)
+        conv0 = gnn.convs[0]
+        h = conv0.from_precomputed(F.dropout(pre[:n1], p, training), F.dropout(x[:n1], p, training), None)
+        mu = conv0.from_precomputed(pre[:n1], x[:n1], None) if noisy else h
         last = len(gnn.convs) - 1
         if last > 0:
             h = activation(gnn.cfg, h)
+            mu = activation(gnn.cfg, mu) if noisy else h
         updates: list[tuple[Tensor, Tensor, Tensor]] = []
         for i in range(1, last + 1):
             conv, block, full = gnn.convs[i], batch.blocks[i], batch.history_edges[i]
             assert full is not None
             table = self.history[i]
             ids = batch.nodes[: block.num_src]
+            mean = BlockGraph(block).mean_adj(h.dtype)
+            c = control_variate(mean, full, table, ids, mu)  # the history before this step
+            updates.append((table, ids, mu.detach()))
             hd = F.dropout(h, p, training)
-            with torch.no_grad():  # the history term is a constant: no gradient
-                hist_msg = conv.message(table[full.src].to(h.dtype))
-                agg_full = torch.zeros(block.num_dst, hist_msg.shape[1], dtype=h.dtype)
-                agg_full.index_add_(0, full.dst, hist_msg * full.weight.to(h.dtype)[:, None])
-                old = table[ids].to(h.dtype)
-            delta = conv.message(hd) - conv.message(old)  # the sampled term uses the history before this step
-            sampled = spmm(BlockGraph(block).mean_adj(h.dtype), delta)
-            updates.append((table, ids, h.detach()))
-            h = _sage_out(conv, sampled + agg_full, hd[: block.num_dst])
+            agg = c + dropout_noise(mean, block, full, hd, mu) if noisy else c
+            h = _sage_out(conv, agg, hd[: block.num_dst])
             if i < last:
                 h = activation(gnn.cfg, h)
+                mu = activation(gnn.cfg, _sage_out(conv, c, mu[: block.num_dst])) if noisy else h
         if training:
-            for table, ids, value in updates:  # hbar_i <- h_i for the rows this step computed
+            for table, ids, value in updates:  # hbar_i <- mu_i for the rows this step computed
                 table[ids] = value.to(table.dtype)
         return h
 
 
+def control_variate(mean: CSRPair, full: HistoryEdges, table: Tensor, ids: Tensor, mu: Tensor) -> Tensor:
+    """``c = A (mu - hbar[ids]) + A_full hbar``: ``[num_dst, d]`` from ``mu: [num_src, d]``,
+    ``mean`` the block's ``A`` and ``table`` the layer's history ``[N, d]``."""
+    with torch.no_grad():  # the history is a constant: no gradient flows into it
+        old = table[ids].to(mu.dtype)
+        agg_full = torch.zeros(mean.a.shape[0], mu.shape[1], dtype=mu.dtype)
+        agg_full.index_add_(0, full.dst, table[full.src].to(mu.dtype) * full.weight.to(mu.dtype)[:, None])
+    return spmm(mean, mu - old) + agg_full
+
+
+def dropout_noise(mean: CSRPair, block: Block, full: HistoryEdges, hd: Tensor, mu: Tensor) -> Tensor:
+    """``s * A (hd - mu)``: the sampled dropout noise scaled to the exact aggregate's
+    variance, ``s_v = sqrt(min(k_v, d_v) / d_v)`` (k_v sampled, d_v all in-edges of v)."""
+    k = torch.bincount(block.edge_index[1], minlength=block.num_dst).to(hd.dtype)
+    d = torch.bincount(full.dst, minlength=block.num_dst).to(hd.dtype)
+    scale = (torch.minimum(k, d) / d.clamp(min=1)).sqrt()[:, None]
+    return scale * spmm(mean, hd - mu)
+
+
 def _sage_out(conv: nn.Module, agg: Tensor, h_dst: Tensor) -> Tensor:
-    """``W_l agg + b_l + W_r h_dst`` with ``agg`` already in message space (``W_l`` applied
-    first when the layer transforms first)."""
-    out = agg + conv.lin_l.bias if conv.transform_first else conv.lin_l(agg)
-    return out + conv.lin_r(h_dst)
+    """``W_l agg + b_l + W_r h_dst`` (GraphSAGE-mean on an aggregate of input rows)."""
+    return conv.lin_l(agg) + conv.lin_r(h_dst)

@@ -1,0 +1,80 @@
+"""VR-GCN's estimator with dropout (CVD): Monte Carlo checks of its mean and variance on a
+star, and the history it keeps. The estimator is in :mod:`commgnn.models.vrgcn`."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from commgnn.dist.context import DistContext
+from commgnn.dist.events import Hooks
+from commgnn.fetch.config import FetchConfig
+from commgnn.models import ModelConfig
+from commgnn.models.blocks import BlockGraph
+from commgnn.models.vrgcn import control_variate, dropout_noise
+from commgnn.partition import build_local_partition
+from commgnn.sampling.base import Block
+from commgnn.sampling.config import SamplerConfig
+from commgnn.sampling.vrgcn import HistoryEdges
+from commgnn.trainers import TrainConfig
+from commgnn.trainers.minibatch import MiniBatchTrainer
+from helpers import small_graph
+
+D, K, DIM, P = 36, 2, 4, 0.5
+"""A destination with D in-neighbours, K of them sampled, rows of DIM, dropout P."""
+
+
+def _star_draws(mu: torch.Tensor, table: torch.Tensor, draws: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``draws`` independent draws, as one block, of (VR-GCN's aggregate at a star's centre,
+    the exact aggregate of the dropped-out rows). ``mu: [D, DIM]`` the neighbours' rows,
+    ``table`` their history. Draw t's centre is source t (destinations are a prefix of the
+    sources), its neighbour j source ``draws + t * D + j``."""
+    n = draws * (D + 1)
+    rows = torch.cat([torch.zeros(draws, DIM, dtype=mu.dtype), mu.repeat(draws, 1)])
+    hist = torch.cat([torch.zeros(draws, DIM, dtype=mu.dtype), table.repeat(draws, 1)])
+    hd = F.dropout(rows, P, True)  # dropout draws from the global generator: seeded by the caller
+    base = draws + torch.arange(draws)[:, None] * D
+    picked = base + torch.rand(draws, D).argsort(1)[:, :K]
+    dst = torch.arange(draws).repeat_interleave(K)
+    block = Block(edge_index=torch.stack([picked.reshape(-1), dst]), num_src=n, num_dst=draws,
+                  weight=torch.full((draws * K,), 1.0 / K, dtype=torch.float64))
+    full = HistoryEdges(src=(base + torch.arange(D)).reshape(-1), dst=torch.arange(draws).repeat_interleave(D),
+                        weight=torch.full((draws * D,), 1.0 / D, dtype=torch.float64))
+    mean = BlockGraph(block).mean_adj(mu.dtype)
+    agg = control_variate(mean, full, hist, torch.arange(n), rows) + dropout_noise(mean, block, full, hd, rows)
+    return agg, hd[draws:].view(draws, D, DIM).mean(1)
+
+
+def test_vrgcn_dropout_estimator_is_unbiased_with_the_exact_dropout_variance():
+    """E[agg] = mean of the neighbours' mu whatever the history holds, and with a converged
+    history (hbar = mu) the variance of agg equals that of the exact aggregate of the
+    dropped-out rows: averaging the noise of K = 2 rows alone would be D/K = 18x larger."""
+    torch.manual_seed(0)
+    mu = torch.rand(D, DIM, dtype=torch.float64) + 0.5
+    target = mu.mean(0)
+    for table, max_ratio in ((mu.clone(), 1.25), (torch.zeros_like(mu), None)):
+        est, exact = _star_draws(mu, table, 6000)
+        se = est.std(0) / est.shape[0] ** 0.5
+        assert ((est.mean(0) - target).abs() < 4 * se).all(), (est.mean(0), target)
+        if max_ratio is not None:
+            ratio = est.var(0) / exact.var(0)
+            assert ((ratio > 1 / max_ratio) & (ratio < max_ratio)).all(), ratio
+
+
+def test_vrgcn_history_holds_the_activations_without_dropout():
+    """With dropout, the history stores the no-dropout activations (the mean the control
+    variate subtracts), not the dropped-out rows the step trained on."""
+    data = small_graph(n=60, m=300)
+    part = build_local_partition(data, torch.zeros(60, dtype=torch.long), 1, 0)
+    t = MiniBatchTrainer(DistContext.single(), part, ModelConfig(name="sage", layers=2, hidden=6, dropout=0.5),
+                         TrainConfig(epochs=1), Hooks(),
+                         sampler_cfg=SamplerConfig(sampler="vrgcn", fanout=(2, 2), batch_size=10),
+                         fetch_cfg=FetchConfig())
+    batch = t.sampler.sample(part.global_ids[part.train_mask][:10], torch.Generator().manual_seed(0))
+    rows = t.fetcher.fetch(batch.nodes)
+    t.net.train()
+    t.net(rows, batch)
+    conv0, n1, f = t.model.convs[0], batch.blocks[0].num_dst, data.x.shape[1]
+    mu1 = torch.relu(conv0.from_precomputed(rows[:n1, f:], rows[:n1, :f], None)).detach()
+    assert (mu1 != 0).any()
+    assert torch.allclose(t.history[1][batch.nodes[:n1]], mu1, atol=1e-6)
