@@ -60,12 +60,12 @@ def fetch_rows(ctx: DistContext, data: Any, parts: torch.Tensor, bits: int, poli
             "ids_bytes": sum(e.nbytes for e in events if e.kind == "fetch_ids"), "saved": fetcher.bytes_saved}
 
 
-def fetch_one_sided(ctx: DistContext, data: Any, parts: torch.Tensor) -> list[torch.Tensor]:
+def fetch_one_sided(ctx: DistContext, data: Any, parts: torch.Tensor, sparse: bool = False) -> list[torch.Tensor]:
     """Rank 0 asks only for its own rows (then for none); the others ask for rank 0's rows."""
     part = build_local_partition(data, parts, ctx.world_size, ctx.rank)
     hooks, _ = _counting_hooks()
     owner, row = owner_map(ctx, hooks, part)
-    fetcher = FeatureFetcher(ctx, hooks, table=part.x, owner=owner, row=row)
+    fetcher = FeatureFetcher(ctx, hooks, table=part.x, owner=owner, row=row, sparse=sparse)
     of_rank0 = (owner == 0).nonzero().flatten()
     served = []
     for ids in (of_rank0[:5], of_rank0[:0]):

@@ -12,6 +12,7 @@ import torch
 from commgnn.cli.config import RunConfig
 from commgnn.cli.main import main
 from commgnn.comm import quant
+from commgnn.comm.sparse_codec import block_bytes
 from commgnn.config import from_dict
 from commgnn.dist.context import DistContext
 from commgnn.dist.events import Hooks
@@ -51,11 +52,12 @@ def test_fetched_rows_equal_the_owners_rows(tmp_path, bits):
 
 
 @pytest.mark.timeout(120)
-def test_a_rank_with_an_all_local_or_empty_batch_still_serves_the_others(tmp_path):
+@pytest.mark.parametrize("sparse", [False, True])
+def test_a_rank_with_an_all_local_or_empty_batch_still_serves_the_others(tmp_path, sparse):
     # Rank 0 needs nothing remote, twice (5 own rows, then none), while rank 1 asks rank 0
     # for rows: rank 0 must still enter the round, or rank 1 waits for it until the time-out.
     data = small_graph(n=40, f=5)
-    res = run_on_ranks(mb_ranks.fetch_one_sided, 2, tmp_path, data, _parts(40, 2), timeout_s=20.0)
+    res = run_on_ranks(mb_ranks.fetch_one_sided, 2, tmp_path, data, _parts(40, 2), sparse, timeout_s=20.0)
     of_rank0 = (_parts(40, 2) == 0).nonzero().flatten()
     assert torch.equal(res[0][0], data.x[of_rank0[:5]]) and res[0][1].shape == (0, 5)
     for rows in res[1]:
@@ -517,6 +519,12 @@ def test_sparse_fetch_serves_the_owners_rows_bit_for_bit_in_far_fewer_bytes(tmp_
     # per row and ~13 2-byte column indices per row
     total = sum(s["rows_bytes"] for s in sparse)
     assert total < sum(d["rows_bytes"] for d in dense) / 20, total
+    if policy is None:  # every remote row asked for travels: exactly a size and a block per owner and step
+        owner = _parts(90, 3)
+        expect = sum(8 + block_bytes(data.x[ids[owner[ids] == q]])
+                     for r, s in enumerate(sparse) for ids in s["asked"] for q in range(3)
+                     if q != r and bool((owner[ids] == q).any()))
+        assert total == expect
 
 
 @pytest.mark.timeout(180)

@@ -58,14 +58,15 @@ def test_denser_rows_travel_as_bitmaps(d):
         assert payload.numel() == 1 + 6 * -(-d // 8) + (0 if fmt == BITMAP else 4 * z)
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16, torch.bfloat16])
 def test_nans_come_back_bit_for_bit_and_a_negative_zero_as_zero(dtype):
     x = torch.zeros(5, 300, dtype=dtype)
     x[0, 3], x[1, 7], x[2, 9], x[3, 1] = -0.0, float("nan"), 1.0, -2.5
     x = x.t().contiguous().t()  # a non-contiguous input
     payload = encode_block(x)
     y = decode_block(payload, 5, 300, dtype)
-    bits = {torch.float32: torch.int32, torch.float64: torch.int64, torch.float16: torch.int16}[dtype]
+    bits = {torch.float32: torch.int32, torch.float64: torch.int64, torch.float16: torch.int16,
+            torch.bfloat16: torch.int16}[dtype]
     expected = x.clone()
     expected[0, 3] = 0.0  # -0.0 is not sent: it arrives as 0.0
     assert torch.equal(y.contiguous().view(bits), expected.contiguous().view(bits))

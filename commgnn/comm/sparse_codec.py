@@ -10,8 +10,8 @@ payload::
     3 bitmap + values:  n * ceil(d / 8) + z * s bytes   (a bit per column, then values)
     4 bitmap binary:    n * ceil(d / 8) bytes
 
-with ``c`` = 1 byte per row count (d <= 255), 2 (d <= 32,767) or 4, and ``i`` = 1 byte per
-column index (d <= 256), 2 (d <= 32,768) or 4; ``z`` counts the non-zeros. Each block takes the smallest format, so it never costs
+with ``c`` = 1 byte per row count (d <= 255), 2 (d <= 32,767), 4 or 8, and ``i`` = 1 byte
+per column index (d <= 256), 2 (d <= 32,768), 4 or 8; ``z`` counts the non-zeros. Each block takes the smallest format, so it never costs
 more than dense plus one byte: lists win on very sparse rows
 (CS: 59.6 of 6,805), bitmaps on denser ones (Amazon Computers: 267 of 767, 96 bytes a row
 against 536 listed and 3,068 dense).
@@ -39,11 +39,17 @@ _BITS = 1 << torch.arange(8)  # bit j of a bitmap byte = column 8 * byte + j
 
 
 def _int_dtype(limit: int) -> torch.dtype:
-    """Smallest integer dtype holding ``0 .. limit - 1``: uint8, else int16 or int32 (signed
-    above a byte: torch has no uint16 arithmetic on every device)."""
+    """Smallest integer dtype holding ``0 .. limit - 1``: uint8, else int16, int32 or int64
+    (signed above a byte: torch has no uint16 arithmetic on every device)."""
     if limit <= 256:
         return torch.uint8
-    return torch.int16 if limit <= 32768 else torch.int32
+    if limit <= 2**15:
+        return torch.int16
+    return torch.int32 if limit <= 2**31 else torch.int64
+
+
+def _size(dtype: torch.dtype) -> int:
+    return torch.empty((), dtype=dtype).element_size()  # dtype.itemsize needs torch >= 2.1
 
 
 def _bytes(t: Tensor) -> Tensor:
@@ -73,7 +79,7 @@ def _nonzero(rows: Tensor) -> Tensor:
 def _sizes(n: int, d: int, s: int, z: int, binary: bool) -> tuple[int, int, int]:
     """Bytes of the dense, listed and bitmap formats (header included) for ``n`` rows of
     width ``d``, element size ``s``, ``z`` entries to send."""
-    cb, ib = _int_dtype(d + 1).itemsize, _int_dtype(d).itemsize
+    cb, ib = _size(_int_dtype(d + 1)), _size(_int_dtype(d))
     value_bytes = 0 if binary else z * s
     return 1 + n * d * s, 1 + n * cb + z * ib + value_bytes, 1 + n * (-(-d // 8)) + value_bytes
 
@@ -123,7 +129,7 @@ def decode_block(payload: Tensor, n: int, d: int, dtype: torch.dtype) -> Tensor:
         values_at = nb
     else:
         cdt, idt = _int_dtype(d + 1), _int_dtype(d)
-        cb, ib = torch.empty((), dtype=cdt).element_size(), torch.empty((), dtype=idt).element_size()
+        cb, ib = _size(cdt), _size(idt)
         counts = body[: n * cb].clone().view(cdt).long()
         z = int(counts.sum())
         cols = body[n * cb: n * cb + z * ib].clone().view(idt).long()
@@ -135,18 +141,18 @@ def decode_block(payload: Tensor, n: int, d: int, dtype: torch.dtype) -> Tensor:
         out[mask] = 1
     else:
         z = int(mask.sum())
-        s = torch.empty((), dtype=dtype).element_size()
+        s = _size(dtype)
         out[mask] = body[values_at: values_at + z * s].clone().view(dtype)
     return out
 
 
-def exchange_blocks(blocks: list[Tensor], expect: list[bool], a2a: AllToAll) -> list[Tensor]:
-    """Send ``blocks[q]`` (uint8, empty for a peer that gets nothing) to each rank q and
-    receive one block from each rank q with ``expect[q]``, in two all-to-alls: one ``int64``
-    size to every peer that gets a block (both sides know which: the row counts), then the
-    blocks. Returns the received blocks by source rank (empty where nothing was expected)."""
+def exchange_blocks(blocks: list[Tensor], expect: list[bool], a2a: AllToAll, device: torch.device) -> list[Tensor]:
+    """Send ``blocks[q]`` (uint8 on ``device``, empty for a peer that gets nothing) to each
+    rank q and receive one block from each rank q with ``expect[q]``, in two all-to-alls: one
+    ``int64`` size to every peer that gets a block (both sides know which: the row counts),
+    then the blocks. Returns the received blocks by source rank (empty where nothing was
+    expected)."""
     has_out = [int(b.numel() > 0) for b in blocks]  # a block with rows holds at least its format byte
-    device = blocks[0].device if blocks else torch.device("cpu")
     sizes = torch.tensor([[b.numel()] for b in blocks if b.numel()], dtype=torch.int64, device=device)
     got = iter(a2a(sizes.reshape(-1, 1), has_out, [int(e) for e in expect]).reshape(-1).tolist())
     in_sizes = [int(next(got)) if e else 0 for e in expect]

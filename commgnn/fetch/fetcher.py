@@ -105,14 +105,16 @@ class FeatureFetcher:
         """What fetching ``rids`` (whose rows are ``rows``) now would cost: an id each way
         out, a row each back, at the width each owner would send (the adaptive widths now in
         force), or as one sparse block (:func:`block_bytes`, within a few header bytes of the
-        per-owner blocks)."""
+        per-owner blocks and their 8-byte sizes)."""
         idb = 4 if self.table.shape[0] < 2**31 else 8
         esz = self.table.element_size()
+        owners = self.owner[rids].to(torch.int64)
         if self.sparse:
-            return int(rids.numel()) * idb + (block_bytes(rows.to(self.table.dtype)) if rids.numel() else 0)
+            rows = rows.to(self.table.dtype)
+            return int(rids.numel()) * idb + sum(8 + block_bytes(rows[owners == q]) for q in owners.unique().tolist())
         if self.adaptive is None:
             return int(rids.numel()) * (row_bytes(self.width, int(self.bits), esz) + idb)
-        per_owner = torch.bincount(self.owner[rids].to(torch.int64), minlength=self.ctx.world_size).tolist()
+        per_owner = torch.bincount(owners, minlength=self.ctx.world_size).tolist()
         return sum(c * (row_bytes(self.width, b, esz) + idb) for c, b in zip(per_owner, self.adaptive.bits) if c)
 
     def _remote(self, rids: Tensor, kind: TrafficClass) -> Tensor:
@@ -134,7 +136,7 @@ class FeatureFetcher:
             counts -> ids -> (owner encodes each asker's rows) block sizes -> blocks
 
         Four all-to-alls (the block sizes are the extra one); ``[len(rids), F]`` rows back,
-        bit for bit the owners'."""
+        bit for bit the owners' (a -0.0 arrives as 0.0: see :mod:`commgnn.comm.sparse_codec`)."""
         ctx, P, d, dtype = self.ctx, self.ctx.world_size, self.width, self.table.dtype
         owners = self.owner[rids].to(torch.int64)
         order = torch.sort(owners, stable=True).indices
@@ -142,16 +144,17 @@ class FeatureFetcher:
         in_counts = all_to_all(ctx, self.group, counts, [1] * P, [1] * P).tolist()
         ids = self.row[rids[order]].to(torch.int32 if self.table.shape[0] < 2**31 else torch.int64)
         got = all_to_all(ctx, self.group, ids, counts.tolist(), in_counts)
-        blocks = [encode_block(self.table[part.to(torch.int64)]) if n else torch.zeros(0, dtype=torch.uint8)
+        empty = self.table.new_zeros((0,), dtype=torch.uint8)
+        blocks = [encode_block(self.table[part.to(torch.int64)]) if n else empty
                   for part, n in zip(torch.split(got, in_counts), in_counts)]
         for q, b in enumerate(blocks):
             if q != ctx.rank:
                 self.hooks.sent("fetch_ids", -1, q, 8 + int(counts[q]) * ids.element_size())  # count, ids
                 self.hooks.sent(kind, -1, q, 8 * int(b.numel() > 0) + int(b.numel()))  # block size, block
         back = exchange_blocks(blocks, [c > 0 for c in counts.tolist()],
-                               lambda t, o, i: all_to_all(ctx, self.group, t, o, i))
+                               lambda t, o, i: all_to_all(ctx, self.group, t, o, i), self.table.device)
         rows = [decode_block(seg, c, d, dtype) for seg, c in zip(back, counts.tolist()) if c]
-        out = torch.empty((rids.numel(), d), dtype=dtype)
+        out = torch.empty((rids.numel(), d), dtype=dtype, device=self.table.device)
         if rows:
             out[order] = torch.cat(rows)
         return out

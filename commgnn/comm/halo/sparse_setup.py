@@ -37,6 +37,6 @@ class SparseSetup(Wrapper):
         def a2a(t: Tensor, out: list[int], into: list[int]) -> Tensor:
             return self.inner.move(t, out, into, layer, kind if t.dtype == torch.uint8 else "control")
 
-        got = exchange_blocks(blocks, [n > 0 for n in in_counts], a2a)
+        got = exchange_blocks(blocks, [n > 0 for n in in_counts], a2a, rows.device)
         out = [decode_block(p, n, d, rows.dtype) for p, n in zip(got, in_counts) if n]
         return torch.cat(out) if out else rows.new_zeros((0, d))
