@@ -78,3 +78,26 @@ def test_vrgcn_history_holds_the_activations_without_dropout():
     mu1 = torch.relu(conv0.from_precomputed(rows[:n1, f:], rows[:n1, :f], None)).detach()
     assert (mu1 != 0).any()
     assert torch.allclose(t.history[1][batch.nodes[:n1]], mu1, atol=1e-6)
+
+
+def test_vrgcn_first_layer_keeps_the_precomputed_mean_free_of_dropout():
+    """Layer 0 gets ``pre = mean_N x`` as it is (dropping the mean itself would put a whole
+    row's noise on it, d times the full-batch noise) and ``x`` with dropout."""
+    data = small_graph(n=60, m=300)
+    part = build_local_partition(data, torch.zeros(60, dtype=torch.long), 1, 0)
+    t = MiniBatchTrainer(DistContext.single(), part, ModelConfig(name="sage", layers=2, hidden=6, dropout=0.5),
+                         TrainConfig(epochs=1), Hooks(),
+                         sampler_cfg=SamplerConfig(sampler="vrgcn", fanout=(2, 2), batch_size=10),
+                         fetch_cfg=FetchConfig())
+    batch = t.sampler.sample(part.global_ids[part.train_mask][:10], torch.Generator().manual_seed(0))
+    rows = t.fetcher.fetch(batch.nodes)
+    seen = []
+    conv0 = t.model.convs[0]
+    real = conv0.from_precomputed
+    conv0.from_precomputed = lambda pre, x, g: seen.append((pre, x)) or real(pre, x, g)
+    t.net.train()
+    t.net(rows, batch)
+    n1, f = batch.blocks[0].num_dst, data.x.shape[1]
+    (pre_h, x_h), (pre_mu, x_mu) = seen  # the dropout stream, then the mean stream
+    assert torch.equal(pre_h, rows[:n1, f:]) and torch.equal(pre_mu, rows[:n1, f:])
+    assert torch.equal(x_mu, rows[:n1, :f]) and not torch.equal(x_h, rows[:n1, :f])

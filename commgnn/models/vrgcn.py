@@ -7,7 +7,8 @@ the history of layer l's *no-dropout* input (l >= 1) on this rank, ``A`` the blo
 sampled mean (``1/k_v`` per sampled edge), ``A_full`` all in-edges (``1/d_v``) and
 ``s_v = sqrt(k_v / d_v)``::
 
-    h_1, mu_1 = act(W_l pre[:n] + b_l + W_r x[:n]), with and without dropout   layer 0: exact
+    h_1  = act(W_l pre[:n] + b_l + W_r dropout(x[:n]))         layer 0: exact, precomputed
+    mu_1 = act(W_l pre[:n] + b_l + W_r x[:n])
     c     = A (mu_l - hbar_l[nodes]) + A_full hbar_l[all in-neighbours]        [num_dst_l, d_l]
     agg   = s * A (dropout(h_l) - mu_l) + c
     h_{l+1}  = act(W_l agg + b_l + W_r dropout(h_l)[:num_dst_l])
@@ -24,6 +25,15 @@ on Amazon Computers (degree ~36) trained 4.7 points below full batch. Where ``k_
 (every neighbour taken) ``s = 1`` and ``agg`` is the exact aggregate; ``s`` is clamped to
 1 when sampling with replacement draws more than ``d_v``. Without dropout (or in
 evaluation) the two streams are one and ``agg = c``.
+
+Layer 0's aggregate ``pre = mean_N x`` takes no dropout. Full-batch training drops each
+neighbour's input entries before the mean, which leaves the mean's noise ~``1/d_v`` of
+one row's; dropping ``pre`` itself puts a whole row's noise on it (``d_v`` times too much
+on a dense graph), and the exact noise would need the neighbours' rows, which the
+precomputation exists to avoid. So the mean stays noise-free (the large-degree limit)
+and the root term ``x`` keeps its dropout. Measured on Amazon Computers (degree ~36,
+4 ranks, fan-out 2,2, seeds 0-2): dropout on ``pre`` 86.53 +- 1.23 test accuracy, without
+88.98 +- 0.68 (full batch in one process: 88.35).
 
 ``W_l`` is applied after the aggregation (the mean is linear, and no row of a layer >= 1
 is exchanged: the history is local), so it receives the history term's gradient; the
@@ -80,7 +90,7 @@ class VRGCN(nn.Module):
         x, pre = rows[:, :half], rows[:, half:]
         n1 = batch.blocks[0].num_dst
         conv0 = gnn.convs[0]
-        h = conv0.from_precomputed(F.dropout(pre[:n1], p, training), F.dropout(x[:n1], p, training), None)
+        h = conv0.from_precomputed(pre[:n1], F.dropout(x[:n1], p, training), None)
         mu = conv0.from_precomputed(pre[:n1], x[:n1], None) if noisy else h
         last = len(gnn.convs) - 1
         if last > 0:
