@@ -3,6 +3,7 @@ star, and the history it keeps. The estimator is in :mod:`commgnn.models.vrgcn`.
 
 from __future__ import annotations
 
+import pytest
 import torch
 import torch.nn.functional as F
 
@@ -11,6 +12,7 @@ from commgnn.dist.events import Hooks
 from commgnn.fetch.config import FetchConfig
 from commgnn.models import ModelConfig
 from commgnn.models.blocks import BlockGraph
+from commgnn.models.graph import spmm
 from commgnn.models.vrgcn import control_variate, dropout_noise
 from commgnn.partition import build_local_partition
 from commgnn.sampling.base import Block
@@ -20,45 +22,79 @@ from commgnn.trainers import TrainConfig
 from commgnn.trainers.minibatch import MiniBatchTrainer
 from helpers import small_graph
 
-D, K, DIM, P = 36, 2, 4, 0.5
-"""A destination with D in-neighbours, K of them sampled, rows of DIM, dropout P."""
+DIM, P = 4, 0.5
+"""Rows of DIM, dropout P."""
 
 
-def _star_draws(mu: torch.Tensor, table: torch.Tensor, draws: int) -> tuple[torch.Tensor, torch.Tensor]:
+def _star_draws(mu: torch.Tensor, table: torch.Tensor, k: int, replace: bool,
+                draws: int) -> tuple[torch.Tensor, torch.Tensor]:
     """``draws`` independent draws, as one block, of (VR-GCN's aggregate at a star's centre,
-    the exact aggregate of the dropped-out rows). ``mu: [D, DIM]`` the neighbours' rows,
-    ``table`` their history. Draw t's centre is source t (destinations are a prefix of the
-    sources), its neighbour j source ``draws + t * D + j``."""
-    n = draws * (D + 1)
+    the exact aggregate of the dropped-out rows). ``mu: [d, DIM]`` the d neighbours' rows,
+    ``table`` their history, k of them sampled (with or without replacement). Draw t's
+    centre is source t (destinations are a prefix of the sources), its neighbour j source
+    ``draws + t * d + j``."""
+    d = mu.shape[0]
+    n = draws * (d + 1)
     rows = torch.cat([torch.zeros(draws, DIM, dtype=mu.dtype), mu.repeat(draws, 1)])
     hist = torch.cat([torch.zeros(draws, DIM, dtype=mu.dtype), table.repeat(draws, 1)])
     hd = F.dropout(rows, P, True)  # dropout draws from the global generator: seeded by the caller
-    base = draws + torch.arange(draws)[:, None] * D
-    picked = base + torch.rand(draws, D).argsort(1)[:, :K]
-    dst = torch.arange(draws).repeat_interleave(K)
-    block = Block(edge_index=torch.stack([picked.reshape(-1), dst]), num_src=n, num_dst=draws,
-                  weight=torch.full((draws * K,), 1.0 / K, dtype=torch.float64))
-    full = HistoryEdges(src=(base + torch.arange(D)).reshape(-1), dst=torch.arange(draws).repeat_interleave(D),
-                        weight=torch.full((draws * D,), 1.0 / D, dtype=torch.float64))
+    base = draws + torch.arange(draws)[:, None] * d
+    pick = torch.randint(0, d, (draws, k)) if replace else torch.rand(draws, d).argsort(1)[:, :k]
+    dst = torch.arange(draws).repeat_interleave(k)
+    block = Block(edge_index=torch.stack([(base + pick).reshape(-1), dst]), num_src=n, num_dst=draws,
+                  weight=torch.full((draws * k,), 1.0 / k, dtype=torch.float64))
+    full = HistoryEdges(src=(base + torch.arange(d)).reshape(-1), dst=torch.arange(draws).repeat_interleave(d),
+                        weight=torch.full((draws * d,), 1.0 / d, dtype=torch.float64))
     mean = BlockGraph(block).mean_adj(mu.dtype)
-    agg = control_variate(mean, full, hist, torch.arange(n), rows) + dropout_noise(mean, block, full, hd, rows)
-    return agg, hd[draws:].view(draws, D, DIM).mean(1)
+    agg = (control_variate(mean, full, hist, torch.arange(n), rows)
+           + dropout_noise(mean, block, full, hd, rows, replace))
+    return agg, hd[draws:].view(draws, d, DIM).mean(1)
 
 
-def test_vrgcn_dropout_estimator_is_unbiased_with_the_exact_dropout_variance():
+@pytest.mark.parametrize("d, k, replace", [(36, 2, False), (36, 2, True), (3, 5, True)])
+def test_vrgcn_dropout_estimator_is_unbiased_with_the_exact_dropout_variance(d, k, replace):
     """E[agg] = mean of the neighbours' mu whatever the history holds, and with a converged
     history (hbar = mu) the variance of agg equals that of the exact aggregate of the
-    dropped-out rows: averaging the noise of K = 2 rows alone would be D/K = 18x larger."""
+    dropped-out rows: averaging the noise of k = 2 of 36 rows alone would be 18x larger
+    (and draws with replacement, repeats sharing their noise, need their own scale)."""
     torch.manual_seed(0)
-    mu = torch.rand(D, DIM, dtype=torch.float64) + 0.5
+    mu = torch.rand(d, DIM, dtype=torch.float64) + 0.5
     target = mu.mean(0)
     for table, max_ratio in ((mu.clone(), 1.25), (torch.zeros_like(mu), None)):
-        est, exact = _star_draws(mu, table, 6000)
+        est, exact = _star_draws(mu, table, k, replace, 6000)
         se = est.std(0) / est.shape[0] ** 0.5
         assert ((est.mean(0) - target).abs() < 4 * se).all(), (est.mean(0), target)
         if max_ratio is not None:
             ratio = est.var(0) / exact.var(0)
             assert ((ratio > 1 / max_ratio) & (ratio < max_ratio)).all(), ratio
+
+
+def test_vrgcn_with_every_neighbour_is_the_exact_forward_with_the_same_dropout():
+    """Fan-out -1 (every neighbour, s = 1): whatever the history holds, the 3-layer VR-GCN
+    forward with dropout equals GraphSAGE on the exact means of the same dropped-out rows
+    (the same dropout draws: layer 0's root term, then each layer's input)."""
+    data = small_graph(n=60, m=300)
+    part = build_local_partition(data, torch.zeros(60, dtype=torch.long), 1, 0)
+    t = MiniBatchTrainer(DistContext.single(), part, ModelConfig(name="sage", layers=3, hidden=6, dropout=0.5),
+                         TrainConfig(epochs=1), Hooks(),
+                         sampler_cfg=SamplerConfig(sampler="vrgcn", fanout=(-1, -1, -1), batch_size=10),
+                         fetch_cfg=FetchConfig())
+    batch = t.sampler.sample(part.global_ids[part.train_mask][:10], torch.Generator().manual_seed(0))
+    rows = t.fetcher.fetch(batch.nodes)
+    for layer in (1, 2):
+        t.history[layer].copy_(torch.randn_like(t.history[layer]))  # arbitrary, far from mu
+    t.net.train()
+    torch.manual_seed(3)
+    out = t.net(rows, batch)
+    torch.manual_seed(3)
+    convs, f, n1 = t.model.convs, data.x.shape[1], batch.blocks[0].num_dst
+    h = torch.relu(convs[0].from_precomputed(rows[:n1, f:], F.dropout(rows[:n1, :f], P, True), None))
+    for i in (1, 2):
+        block = batch.blocks[i]
+        hd = F.dropout(h, P, True)
+        h = convs[i].lin_l(spmm(BlockGraph(block).mean_adj(h.dtype), hd)) + convs[i].lin_r(hd[: block.num_dst])
+        h = torch.relu(h) if i < 2 else h
+    assert torch.allclose(out, h, atol=1e-5)
 
 
 def test_vrgcn_history_holds_the_activations_without_dropout():

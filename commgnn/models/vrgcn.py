@@ -4,10 +4,10 @@ with the paper's control variate for dropout (CVD; Chen, Zhu and Song, ICML 2018
 Two streams run through the layers: ``h`` with dropout (the training signal) and ``mu``
 without (its mean, as dropout is scaled to keep the expectation). With ``hbar_l: [N, d_l]``
 the history of layer l's *no-dropout* input (l >= 1) on this rank, ``A`` the block's
-sampled mean (``1/k_v`` per sampled edge), ``A_full`` all in-edges (``1/d_v``) and
-``s_v = sqrt(k_v / d_v)``::
+sampled mean (``1/k_v`` per sampled edge), ``A_full`` all in-edges (``1/d_v``) and ``s_v``
+the noise scale below::
 
-    h_1  = act(W_l pre[:n] + b_l + W_r dropout(x[:n]))         layer 0: exact, precomputed
+    h_1  = act(W_l pre[:n] + b_l + W_r dropout(x[:n]))     layer 0: the exact mean, precomputed
     mu_1 = act(W_l pre[:n] + b_l + W_r x[:n])
     c     = A (mu_l - hbar_l[nodes]) + A_full hbar_l[all in-neighbours]        [num_dst_l, d_l]
     agg   = s * A (dropout(h_l) - mu_l) + c
@@ -18,13 +18,15 @@ sampled mean (``1/k_v`` per sampled edge), ``A_full`` all in-edges (``1/d_v``) a
 ``c`` is VR-GCN's control variate on the mean: its expectation over the sample is
 ``A_full mu`` whatever ``hbar`` is, and its variance vanishes as ``hbar -> mu``. The
 dropout noise ``dropout(h) - mu`` has mean 0 (so ``agg`` keeps the expectation) and is
-independent across neighbours: averaged over k of them its variance is ``d/k`` times the
-exact aggregate's, and ``s`` scales it back to the exact one. Without that split (the
-history holding dropped-out activations, the noise averaged over k), VR-GCN at fan-out 2
-on Amazon Computers (degree ~36) trained 4.7 points below full batch. Where ``k_v >= d_v``
-(every neighbour taken) ``s = 1`` and ``agg`` is the exact aggregate; ``s`` is clamped to
-1 when sampling with replacement draws more than ``d_v``. Without dropout (or in
-evaluation) the two streams are one and ``agg = c``.
+independent across neighbours, variance ``sigma^2`` each: the exact aggregate's is
+``sigma^2 / d_v``, a mean over k distinct sampled neighbours has ``sigma^2 / k_v``, and
+over k draws with replacement (repeats share their noise) ``sigma^2 (d_v + k_v - 1) /
+(k_v d_v)``. ``s_v = sqrt(k_v / d_v)``, resp. ``sqrt(k_v / (d_v + k_v - 1))``, scales it back
+to the exact variance (``s_v = 1`` where every neighbour is taken without replacement, and
+``agg`` is then the exact aggregate). Without that split (the history holding dropped-out
+activations, the noise averaged over k), VR-GCN at fan-out 2 on Amazon Computers (degree
+~36) trained 4.7 points below full batch. Without dropout (or in evaluation) the two
+streams are one and ``agg = c``.
 
 Layer 0's aggregate ``pre = mean_N x`` takes no dropout. Full-batch training drops each
 neighbour's input entries before the mean, which leaves the mean's noise ~``1/d_v`` of
@@ -77,10 +79,12 @@ class History:
 class VRGCN(nn.Module):
     """``forward(rows, batch)``: rows are ``[n0, 2F]`` = ``[x | mean_N x]`` of ``batch.nodes``."""
 
-    def __init__(self, model: PartitionGNN, history: History) -> None:
+    def __init__(self, model: PartitionGNN, history: History, replace: bool = False) -> None:
+        """``replace``: the sampler draws neighbours with replacement (sets the noise scale)."""
         super().__init__()
         self.gnn = model
         self.history = history
+        self.replace = replace
 
     def forward(self, rows: Tensor, batch: VRBatch) -> Tensor:
         gnn = self.gnn
@@ -106,7 +110,7 @@ class VRGCN(nn.Module):
             c = control_variate(mean, full, table, ids, mu)  # the history before this step
             updates.append((table, ids, mu.detach()))
             hd = F.dropout(h, p, training)
-            agg = c + dropout_noise(mean, block, full, hd, mu) if noisy else c
+            agg = c + dropout_noise(mean, block, full, hd, mu, self.replace) if noisy else c
             h = _sage_out(conv, agg, hd[: block.num_dst])
             if i < last:
                 h = activation(gnn.cfg, h)
@@ -127,12 +131,15 @@ def control_variate(mean: CSRPair, full: HistoryEdges, table: Tensor, ids: Tenso
     return spmm(mean, mu - old) + agg_full
 
 
-def dropout_noise(mean: CSRPair, block: Block, full: HistoryEdges, hd: Tensor, mu: Tensor) -> Tensor:
+def dropout_noise(mean: CSRPair, block: Block, full: HistoryEdges, hd: Tensor, mu: Tensor,
+                  replace: bool = False) -> Tensor:
     """``s * A (hd - mu)``: the sampled dropout noise scaled to the exact aggregate's
-    variance, ``s_v = sqrt(min(k_v, d_v) / d_v)`` (k_v sampled, d_v all in-edges of v)."""
+    variance (module docstring), from k_v sampled edges (draws) and d_v in-edges of each
+    destination v; 0 where v has none."""
     k = torch.bincount(block.edge_index[1], minlength=block.num_dst).to(hd.dtype)
     d = torch.bincount(full.dst, minlength=block.num_dst).to(hd.dtype)
-    scale = (torch.minimum(k, d) / d.clamp(min=1)).sqrt()[:, None]
+    spread = d + k - 1 if replace else d
+    scale = (k / spread.clamp(min=1)).sqrt()[:, None]
     return scale * spmm(mean, hd - mu)
 
 

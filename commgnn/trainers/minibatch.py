@@ -122,7 +122,7 @@ class MiniBatchTrainer(FullGraphTrainer):
         if self.vr:
             widths = [d_in for d_in, _ in layer_dims(self.model.cfg, self.x.shape[1], self.part.num_classes)[1:]]
             self.history = History(self.part.num_nodes_global, widths, self.x.dtype)
-            return VRGCN(self.model, self.history)
+            return VRGCN(self.model, self.history, replace=self.sampler_cfg.replace)
         return BlockGNN(self.model, sparse_input=self._sparse_input(self.cfg.sparse_input))
 
     def _build_cache(self, cpu: LocalPartition, csr: Any, layers: int, table: Tensor) -> tuple[RowCache, int]:
