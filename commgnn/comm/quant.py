@@ -73,6 +73,10 @@ def encode(x: Tensor, bits: int, generator: torch.Generator | None = None) -> Te
     t = xf - lo[:, None]
     t.div_(step[:, None]).add_(torch.rand(xf.shape, generator=generator, device=xf.device))
     q = t.floor_().clamp_(0, levels).to(torch.uint8)
+    # A row's maximum must code as the top level: (hi - lo) / step is not exactly `levels` in
+    # float (1 / (1/15) = 14.999999), so about one maximum in a million rounded down a level,
+    # and binary rows, which otherwise decode exactly, did not always.
+    q.masked_fill_((xf == hi[:, None]) & (hi > lo)[:, None], levels)  # a constant row stays at level 0
     packed = pack_codes(q, bits)
     header = torch.stack([lo, step], dim=1).contiguous().view(torch.uint8)  # [n, 8]
     return torch.cat([packed, header], dim=1)
