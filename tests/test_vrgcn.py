@@ -97,9 +97,9 @@ def test_vrgcn_with_every_neighbour_is_the_exact_forward_with_the_same_dropout()
     assert torch.allclose(out, h, atol=1e-5)
 
 
-def test_vrgcn_history_holds_the_activations_without_dropout():
-    """With dropout, the history stores the no-dropout activations (the mean the control
-    variate subtracts), not the dropped-out rows the step trained on."""
+def _two_layer_batch() -> tuple:
+    """A 2-layer VR-GCN trainer (dropout 0.5, fan-out 2,2) on a small graph, one batch of
+    10 seeds and its fetched ``[x | mean_N x]`` rows."""
     data = small_graph(n=60, m=300)
     part = build_local_partition(data, torch.zeros(60, dtype=torch.long), 1, 0)
     t = MiniBatchTrainer(DistContext.single(), part, ModelConfig(name="sage", layers=2, hidden=6, dropout=0.5),
@@ -107,7 +107,13 @@ def test_vrgcn_history_holds_the_activations_without_dropout():
                          sampler_cfg=SamplerConfig(sampler="vrgcn", fanout=(2, 2), batch_size=10),
                          fetch_cfg=FetchConfig())
     batch = t.sampler.sample(part.global_ids[part.train_mask][:10], torch.Generator().manual_seed(0))
-    rows = t.fetcher.fetch(batch.nodes)
+    return data, t, batch, t.fetcher.fetch(batch.nodes)
+
+
+def test_vrgcn_history_holds_the_activations_without_dropout():
+    """With dropout, the history stores the no-dropout activations (the mean the control
+    variate subtracts), not the dropped-out rows the step trained on."""
+    data, t, batch, rows = _two_layer_batch()
     t.net.train()
     t.net(rows, batch)
     conv0, n1, f = t.model.convs[0], batch.blocks[0].num_dst, data.x.shape[1]
@@ -119,14 +125,7 @@ def test_vrgcn_history_holds_the_activations_without_dropout():
 def test_vrgcn_first_layer_keeps_the_precomputed_mean_free_of_dropout():
     """Layer 0 gets ``pre = mean_N x`` as it is (dropping the mean itself would put a whole
     row's noise on it, d times the full-batch noise) and ``x`` with dropout."""
-    data = small_graph(n=60, m=300)
-    part = build_local_partition(data, torch.zeros(60, dtype=torch.long), 1, 0)
-    t = MiniBatchTrainer(DistContext.single(), part, ModelConfig(name="sage", layers=2, hidden=6, dropout=0.5),
-                         TrainConfig(epochs=1), Hooks(),
-                         sampler_cfg=SamplerConfig(sampler="vrgcn", fanout=(2, 2), batch_size=10),
-                         fetch_cfg=FetchConfig())
-    batch = t.sampler.sample(part.global_ids[part.train_mask][:10], torch.Generator().manual_seed(0))
-    rows = t.fetcher.fetch(batch.nodes)
+    data, t, batch, rows = _two_layer_batch()
     seen = []
     conv0 = t.model.convs[0]
     real = conv0.from_precomputed
