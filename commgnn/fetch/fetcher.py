@@ -104,8 +104,7 @@ class FeatureFetcher:
     def _wire_bytes(self, rids: Tensor, rows: Tensor) -> int:
         """What fetching ``rids`` (whose rows are ``rows``) now would cost: an id each way
         out, a row each back, at the width each owner would send (the adaptive widths now in
-        force), or as one sparse block (:func:`block_bytes`, within a few header bytes of the
-        per-owner blocks and their 8-byte sizes)."""
+        force), or as one sparse block per owner (:func:`block_bytes`) with its 8-byte size."""
         idb = 4 if self.table.shape[0] < 2**31 else 8
         esz = self.table.element_size()
         owners = self.owner[rids].to(torch.int64)
