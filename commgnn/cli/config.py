@@ -93,6 +93,9 @@ class RunConfig:
         halo = self.comm.halo
         if self.model.residual != "none" and halo.precompute:
             raise ConfigError(PRECOMPUTE_REFUSED)
+        if self.model.name == "gat" and halo.precompute_dropout == "matched":
+            raise ConfigError("comm.halo.precompute_dropout = 'matched' is for GCN and SAGE: GAT's precompute keeps "
+                              "the input rows, whose dropout is already exact; use 'aggregate'")
         if self.model.act == "maxk" and halo.staleness.mode != "none":
             raise ConfigError("model.activation = 'maxk' sends halo rows as (index, value) pairs, which do not "
                               "yet combine with comm.halo.staleness; drop one of them")
@@ -191,6 +194,7 @@ FLAG_KEYS: dict[str, str] = {
     "force": "runtime.force",
     "quiet": "output.quiet",
     "precompute": "comm.halo.precompute",
+    "precompute_dropout": "comm.halo.precompute_dropout",
     "transform_first": "comm.halo.transform_first",
     "bits": "comm.halo.bits",
     "budget_mb": "comm.halo.budget_mb",

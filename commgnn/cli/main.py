@@ -167,6 +167,8 @@ def build_parser() -> argparse.ArgumentParser:
     h = t.add_argument_group("halo levers ([comm.halo])")
     h.add_argument("--precompute", action="store_const", const=True,
                    help="aggregate the input features once (no per-epoch input exchange)")
+    h.add_argument("--precompute-dropout", dest="precompute_dropout", choices=["aggregate", "matched"],
+                   help="precompute: dropout on the aggregate, or noise matched to the exact model's")
     h.add_argument("--transform-first", dest="transform_first", action="store_const", const=True,
                    help="send W h instead of h where narrower")
     h.add_argument("--bits", type=_bits, help="quantization: 1|2|4|8|32, FWD,BWD (e.g. 4,8) or adaptive")

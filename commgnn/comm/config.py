@@ -77,7 +77,13 @@ class HaloConfig:
     precompute: bool = False
     """Aggregate the raw input features once before training (GCN, SAGE) or keep their halo
     rows (GAT): no per-epoch exchange of input features. Input dropout then acts on the
-    aggregated features."""
+    aggregated features (see ``precompute_dropout``)."""
+    precompute_dropout: Literal["aggregate", "matched"] = "aggregate"
+    """precompute, GCN and SAGE: how input dropout acts on the aggregate ``A X``.
+    ``aggregate`` drops its entries (per-entry variance ``(A X)^2 p/(1-p)``, up to
+    degree-times the exact model's); ``matched`` adds noise with the exact model's mean and
+    per-entry variance ``p/(1-p) sum_j a_ij^2 x_jf^2`` (one more aggregation at set-up and a
+    second ``[n_own, d_in]`` matrix kept). The default is the lever as first measured."""
     sparse_setup: bool = True
     """Send the one-time exchange of constant input rows (``precompute``, the first layer's
     sparse-input pattern, VR-GCN's input aggregate) as non-zero counts, column indices and
@@ -125,6 +131,12 @@ class HaloConfig:
                 positive("comm.halo.budget_s", self.budget_s)
         elif self.budget_mb is not None or self.budget_s is not None:
             raise ConfigError("comm.halo.budget_mb and budget_s are only used with bits = 'adaptive'")
+        if self.precompute_dropout not in ("aggregate", "matched"):
+            raise ConfigError(f"comm.halo.precompute_dropout must be 'aggregate' or 'matched', "
+                              f"got {self.precompute_dropout!r}")
+        if self.precompute_dropout != "aggregate" and not self.precompute:
+            raise ConfigError("comm.halo.precompute_dropout shapes precompute's dropout: set "
+                              "comm.halo.precompute = true, or drop precompute_dropout")
         positive("comm.halo.adapt_every", self.adapt_every)
         fraction("comm.halo.sample_rate", self.sample_rate, open_low=True)
         positive("comm.halo.exact_every", self.exact_every, allow_zero=True)

@@ -27,7 +27,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from commgnn.models.graph import LocalGraph, spmm
+from commgnn.models.graph import CSRPair, LocalGraph, spmm
 from commgnn.models.sparse import Projector, dense_proj
 
 
@@ -57,6 +57,10 @@ class GCNLayer(nn.Module):
     def _aggregate_first(self, n_own: int, n_src: int, nnz: int) -> bool:
         d_out, d_in = self.lin.weight.shape
         return nnz * d_in + n_own * d_in * d_out <= n_src * d_in * d_out + nnz * d_out
+
+    def aggregation(self, graph: LocalGraph, dtype: torch.dtype) -> CSRPair:
+        """The operator ``A`` this layer aggregates with, ``[n_own, n_src]``."""
+        return graph.gcn_adj(dtype)
 
     def precompute(self, x_src: Tensor, graph: LocalGraph) -> Tensor:
         """``A_hat X``: ``[n_own, d_in]``, computed once for a constant input."""

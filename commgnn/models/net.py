@@ -9,7 +9,8 @@ For layer l on rank r (``n_own`` owned rows, ``n_halo`` halo rows)::
 
 With ``precompute`` the first layer's aggregation of the constant input is computed once
 (:meth:`PartitionGNN.precompute`, one exchange before training) and input dropout acts on
-the aggregate. :class:`commgnn.models.reference.ReferenceGNN` is the same architecture
+the aggregate (``"aggregate"``), or as noise matched per entry to the exact model's
+``A dropout(X)`` (``"matched"``, see :func:`matched_dropout`). :class:`commgnn.models.reference.ReferenceGNN` is the same architecture
 from PyG's own layers for one process on the whole graph; the parameter names agree.
 """
 
@@ -67,6 +68,17 @@ def maxk_message_layers(cfg: ModelConfig, in_dim: int, num_classes: int, transfo
     return {i for i in range(1, len(dims)) if not (transform_first and dims[i][1] < dims[i][0])}
 
 
+def matched_dropout(pre: Tensor, sigma: Tensor, p: float, training: bool) -> Tensor:
+    """``pre + sigma * xi`` with ``xi = m / (1 - p) - 1``, ``m ~ Bernoulli(1 - p)`` per entry:
+    the mean of ``pre`` and the variance ``sigma^2 p / (1 - p)``. With ``pre = A X`` and
+    ``sigma^2 = (A o A)(X o X)`` (o: element-wise) that is, entry by entry, the mean and the
+    variance of the exact model's ``A dropout(X)`` (whose noise sums over a node's neighbours,
+    so it is up to degree-times smaller than dropout on ``A X`` itself). Shapes: any, equal."""
+    if not training or p == 0.0:
+        return pre
+    return pre + sigma * (F.dropout(torch.ones_like(pre), p, True) - 1.0)
+
+
 class PartitionGNN(nn.Module):
     """GCN / GraphSAGE / GAT over a rank's partition plus its halo (``model.residual = "none"``;
     the res+ model is :class:`commgnn.models.deep.ResPlusGNN`)."""
@@ -88,13 +100,34 @@ class PartitionGNN(nn.Module):
                 self.convs.append(GATLayer(d_in, d_out, heads, concat=concat, attn_dropout=cfg.attn_dropout,
                                            transform_first=transform_first))
         self.pre: Tensor | None = None
+        self.pre_sigma: Tensor | None = None
+        """``"matched"`` precompute dropout: ``sqrt((A o A)(X o X))``, ``[n_own, d_in]``."""
         self.sparse: dict[str, SparseRows] = {}  # input patterns: "own", "src" or "pre"
+        self.sparse_sigma: Tensor | None = None  # pre_sigma's values on the "pre" pattern
 
     @torch.no_grad()
-    def precompute(self, x: Tensor, graph: LocalGraph, halo: HaloExchange) -> None:
-        """Exchange the constant input once and keep the first layer's aggregate of it."""
+    def precompute(self, x: Tensor, graph: LocalGraph, halo: HaloExchange, *,
+                   dropout: str = "aggregate") -> None:
+        """Exchange the constant input once and keep the first layer's aggregate of it.
+
+        ``dropout`` (``comm.halo.precompute_dropout``): ``"aggregate"`` drops entries of the
+        aggregate ``A X`` during training; ``"matched"`` also keeps ``sigma`` of
+        :func:`matched_dropout`, one more product of the squared operator with the squared
+        input, so the noise has the exact model's per-entry variance (GCN and SAGE; GAT keeps
+        the input rows themselves, whose dropout is already the exact model's)."""
         x_src = torch.cat([x, halo.exchange(x, 0, kind="halo_setup")])
-        self.pre = self.convs[0].precompute(x_src, graph)
+        conv = self.convs[0]
+        self.pre = conv.precompute(x_src, graph)
+        self.pre_sigma = None
+        if dropout == "matched":
+            if isinstance(conv, GATLayer):
+                raise ConfigError("comm.halo.precompute_dropout = 'matched' is for GCN and SAGE: GAT's precompute "
+                                  "keeps the input rows, whose dropout is already exact; use 'aggregate'")
+            a = conv.aggregation(graph, x_src.dtype).a
+            a2 = torch.sparse_csr_tensor(a.crow_indices(), a.col_indices(), a.values().square(), a.shape)
+            self.pre_sigma = torch.sparse.mm(a2, x_src.square()).sqrt()
+        elif dropout != "aggregate":
+            raise ConfigError(f"precompute dropout must be 'aggregate' or 'matched', got {dropout!r}")
 
     @torch.no_grad()
     def use_sparse_input(self, x: Tensor, halo: HaloExchange) -> None:
@@ -102,7 +135,11 @@ class PartitionGNN(nn.Module):
         (:mod:`commgnn.models.sparse`); learning the halo rows' pattern costs one exchange."""
         self.sparse["own"] = SparseRows(x)
         if self.pre is not None:
-            self.sparse["pre"] = SparseRows(self.pre)
+            if self.pre_sigma is None:
+                self.sparse["pre"] = SparseRows(self.pre)
+            else:  # the union of both patterns (A X can cancel to 0 where sigma is not)
+                self.sparse["pre"] = SparseRows(self.pre.abs() + self.pre_sigma)
+                self.sparse_sigma = self.sparse["pre"].gather(self.pre_sigma)
         elif not self.convs[0].transform_first:
             self.sparse["src"] = SparseRows(torch.cat([x, halo.exchange(x, 0, kind="halo_setup")]))
 
@@ -115,11 +152,13 @@ class PartitionGNN(nn.Module):
         for i, conv in enumerate(self.convs):
             if i == 0 and self.pre is not None:
                 if sp:  # dropout on the pattern's values: the same law as on dense rows
-                    h = conv.from_precomputed(self.pre, x, graph, SparseProj(sp["pre"], p, self.training),
+                    h = conv.from_precomputed(self.pre, x, graph,
+                                              SparseProj(sp["pre"], p, self.training, sigma=self.sparse_sigma),
                                               SparseProj(sp["own"], p, self.training))
                 else:
-                    h = conv.from_precomputed(F.dropout(self.pre, p, self.training),
-                                              F.dropout(x, p, self.training), graph)
+                    pre = (F.dropout(self.pre, p, self.training) if self.pre_sigma is None
+                           else matched_dropout(self.pre, self.pre_sigma, p, self.training))
+                    h = conv.from_precomputed(pre, F.dropout(x, p, self.training), graph)
             else:
                 h = F.dropout(h, p=p, training=self.training)
                 own = SparseProj(sp["own"]) if i == 0 and sp else dense_proj

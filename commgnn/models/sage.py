@@ -10,9 +10,10 @@ All in-edges of an owned node are local, so the mean is exact. Parameters are na
 
 from __future__ import annotations
 
+import torch
 from torch import Tensor, nn
 
-from commgnn.models.graph import LocalGraph, spmm
+from commgnn.models.graph import CSRPair, LocalGraph, spmm
 from commgnn.models.sparse import Projector, dense_proj
 
 
@@ -36,6 +37,10 @@ class SAGELayer(nn.Module):
         else:  # a sparse input: transform its few non-zeros first (the mean is linear)
             out = spmm(mean, proj_src(m_src, self.lin_l.weight)) + self.lin_l.bias
         return out + proj_own(h_own, self.lin_r.weight)
+
+    def aggregation(self, graph: LocalGraph, dtype: torch.dtype) -> CSRPair:
+        """The operator ``A`` this layer aggregates with, ``[n_own, n_src]``."""
+        return graph.mean_adj(dtype)
 
     def precompute(self, x_src: Tensor, graph: LocalGraph) -> Tensor:
         return spmm(graph.mean_adj(x_src.dtype), x_src)

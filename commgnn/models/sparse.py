@@ -94,13 +94,19 @@ class SparseRows:
 
 class SparseProj:
     """A :data:`Projector` for rows with a known pattern, optionally with dropout on the values
-    (the same distribution as dropout on the dense rows: zeros stay zero)."""
+    (the same distribution as dropout on the dense rows: zeros stay zero), or, given
+    ``sigma`` (values on the pattern), the noise ``sigma * (m / (1 - p) - 1)`` added instead
+    (:func:`commgnn.models.net.matched_dropout`)."""
 
-    def __init__(self, rows: SparseRows, dropout: float = 0.0, training: bool = False) -> None:
-        self.rows, self.dropout, self.training = rows, dropout, training
+    def __init__(self, rows: SparseRows, dropout: float = 0.0, training: bool = False, *,
+                 sigma: Tensor | None = None) -> None:
+        self.rows, self.dropout, self.training, self.sigma = rows, dropout, training, sigma
 
     def __call__(self, t: Tensor, weight: Tensor) -> Tensor:
         values = self.rows.gather(t)
         if self.dropout and self.training:
-            values = F.dropout(values, self.dropout, training=True)
+            if self.sigma is None:
+                values = F.dropout(values, self.dropout, training=True)
+            else:
+                values = values + self.sigma * (F.dropout(torch.ones_like(values), self.dropout, True) - 1.0)
         return self.rows.linear(values, weight)

@@ -137,7 +137,7 @@ class FullGraphTrainer:
             self.model = model_cls(model_cfg, part.x.shape[1], part.num_classes,
                                    transform_first=halo_cfg.transform_first).to(ctx.device, dtype)
             if halo_cfg.precompute:
-                self.model.precompute(self.x, self.graph, self.eval_halo)
+                self.model.precompute(self.x, self.graph, self.eval_halo, dropout=halo_cfg.precompute_dropout)
             if self._sparse_input(train_cfg.sparse_input):
                 self.model.use_sparse_input(self.x, self.eval_halo)
         self.export_module: nn.Module = byo.module if byo is not None else self.model
