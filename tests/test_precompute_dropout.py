@@ -27,13 +27,15 @@ from helpers import small_graph
 P, DRAWS = 0.5, 2000
 
 
-def _setup(name: str, sparse: bool, dropout: str) -> tuple[PartitionGNN, Tensor, Tensor, Tensor]:
-    """A one-process model on a graph with non-negative, 30%-dense features (sparse inputs
-    use the pattern path), precomputed with ``dropout``; also ``x``, ``A X`` and the exact
-    noise's per-entry variance ``P/(1-P) (A o A)(X o X)``."""
+def _setup(name: str, sparse: bool, dropout: str, signed: bool = False) -> tuple[PartitionGNN, Tensor, Tensor, Tensor]:
+    """A one-process model on a graph with 30%-dense features, non-negative or (``signed``)
+    in {-1, 1}, whose means often cancel to 0 where the noise does not (sparse inputs use the
+    pattern path), precomputed with ``dropout``; also ``x``, ``A X`` and the exact model's
+    per-entry variance of ``A dropout(X)`` (Monte Carlo)."""
     data = small_graph(n=40, m=300, f=6, seed=3)
     g = torch.Generator().manual_seed(1)
-    data.x = torch.rand(40, 6, generator=g) * (torch.rand(40, 6, generator=g) < 0.3)
+    keep = torch.rand(40, 6, generator=g) < 0.3
+    data.x = (torch.randint(0, 2, (40, 6), generator=g) * 2.0 - 1.0 if signed else torch.rand(40, 6, generator=g)) * keep
     part = build_local_partition(data, torch.zeros(40, dtype=torch.long), 1, 0)
     graph = local_graph(part)
     halo = AllToAllHalo(DistContext.single(), halo_plan(part), Hooks())
@@ -77,25 +79,28 @@ class _NoHalo:
         raise AssertionError("layer 0 under precompute must not exchange")
 
 
-@pytest.mark.parametrize("name", ["gcn", "sage"])
+@pytest.mark.parametrize("name, signed", [("gcn", False), ("sage", False), ("sage", True)])
 @pytest.mark.parametrize("sparse", [False, True])
-def test_matched_noise_has_the_exact_models_mean_and_variance(name, sparse):
+def test_matched_noise_has_the_exact_models_mean_and_variance(name, signed, sparse):
     """Mean A X and per-entry variance within 10% of the exact model's (2000 draws of each;
-    the entries with noise). ``aggregate``'s is about 3x the exact one on this graph."""
+    the entries with noise, including those whose mean cancels to 0: the sparse pattern is
+    the union of both). ``aggregate``'s is about 3x the exact one on this graph."""
     torch.manual_seed(0)
-    model, x, ax, exact_var = _setup(name, sparse, "matched")
+    model, x, ax, exact_var = _setup(name, sparse, "matched", signed)
     draws = _noisy_inputs(model, x)
     noisy = exact_var > 1e-4
     assert noisy.sum() > 50
+    assert not signed or (noisy & (ax == 0)).sum() > 10
     se = (exact_var / DRAWS).sqrt()
     assert ((draws.mean(0) - ax).abs() <= 5 * se + 1e-9).all()
     ratio = draws.var(0)[noisy] / exact_var[noisy]
     assert 0.9 < ratio.mean() < 1.1 and ratio.min() > 0.75 and ratio.max() < 1.3
 
-    torch.manual_seed(0)
-    old, x, ax, exact_var = _setup(name, sparse, "aggregate")
-    ratio_old = _noisy_inputs(old, x).var(0)[noisy] / exact_var[noisy]
-    assert ratio_old.mean() > 2.0
+    if not signed:
+        torch.manual_seed(0)
+        old, x, ax, exact_var = _setup(name, sparse, "aggregate")
+        ratio_old = _noisy_inputs(old, x).var(0)[noisy] / exact_var[noisy]
+        assert ratio_old.mean() > 2.0
 
 
 def test_matched_is_refused_for_gat_and_without_precompute():
@@ -133,7 +138,16 @@ def test_the_trainer_and_the_run_config_pass_the_setting_on():
         comm = CommConfig(halo=HaloConfig(precompute=True, precompute_dropout=mode))
         t = FullGraphTrainer(DistContext.single(), part, ModelConfig(name="sage", hidden=8),
                              TrainConfig(epochs=1, patience=0), Hooks(), comm_cfg=comm)
-        assert (t.model.pre_sigma is not None) == (mode == "matched")
+        assert (t.model.pre_sigma is not None or t.model.sparse_sigma is not None) == (mode == "matched")
     with pytest.raises(ConfigError, match="GAT"):
         RunConfig(model=ModelConfig(name="gat"),
                   comm=CommConfig(halo=HaloConfig(precompute=True, precompute_dropout="matched")))
+
+
+def test_the_flag_maps_to_the_config_key():
+    from commgnn.cli.config import resolve_config
+
+    cfg = resolve_config(None, {"precompute": True, "precompute_dropout": "matched"}, {})
+    assert cfg.comm.halo.precompute_dropout == "matched"
+    with pytest.raises(ConfigError, match="precompute = true"):
+        resolve_config(None, {"precompute_dropout": "matched"}, {})

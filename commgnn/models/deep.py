@@ -98,7 +98,7 @@ class ResPlusGNN(nn.Module):
         self.decoder = nn.Linear(d, num_classes)
         self.sparse: SparseRows | None = None
 
-    def precompute(self, x: Tensor, graph: LocalGraph, halo: HaloExchange) -> None:
+    def precompute(self, x: Tensor, graph: LocalGraph, halo: HaloExchange, *, dropout: str = "aggregate") -> None:
         """Refused: the first convolution aggregates the learned encoding, not the constant input."""
         raise ConfigError(PRECOMPUTE_REFUSED)
 

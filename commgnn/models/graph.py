@@ -58,6 +58,14 @@ class CSRPair:
     kernel: Kernel = "torch"
     """Which SpMM runs the products (see :data:`KERNELS`)."""
 
+    def squared(self) -> "CSRPair":
+        """The operator with every entry squared, ``A o A`` (variances of ``A x``)."""
+        def sq(t: Tensor) -> Tensor:
+            with warnings.catch_warnings():  # torch's "CSR support is in beta" notice
+                warnings.simplefilter("ignore", UserWarning)
+                return torch.sparse_csr_tensor(t.crow_indices(), t.col_indices(), t.values().square(), t.shape)
+        return CSRPair(sq(self.a), sq(self.at), self.kernel)
+
     @staticmethod
     def build(rows: Tensor, cols: Tensor, vals: Tensor, shape: tuple[int, int],
               kernel: Kernel = "torch") -> "CSRPair":

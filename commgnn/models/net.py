@@ -25,7 +25,7 @@ from commgnn.errors import ConfigError
 from commgnn.models.config import ModelConfig
 from commgnn.models.gat import GATLayer
 from commgnn.models.gcn import GCNLayer
-from commgnn.models.graph import LocalGraph
+from commgnn.models.graph import LocalGraph, spmm
 from commgnn.models.maxk import maxk
 from commgnn.models.sage import SAGELayer
 from commgnn.models.sparse import SparseProj, SparseRows, dense_proj
@@ -123,9 +123,7 @@ class PartitionGNN(nn.Module):
             if isinstance(conv, GATLayer):
                 raise ConfigError("comm.halo.precompute_dropout = 'matched' is for GCN and SAGE: GAT's precompute "
                                   "keeps the input rows, whose dropout is already exact; use 'aggregate'")
-            a = conv.aggregation(graph, x_src.dtype).a
-            a2 = torch.sparse_csr_tensor(a.crow_indices(), a.col_indices(), a.values().square(), a.shape)
-            self.pre_sigma = torch.sparse.mm(a2, x_src.square()).sqrt()
+            self.pre_sigma = spmm(conv.aggregation(graph, x_src.dtype).squared(), x_src.square()).sqrt()
         elif dropout != "aggregate":
             raise ConfigError(f"precompute dropout must be 'aggregate' or 'matched', got {dropout!r}")
 
@@ -140,6 +138,7 @@ class PartitionGNN(nn.Module):
             else:  # the union of both patterns (A X can cancel to 0 where sigma is not)
                 self.sparse["pre"] = SparseRows(self.pre.abs() + self.pre_sigma)
                 self.sparse_sigma = self.sparse["pre"].gather(self.pre_sigma)
+                self.pre_sigma = None  # the forward reads the pattern's values only
         elif not self.convs[0].transform_first:
             self.sparse["src"] = SparseRows(torch.cat([x, halo.exchange(x, 0, kind="halo_setup")]))
 

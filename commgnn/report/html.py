@@ -84,7 +84,7 @@ def _levers(config: str | None) -> str | None:
         halo, grad = comm.get("halo", {}), comm.get("grad", {})
         words = []
         if halo.get("precompute"):
-            words.append("precompute")
+            words.append("precompute" + (" (matched dropout)" if halo.get("precompute_dropout") == "matched" else ""))
         if halo.get("transform_first"):
             words.append("transform-first")
         bits = halo.get("bits", 32)
