@@ -35,6 +35,7 @@ from commgnn.metrics.energy import EnergyConfig
 from commgnn.sampling.config import SamplerConfig
 from commgnn.models import ModelConfig
 from commgnn.models.deep import MINIBATCH_REFUSED, PRECOMPUTE_REFUSED
+from commgnn.models.net import MATCHED_REFUSED_FOR_GAT
 from commgnn.partition import PartitionConfig, load_meta
 from commgnn.trainers import TrainConfig
 
@@ -94,8 +95,7 @@ class RunConfig:
         if self.model.residual != "none" and halo.precompute:
             raise ConfigError(PRECOMPUTE_REFUSED)
         if self.model.name == "gat" and halo.precompute_dropout == "matched":
-            raise ConfigError("comm.halo.precompute_dropout = 'matched' is for GCN and SAGE: GAT's precompute keeps "
-                              "the input rows, whose dropout is already exact; use 'aggregate'")
+            raise ConfigError(MATCHED_REFUSED_FOR_GAT)
         if self.model.act == "maxk" and halo.staleness.mode != "none":
             raise ConfigError("model.activation = 'maxk' sends halo rows as (index, value) pairs, which do not "
                               "yet combine with comm.halo.staleness; drop one of them")

@@ -64,7 +64,7 @@ class GCNLayer(nn.Module):
 
     def precompute(self, x_src: Tensor, graph: LocalGraph) -> Tensor:
         """``A_hat X``: ``[n_own, d_in]``, computed once for a constant input."""
-        return spmm(graph.gcn_adj(x_src.dtype), x_src)
+        return spmm(self.aggregation(graph, x_src.dtype), x_src)
 
     def from_precomputed(self, pre: Tensor, x_own: Tensor, graph: LocalGraph, proj_pre: Projector = dense_proj,
                          proj_own: Projector = dense_proj) -> Tensor:

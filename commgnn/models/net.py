@@ -10,7 +10,8 @@ For layer l on rank r (``n_own`` owned rows, ``n_halo`` halo rows)::
 With ``precompute`` the first layer's aggregation of the constant input is computed once
 (:meth:`PartitionGNN.precompute`, one exchange before training) and input dropout acts on
 the aggregate (``"aggregate"``), or as noise matched per entry to the exact model's
-``A dropout(X)`` (``"matched"``, see :func:`matched_dropout`). :class:`commgnn.models.reference.ReferenceGNN` is the same architecture
+``A dropout(X)`` (``"matched"``, :func:`commgnn.models.sparse.matched_dropout`).
+:class:`commgnn.models.reference.ReferenceGNN` is the same architecture
 from PyG's own layers for one process on the whole graph; the parameter names agree.
 """
 
@@ -28,7 +29,7 @@ from commgnn.models.gcn import GCNLayer
 from commgnn.models.graph import LocalGraph, spmm
 from commgnn.models.maxk import maxk
 from commgnn.models.sage import SAGELayer
-from commgnn.models.sparse import SparseProj, SparseRows, dense_proj
+from commgnn.models.sparse import SparseProj, SparseRows, dense_proj, matched_dropout
 
 
 def layer_dims(cfg: ModelConfig, in_dim: int, num_classes: int) -> list[tuple[int, int]]:
@@ -68,15 +69,9 @@ def maxk_message_layers(cfg: ModelConfig, in_dim: int, num_classes: int, transfo
     return {i for i in range(1, len(dims)) if not (transform_first and dims[i][1] < dims[i][0])}
 
 
-def matched_dropout(pre: Tensor, sigma: Tensor, p: float, training: bool) -> Tensor:
-    """``pre + sigma * xi`` with ``xi = m / (1 - p) - 1``, ``m ~ Bernoulli(1 - p)`` per entry:
-    the mean of ``pre`` and the variance ``sigma^2 p / (1 - p)``. With ``pre = A X`` and
-    ``sigma^2 = (A o A)(X o X)`` (o: element-wise) that is, entry by entry, the mean and the
-    variance of the exact model's ``A dropout(X)`` (whose noise sums over a node's neighbours,
-    so it is up to degree-times smaller than dropout on ``A X`` itself). Shapes: any, equal."""
-    if not training or p == 0.0:
-        return pre
-    return pre + sigma * (F.dropout(torch.ones_like(pre), p, True) - 1.0)
+MATCHED_REFUSED_FOR_GAT = ("comm.halo.precompute_dropout = 'matched' is for GCN and SAGE: GAT's precompute keeps "
+                           "the input rows, whose dropout is already exact; use 'aggregate'")
+"""The one-line refusal of ``precompute_dropout = "matched"`` with GAT."""
 
 
 class PartitionGNN(nn.Module):
@@ -121,11 +116,8 @@ class PartitionGNN(nn.Module):
         self.pre_sigma = None
         if dropout == "matched":
             if isinstance(conv, GATLayer):
-                raise ConfigError("comm.halo.precompute_dropout = 'matched' is for GCN and SAGE: GAT's precompute "
-                                  "keeps the input rows, whose dropout is already exact; use 'aggregate'")
+                raise ConfigError(MATCHED_REFUSED_FOR_GAT)
             self.pre_sigma = spmm(conv.aggregation(graph, x_src.dtype).squared(), x_src.square()).sqrt()
-        elif dropout != "aggregate":
-            raise ConfigError(f"precompute dropout must be 'aggregate' or 'matched', got {dropout!r}")
 
     @torch.no_grad()
     def use_sparse_input(self, x: Tensor, halo: HaloExchange) -> None:

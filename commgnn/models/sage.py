@@ -43,7 +43,7 @@ class SAGELayer(nn.Module):
         return graph.mean_adj(dtype)
 
     def precompute(self, x_src: Tensor, graph: LocalGraph) -> Tensor:
-        return spmm(graph.mean_adj(x_src.dtype), x_src)
+        return spmm(self.aggregation(graph, x_src.dtype), x_src)
 
     def from_precomputed(self, pre: Tensor, x_own: Tensor, graph: LocalGraph, proj_pre: Projector = dense_proj,
                          proj_own: Projector = dense_proj) -> Tensor:

@@ -92,11 +92,22 @@ class SparseRows:
         return _SparseLinearFn.apply(values, weight, self)
 
 
+def matched_dropout(pre: Tensor, sigma: Tensor, p: float, training: bool) -> Tensor:
+    """``pre + sigma * xi`` with ``xi = m / (1 - p) - 1``, ``m ~ Bernoulli(1 - p)`` per entry:
+    the mean of ``pre`` and the variance ``sigma^2 p / (1 - p)``. With ``pre = A X`` and
+    ``sigma^2 = (A o A)(X o X)`` (o: element-wise) that is, entry by entry, the mean and the
+    variance of the exact model's ``A dropout(X)`` (whose noise sums over a node's neighbours,
+    so it is up to degree-times smaller than dropout on ``A X`` itself). Shapes: any, equal."""
+    if not training or p == 0.0:
+        return pre
+    return pre + sigma * (F.dropout(torch.ones_like(pre), p, True) - 1.0)
+
+
 class SparseProj:
     """A :data:`Projector` for rows with a known pattern, optionally with dropout on the values
     (the same distribution as dropout on the dense rows: zeros stay zero), or, given
     ``sigma`` (values on the pattern), the noise ``sigma * (m / (1 - p) - 1)`` added instead
-    (:func:`commgnn.models.net.matched_dropout`)."""
+    (:func:`matched_dropout`)."""
 
     def __init__(self, rows: SparseRows, dropout: float = 0.0, training: bool = False, *,
                  sigma: Tensor | None = None) -> None:
@@ -108,5 +119,5 @@ class SparseProj:
             if self.sigma is None:
                 values = F.dropout(values, self.dropout, training=True)
             else:
-                values = values + self.sigma * (F.dropout(torch.ones_like(values), self.dropout, True) - 1.0)
+                values = matched_dropout(values, self.sigma, self.dropout, True)
         return self.rows.linear(values, weight)
