@@ -60,6 +60,8 @@ def test_codes_and_values_are_the_reference_formula_bit_for_bit(bits):
     per, padded = 8 // bits, torch.cat([q, q.new_zeros(300, (-77) % (8 // bits))], dim=1).long()
     packed = sum(padded[:, j::per] << (j * bits) for j in range(per)).to(torch.uint8)
     assert torch.equal(payload[:, :-8], packed)
+    assert torch.equal(quant.unpack_codes(payload[:, :-8], bits, 77), q)
+    assert torch.equal(quant.unpack_codes(payload[:, :-8], bits, 77, torch.float32), q.float())
     assert torch.equal(quant.decode(payload, bits, 77), lo[:, None] + q.float() * step[:, None])
 
 
