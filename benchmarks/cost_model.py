@@ -9,7 +9,15 @@ epoch time over epochs 2..n. Needs root (network namespaces). The 5 ms delay is 
 the kernel has it, otherwise the user-space delay line's (`commgnn.cluster.delayline`); the
 table says which.
 
+``--entries`` adds lever runs (``ENTRIES``) beside exact, and ``--layers`` the depth.
+``--reference loopback`` also trains each entry on P local ranks over loopback and calibrates
+loopback (`commgnn calibrate --parts P`): what that model leaves unexplained in the loopback
+run (`commgnn.netmodel.predict.residual_s`: waiting in collectives for peers, each
+collective's own cost) is added to the emulated links' price, in its own columns.
+
     sudo python benchmarks/cost_model.py --hosts 2 4 --ranks-per-host 2 --rates 1gbit 100mbit
+    sudo python benchmarks/cost_model.py --hosts 4 --rates 1gbit 100mbit --layers 3 \
+        --entries exact tf+q4 precompute+tf --reference loopback --tag levers
 """
 
 from __future__ import annotations
@@ -24,8 +32,20 @@ from pathlib import Path
 
 from commgnn.cluster.netns import netem_available
 from commgnn.netmodel import ClusterModel
-from commgnn.netmodel.predict import predict_run
+from commgnn.netmodel.predict import predict_run, residual_s
 from tables import write_table
+
+ENTRIES: dict[str, list[str]] = {
+    "exact": [],
+    "tf+q4": ["--transform-first", "--bits", "4"],
+    "precompute+tf": ["--precompute", "--transform-first"],
+    "powersgd-r1": ["--grad", "powersgd", "--powersgd-rank", "1"],
+}
+"""The emulated grid's entries (``benchmarks/emulated_grid.py``) and its CS plan's levers."""
+
+
+def _slug(entry: str) -> str:
+    return "".join(c if c.isalnum() else "-" for c in entry)
 
 
 def run_on_cluster(hosts: int, r: int, rate: str, delay: str | None, job: list[str]) -> None:
@@ -45,6 +65,10 @@ def main() -> None:
     ap.add_argument("--epochs", type=int, default=6)
     ap.add_argument("--out", default="runs/bench-cost-model")
     ap.add_argument("--tag", default="", help="suffix of the result file names (e.g. delay)")
+    ap.add_argument("--entries", nargs="+", default=["exact"], choices=list(ENTRIES))
+    ap.add_argument("--layers", type=int, default=2)
+    ap.add_argument("--reference", choices=["none", "loopback"], default="none",
+                    help="loopback: add the residual of each entry's loopback twin to the prediction")
     ns = ap.parse_args()
     out = Path(ns.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -56,42 +80,71 @@ def main() -> None:
         if not (pdir / "meta.json").is_file():
             subprocess.run(["commgnn", "partition", "--dataset", ns.dataset, "--data-root", ns.root, "--parts", str(P),
                             "--partitioner", "metis", "--out", str(pdir)], check=True, stdout=subprocess.DEVNULL)
+        train = ["train", "--dataset", ns.dataset, "--data-root", ns.root, "--partition-dir", str(pdir),
+                 "--model", "gcn", "--layers", str(ns.layers), "--hidden", "64", "--epochs", str(ns.epochs),
+                 "--patience", "0", "--quiet", "--no-energy"]
+        residual: dict[str, tuple[float, float]] = {}
+        if ns.reference == "loopback":
+            lo_net = out / f"loopback-P{P}-net.json"
+            if not lo_net.is_file():
+                subprocess.run([sys.executable, "-m", "commgnn", "calibrate", "--parts", str(P), "--out", str(lo_net)],
+                               check=True, stdout=subprocess.DEVNULL)
+            lo_model = ClusterModel.from_dict(json.loads(lo_net.read_text()))
+            for entry in ns.entries:
+                twin = out / f"loopback-P{P}-{_slug(entry)}-run"
+                if not (twin / "summary.json").is_file():
+                    subprocess.run(["rm", "-rf", str(twin)], check=True)
+                    subprocess.run([sys.executable, "-m", "commgnn", *train, "--parts", str(P), *ENTRIES[entry],
+                                    "--out", str(twin)], check=True, stdout=subprocess.DEVNULL)
+                residual[entry] = (residual_s(twin, lo_model), predict_run(twin, lo_model)["measured_comm_s"])
         for spec in ns.rates:
             rate, _, delay = spec.partition("+")
             tag = f"h{hosts}-{spec.replace('+', '-')}"
-            row = {"hosts": hosts, "ranks_per_host": ns.ranks_per_host, "link": spec}
-            if delay:
-                row["delay_by"] = "netem" if netem else "delay line"
             net = out / f"{tag}-net.json"
             if not net.is_file():
                 run_on_cluster(hosts, ns.ranks_per_host, rate, delay or None, ["calibrate", "--out", str(net)])
-            run = out / f"{tag}-run"
-            if not (run / "summary.json").is_file():
-                subprocess.run(["rm", "-rf", str(run)], check=True)
-                run_on_cluster(hosts, ns.ranks_per_host, rate, delay or None,
-                         ["train", "--dataset", ns.dataset, "--data-root", ns.root, "--partition-dir", str(pdir),
-                          "--model", "gcn", "--layers", "2", "--hidden", "64", "--epochs", str(ns.epochs),
-                          "--patience", "0", "--quiet", "--no-energy", "--out", str(run)])
             model = ClusterModel.from_dict(json.loads(net.read_text()))
-            p = predict_run(run, model)
-            rows.append({**row, "calibrated_inter_Mbit_s": f"{model.inter.rate_bps / 1e6:.1f}",
-                         "inter_alpha_us": f"{model.inter.alpha_s * 1e6:.0f}",
-                         "a2a_factor": f"{model.collective_factor:.2f}",
-                         "measured_epoch_s": f"{p['measured_epoch_s']:.3f}",
-                         "predicted_epoch_s": f"{p['predicted_epoch_s']:.3f}",
-                         "error_%": f"{100 * p['error']:+.1f}",
-                         "compute_s": f"{p['compute_s']:.3f}",
-                         "comm_measured_s": f"{p['measured_comm_s']:.3f}",
-                         "comm_predicted_s": f"{p['predicted_comm_s']:.3f}"})
-            print(rows[-1], flush=True)
+            for entry in ns.entries:
+                row = {"hosts": hosts, "ranks_per_host": ns.ranks_per_host, "link": spec}
+                if len(ns.entries) > 1:
+                    row["entry"] = entry
+                if delay:
+                    row["delay_by"] = "netem" if netem else "delay line"
+                run = out / (f"{tag}-run" if entry == "exact" else f"{tag}-{_slug(entry)}-run")
+                if not (run / "summary.json").is_file():
+                    subprocess.run(["rm", "-rf", str(run)], check=True)
+                    run_on_cluster(hosts, ns.ranks_per_host, rate, delay or None,
+                                   [*train, *ENTRIES[entry], "--out", str(run)])
+                p = predict_run(run, model)
+                row.update({"calibrated_inter_Mbit_s": f"{model.inter.rate_bps / 1e6:.1f}",
+                            "inter_alpha_us": f"{model.inter.alpha_s * 1e6:.0f}",
+                            "a2a_factor": f"{model.collective_factor:.2f}",
+                            "measured_epoch_s": f"{p['measured_epoch_s']:.3f}",
+                            "predicted_epoch_s": f"{p['predicted_epoch_s']:.3f}",
+                            "error_%": f"{100 * p['error']:+.1f}",
+                            "compute_s": f"{p['compute_s']:.3f}",
+                            "comm_measured_s": f"{p['measured_comm_s']:.3f}",
+                            "comm_predicted_s": f"{p['predicted_comm_s']:.3f}"})
+                if entry in residual:
+                    r, lo_comm = residual[entry]
+                    q = predict_run(run, model, overhead_s=r)
+                    row.update({"loopback_comm_s": f"{lo_comm:.3f}", "loopback_residual_s": f"{r:.3f}",
+                                "predicted_with_residual_s": f"{q['predicted_epoch_s']:.3f}",
+                                "error_with_residual_%": f"{100 * q['error']:+.1f}"})
+                rows.append(row)
+                print(rows[-1], flush=True)
     cols = list(dict.fromkeys(k for r in rows for k in r))
     rows = [{k: r.get(k, "—") for k in cols} for r in rows]
     stamp = datetime.date.today().isoformat()
     stem = Path(__file__).resolve().parent / "results" / f"{stamp}-cost-model{'-' + ns.tag if ns.tag else ''}"
     write_table(rows, stem, f"Cost model: prediction against emulated-cluster runs ({stamp})", [
-        "All emulated hosts share this machine's cores; links shaped with tbf in network namespaces (`commgnn cluster`). GCN 2x64 exact on "
-        f"{ns.dataset}, METIS, {ns.epochs} epochs; mean over epochs 2..n. Predicted = busiest rank's measured "
-        "compute + the calibrated model's price of the run's recorded per-pair bytes."])
+        "All emulated hosts share this machine's cores; links shaped with tbf in network namespaces (`commgnn cluster`). "
+        f"GCN {ns.layers}x64 on {ns.dataset} ({', '.join(ns.entries)}), METIS, {ns.epochs} epochs; mean over "
+        "epochs 2..n. Predicted = busiest rank's measured compute + the calibrated model's price of the run's "
+        "recorded per-pair bytes."
+        + (" With residual: plus what the loopback model leaves unexplained in the same entry's run on "
+           "P local ranks over loopback (`residual_s`: its measured epoch less its predicted one)."
+           if ns.reference == "loopback" else "")])
     print(stem.with_suffix(".md").read_text())
 
 

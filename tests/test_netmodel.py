@@ -173,3 +173,25 @@ def test_a_pipelined_runs_stale_epochs_are_priced_with_their_overlap(tmp_path):
         r["stale_epoch"] = stale
     (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     assert predict_run(run, m)["predicted_hidden_s"] == pytest.approx(hidden / 3)
+
+
+def test_the_residual_of_a_reference_run_carries_to_another_link(tmp_path):
+    """``residual_s`` is what the reference link's model leaves unexplained (measured epoch
+    less predicted, never below 0); ``predict_run(..., overhead_s=r)`` adds exactly r."""
+    from commgnn.netmodel.predict import predict_run, residual_s
+
+    run = _run_dir(tmp_path)  # epochs of 1.0 s measured, 0.5 s of it compute
+    fast = model(hosts=1, r=2)
+    plain = predict_run(run, fast)
+    r = residual_s(run, fast)
+    assert r == pytest.approx(1.0 - plain["predicted_epoch_s"]) and r > 0
+    slow = model(hosts=2, r=1)
+    on_slow = predict_run(run, slow)
+    with_r = predict_run(run, slow, overhead_s=r)
+    assert with_r["predicted_epoch_s"] == pytest.approx(on_slow["predicted_epoch_s"] + r)
+    assert with_r["overhead_s"] == r and with_r["predicted_comm_s"] == on_slow["predicted_comm_s"]
+    # a reference link priced above what the run measured leaves nothing to carry over
+    dear = ClusterModel(hosts=1, ranks_per_host=2, intra=Link(alpha_s=1.0, beta_s=1e-3), inter=INTER)
+    assert predict_run(run, dear)["predicted_epoch_s"] > 1.0 and residual_s(run, dear) == 0.0
+    with pytest.raises(ValueError):
+        predict_run(run, slow, overhead_s=-0.1)
