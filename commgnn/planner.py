@@ -44,7 +44,7 @@ from commgnn.cli.config import RunConfig
 from commgnn.config import dump_toml, from_dict, set_path, to_dict
 from commgnn.errors import UserError
 from commgnn.netmodel import ClusterModel
-from commgnn.netmodel.predict import overlapped_classes, per_epoch_traffic, pipelined, read_metrics_rows
+from commgnn.netmodel.predict import overlapped_classes, per_epoch_traffic, pipelined, read_metrics_rows, residual_s
 
 HALO_PLANS: dict[str, dict[str, Any]] = {
     "exact": {},
@@ -92,6 +92,8 @@ class PlanResult:
     """Epochs this plan was probed for."""
     still_rising: bool = False
     """This probe's best validation epoch is in its last fifth (it may not have converged)."""
+    overhead_s: float = 0.0
+    """Seconds per epoch added for what the probe link's model left unexplained (scaled)."""
 
 
 def _with(base: RunConfig, levers: Mapping[str, Any], **paths: Any) -> RunConfig:
@@ -117,10 +119,11 @@ def measured_compute_scale(run_dir: Path, P: int) -> float:
     return min(1.0, (os.cpu_count() or 1) / P)
 
 
-def _score(run_dir: Path, model: ClusterModel, compute_scale: float) -> tuple[list[float], list[float], float,
-                                                                             float, float]:
+def _score(run_dir: Path, model: ClusterModel, compute_scale: float,
+           overhead_s: float = 0.0) -> tuple[list[float], list[float], float, float, float]:
     """Per-epoch validation accuracies, predicted cumulative seconds (set-up first),
-    predicted comm s/epoch, bytes per epoch and the predicted set-up seconds of a probe run."""
+    predicted comm s/epoch, bytes per epoch and the predicted set-up seconds of a probe run;
+    ``overhead_s`` is added to every epoch."""
     rows = read_metrics_rows(run_dir)
     pairs, calls = per_epoch_traffic(run_dir)
     comm = model.predict_epoch(0.0, pairs, calls)["comm"]
@@ -133,7 +136,7 @@ def _score(run_dir: Path, model: ClusterModel, compute_scale: float) -> tuple[li
         b = r["time_busiest_s"]
         compute = compute_scale * (b["compute"] + b.get("sample", 0.0))
         # a pipelined plan's stale epochs hide their halo exchange behind compute
-        t += model.predict_epoch(compute, pairs, calls, overlapped_classes(r, is_pipelined))["epoch"]
+        t += model.predict_epoch(compute, pairs, calls, overlapped_classes(r, is_pipelined))["epoch"] + overhead_s
         cum.append(t)
     return [r["val_acc"] for r in rows], cum, comm, statistics.mean(r["total_bytes"] for r in rows), setup
 
@@ -156,7 +159,8 @@ def _probed(out: Path, length: Mapping[str, int]) -> bool:
 
 def plan(base: RunConfig, model: ClusterModel, *, tolerance: float, probe_epochs: int | None = 30,
          probe_patience: int = 20, compute_scale: float | None = None, workdir: Path | None = None,
-         names: list[str] | None = None, log: Any = print) -> list[PlanResult]:
+         names: list[str] | None = None, log: Any = print,
+         probe_model: ClusterModel | None = None) -> list[PlanResult]:
     """Probe every candidate and rank them (best first). ``probe_epochs=None``: probe as long
     as the exact plan takes to stop improving for ``probe_patience`` epochs (see the module
     docstring)."""
@@ -165,6 +169,9 @@ def plan(base: RunConfig, model: ClusterModel, *, tolerance: float, probe_epochs
     if probe_patience < 1:
         raise UserError(f"the probe patience must be at least 1 epoch, got {probe_patience}")
     P = model.world_size
+    if probe_model is not None and probe_model.world_size != P:
+        raise UserError(f"the probe link's model has {probe_model.world_size} ranks; the cluster has {P} "
+                        f"(calibrate the probes' link with --parts {P})")
     grid = candidates(base)
     if names:
         unknown = [n for n in names if n not in grid]
@@ -175,7 +182,7 @@ def plan(base: RunConfig, model: ClusterModel, *, tolerance: float, probe_epochs
     work = Path(tempfile.mkdtemp(prefix="commgnn-plan-")) if own else workdir
     assert work is not None
     hosts_flag = {"partition.hosts": model.hosts} if model.ranks_per_host > 1 else {}
-    results, curves = [], {}
+    results, curves, overheads = [], {}, {}
     try:
         epochs = probe_epochs
         for name, levers in grid.items():  # "exact" comes first: auto probes take its length
@@ -194,7 +201,9 @@ def plan(base: RunConfig, model: ClusterModel, *, tolerance: float, probe_epochs
             if compute_scale is None:  # one contention factor, the exact probe's, for every plan
                 compute_scale = measured_compute_scale(out, P)
                 log(f"probe: compute scaled by {compute_scale:.3f} (exact probe's compute alone over shared)")
-            curves[name] = (levers, *_score(out, model, compute_scale))
+            overhead = compute_scale * residual_s(out, probe_model) if probe_model is not None else 0.0
+            overheads[name] = overhead
+            curves[name] = (levers, *_score(out, model, compute_scale, overhead))
             if auto:
                 epochs = len(curves[name][1])
                 log(f"probe: exact stopped after {epochs} epochs; every other plan is probed for as many")
@@ -203,7 +212,7 @@ def plan(base: RunConfig, model: ClusterModel, *, tolerance: float, probe_epochs
             reach = next((t for v, t in zip(vals, cum) if v >= target - 1e-12), None)
             rising = still_rising(vals) and probe_epochs is not None
             results.append(PlanResult(name, levers, max(vals), (cum[-1] - setup) / len(cum), comm, reach, nbytes,
-                                      len(vals), rising))
+                                      len(vals), rising, overheads[name]))
         if next(r for r in results if r.name == "exact").still_rising:  # the target may be low
             log(f"warning: the exact probe was still improving at epoch {len(curves['exact'][1])} (its best came in "
                 f"the last fifth), so the target may be too low for lossy plans; probe longer "

@@ -43,6 +43,9 @@ def test_a_probe_is_scored_with_the_measured_compute_scale_and_its_set_up(tmp_pa
     assert cum[0] == pytest.approx(setup + 0.25 * 0.8 + comm)  # set-up, then epoch 1
     assert cum[1] - cum[0] == pytest.approx(0.25 * 0.8 + comm)
     assert _score(tmp_path, m, 1.0)[1][0] == pytest.approx(2.0 + 0.8 + comm)
+    # what the probe link's model left unexplained comes on top of every epoch (not the set-up)
+    with_overhead = _score(tmp_path, m, scale, 0.3)[1]
+    assert with_overhead[0] == pytest.approx(cum[0] + 0.3) and with_overhead[1] == pytest.approx(cum[1] + 0.6)
     summary = json.loads((tmp_path / "summary.json").read_text())
     summary["compute_shared_over_alone"] = 0.5  # alone slower than shared (noise): never scaled up
     (tmp_path / "summary.json").write_text(json.dumps(summary))
@@ -68,6 +71,19 @@ def test_plans_are_ranked_by_predicted_time_to_target_and_the_best_is_a_train_co
     assert by["4-bit halo"].comm_s < by["exact"].comm_s
     reached = [r.time_to_target_s for r in ranked if r.time_to_target_s is not None]
     assert reached == sorted(reached) and by["exact"].time_to_target_s is not None
+    # with the probes' link calibrated, each plan's residual there (times the compute scale)
+    # is added to its epochs; the probes in the workdir are reused
+    from commgnn.netmodel.predict import residual_s
+    from commgnn.planner import measured_compute_scale
+
+    loop = ClusterModel.written(1, 2, 1e11, intra_rate_bps=1e11)
+    again = {r.name: r for r in plan(base, slow, tolerance=2.0, probe_epochs=6, workdir=tmp_path / "wd",
+                                     names=["4-bit halo"], log=lambda *_: None, probe_model=loop)}
+    scale = measured_compute_scale(tmp_path / "wd" / "exact", 2)
+    for name, d in (("exact", "exact"), ("4-bit halo", "4-bit-halo")):
+        expect = scale * residual_s(tmp_path / "wd" / d, loop)
+        assert again[name].overhead_s == pytest.approx(expect) and expect > 0
+        assert again[name].epoch_s == pytest.approx(by[name].epoch_s + expect)
     # the CLI reuses the probes in --workdir and writes a config train accepts
     out = tmp_path / "plan.toml"
     assert main(["plan", "--config", str(toml), "--hosts", "2", "--rate", "10mbit", "--tolerance", "2",
@@ -104,6 +120,15 @@ def test_auto_probes_run_as_long_as_exact_takes_to_converge(tmp_path):
     assert {r.probe_epochs for r in short} == {exact - 1}
 
 
+def test_a_probe_link_model_must_have_the_clusters_rank_count(tmp_path):
+    from commgnn.errors import UserError
+
+    with pytest.raises(UserError, match="--parts 4"):
+        plan(resolve_config(None, {}, {}), ClusterModel.written(2, 2, 1e9), tolerance=1.0, probe_epochs=2,
+             workdir=tmp_path, probe_model=ClusterModel.written(1, 2, 1e9), log=lambda *_: None)
+    assert not any(tmp_path.iterdir())  # refused before any probe ran
+
+
 def test_still_rising_means_the_best_came_in_the_last_fifth():
     assert still_rising([0.1, 0.2, 0.3, 0.4, 0.5])
     assert not still_rising([0.1, 0.5, 0.5, 0.5, 0.5])  # a plateau since epoch 2
@@ -128,6 +153,7 @@ def test_a_probe_still_rising_is_flagged(tmp_path):
     (["--tolerance", "-1"], "--tolerance"), (["--probe-epochs", "1"], "--probe-epochs"),
     (["--probe-epochs", "soon"], "'auto'"), (["--probe-patience", "0"], "--probe-patience"),
     (["--hosts", "1"], "at least 2 ranks"), (["--plans", "warp drive"], "unknown plan"),
+    (["--probe-net", "no-such-net.json"], "--probe-net no-such-net.json: not a calibrated model"),
 ])
 def test_bad_plan_requests_are_one_line(tmp_path, capsys, argv, message):
     code = main(["plan", "--out", str(tmp_path / "p.toml"), "--probe-epochs", "2", *argv])

@@ -41,9 +41,21 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--compute-scale", dest="compute_scale", type=float,
                    help="factor on the probes' compute (default: the exact probe's measured compute alone over "
                         "shared, at most 1, else cores / ranks)")
+    p.add_argument("--probe-net", dest="probe_net",
+                   help="the probes' own link, calibrated (`commgnn calibrate --parts P` here): what it leaves "
+                        "unexplained in each probe is added to that plan's epochs")
     p.add_argument("--plans", nargs="+", help="only these candidate names (exact is always probed)")
     p.add_argument("--workdir", help="keep the probe runs here (reruns reuse finished probes)")
     p.add_argument("--out", required=True, help="TOML file for the chosen plan")
+
+
+def _read_model(path: str, flag: str) -> Any:
+    from commgnn.netmodel import ClusterModel
+
+    try:
+        return ClusterModel.from_dict(json.loads(Path(path).read_text()))
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise UserError(f"{flag} {path}: not a calibrated model ({exc})") from None
 
 
 def cmd_plan(ns: argparse.Namespace) -> int:
@@ -72,10 +84,7 @@ def cmd_plan(ns: argparse.Namespace) -> int:
              if getattr(ns, k) is not None}
     base = resolve_config(ns.config, flags, os.environ)
     if ns.net:
-        try:
-            model = ClusterModel.from_dict(json.loads(Path(ns.net).read_text()))
-        except (OSError, ValueError, KeyError, TypeError) as exc:
-            raise UserError(f"--net {ns.net}: not a calibrated model ({exc})") from None
+        model = _read_model(ns.net, "--net")
     else:
         if ns.hosts < 1 or ns.ranks_per_host < 1 or ns.hosts * ns.ranks_per_host < 2:
             raise UserError("the cluster needs at least 2 ranks (--hosts x --ranks-per-host)")
@@ -83,8 +92,9 @@ def cmd_plan(ns: argparse.Namespace) -> int:
     workdir = Path(ns.workdir) if ns.workdir else None
     if workdir is not None:
         workdir.mkdir(parents=True, exist_ok=True)
+    probe_model = _read_model(ns.probe_net, "--probe-net") if ns.probe_net else None
     ranked = plan(base, model, tolerance=ns.tolerance, probe_epochs=probe_epochs, probe_patience=ns.probe_patience,
-                  compute_scale=ns.compute_scale, workdir=workdir, names=ns.plans)
+                  compute_scale=ns.compute_scale, workdir=workdir, names=ns.plans, probe_model=probe_model)
     print(f"{'plan':40s} {'best val':>8s} {'s/epoch':>8s} {'comm s':>8s} {'MB/epoch':>9s} {'to target':>10s}")
     for r in ranked:
         reach = f"{r.time_to_target_s:.1f} s" if r.time_to_target_s is not None else "not reached"
