@@ -83,6 +83,7 @@ def main() -> None:
         train = ["train", "--dataset", ns.dataset, "--data-root", ns.root, "--partition-dir", str(pdir),
                  "--model", "gcn", "--layers", str(ns.layers), "--hidden", "64", "--epochs", str(ns.epochs),
                  "--patience", "0", "--quiet", "--no-energy"]
+        shape = f"L{ns.layers}-e{ns.epochs}"  # in run names: a run of another shape is never reused
         residual: dict[str, tuple[float, float]] = {}
         if ns.reference == "loopback":
             lo_net = out / f"loopback-P{P}-net.json"
@@ -91,7 +92,7 @@ def main() -> None:
                                check=True, stdout=subprocess.DEVNULL)
             lo_model = ClusterModel.from_dict(json.loads(lo_net.read_text()))
             for entry in ns.entries:
-                twin = out / f"loopback-P{P}-{_slug(entry)}-run"
+                twin = out / f"loopback-P{P}-{shape}-{_slug(entry)}-run"
                 if not (twin / "summary.json").is_file():
                     subprocess.run(["rm", "-rf", str(twin)], check=True)
                     subprocess.run([sys.executable, "-m", "commgnn", *train, "--parts", str(P), *ENTRIES[entry],
@@ -110,7 +111,7 @@ def main() -> None:
                     row["entry"] = entry
                 if delay:
                     row["delay_by"] = "netem" if netem else "delay line"
-                run = out / (f"{tag}-run" if entry == "exact" else f"{tag}-{_slug(entry)}-run")
+                run = out / f"{tag}-{shape}-{_slug(entry)}-run"
                 if not (run / "summary.json").is_file():
                     subprocess.run(["rm", "-rf", str(run)], check=True)
                     run_on_cluster(hosts, ns.ranks_per_host, rate, delay or None,

@@ -128,6 +128,7 @@ def table(out: Path, datasets: list[str], seeds: list[int],
         ref = [_load(run_dir(out, ds, "full-graph exact", s)) for s in seeds]
         ref_vals = [r[0]["best_val_acc"] for r in ref if r]
         target = statistics.mean(ref_vals) if ref_vals else (targets or {}).get(ds)
+        given = not ref_vals and target is not None
         for entry in ENTRIES:
             runs = [r for r in (_load(run_dir(out, ds, entry, s)) for s in seeds) if r]
             if not runs:
@@ -154,7 +155,7 @@ def table(out: Path, datasets: list[str], seeds: list[int],
                                       f"({sum(1 for x in reach if x)}/{len(reach)})") if reach else "—",
                 "time_to_fg_best_minus_0.5_s": (f"{sum(x for x in near if x) / max(1, sum(1 for x in near if x)):.0f} "
                                                 f"({sum(1 for x in near if x)}/{len(near)})") if near else "—",
-                "fg_target_val": f"{target * 100:.2f}" if target else "—",
+                "fg_target_val": (f"{target * 100:.2f}" + (" (given)" if given else "")) if target else "—",
             })
     return rows_out
 
@@ -211,6 +212,11 @@ def main() -> None:
         targets = {k: float(v) / 100 for k, v in (t.split("=", 1) for t in ns.target_val)}
     except ValueError:
         ap.error("--target-val takes DATASET=PCT, e.g. Computers=89.45")
+    for k, v in targets.items():
+        if k not in ns.datasets:
+            ap.error(f"--target-val {k}: not one of --datasets ({', '.join(ns.datasets)})")
+        if not 0.01 < v <= 1.0:  # a fraction given as a percentage would make every run 'reach' it
+            ap.error(f"--target-val {k}={v * 100:g}: give a percentage in (1, 100], e.g. 89.45")
     out = Path(ns.out)
     if not ns.report_only:
         for seed in ns.seeds:

@@ -148,13 +148,16 @@ def still_rising(vals: list[float]) -> bool:
     return best_at + 1 > 0.8 * len(vals)
 
 
-def _probed(out: Path, length: Mapping[str, int]) -> bool:
-    """A finished probe in ``out`` with this length (a workdir may hold probes of another)."""
+def _probed(out: Path, length: Mapping[str, int], parts: int) -> bool:
+    """A finished probe in ``out`` with this length on ``parts`` ranks (a workdir may hold
+    probes of another length or cluster)."""
     try:
-        train = tomllib.loads((out / "config.toml").read_text()).get("train", {})
+        cfg = tomllib.loads((out / "config.toml").read_text())
     except (OSError, tomllib.TOMLDecodeError):
         return False
-    return (out / "summary.json").is_file() and all(train.get(k.split(".")[1]) == v for k, v in length.items())
+    train = cfg.get("train", {})
+    return ((out / "summary.json").is_file() and cfg.get("runtime", {}).get("parts") == parts
+            and all(train.get(k.split(".")[1]) == v for k, v in length.items()))
 
 
 def plan(base: RunConfig, model: ClusterModel, *, tolerance: float, probe_epochs: int | None = 30,
@@ -162,8 +165,9 @@ def plan(base: RunConfig, model: ClusterModel, *, tolerance: float, probe_epochs
          names: list[str] | None = None, log: Any = print,
          probe_model: ClusterModel | None = None) -> list[PlanResult]:
     """Probe every candidate and rank them (best first). ``probe_epochs=None``: probe as long
-    as the exact plan takes to stop improving for ``probe_patience`` epochs (see the module
-    docstring)."""
+    as the exact plan takes to stop improving for ``probe_patience`` epochs; ``probe_model``:
+    the probes' own link, calibrated, whose residual in each probe is added to its epochs
+    (see the module docstring)."""
     if probe_epochs is not None and probe_epochs < 2:
         raise UserError(f"probes need at least 2 epochs, got {probe_epochs}")
     if probe_patience < 1:
@@ -192,7 +196,7 @@ def plan(base: RunConfig, model: ClusterModel, *, tolerance: float, probe_epochs
                 {"train.epochs": epochs, "train.patience": 0}
             cfg = _with(base, {**levers, **hosts_flag}, **{"runtime.parts": P, **length, "output.quiet": True,
                                                            "output.out": str(out), "energy.track": False})
-            if not _probed(out, length):
+            if not _probed(out, length, P):
                 shutil.rmtree(out, ignore_errors=True)
                 what = (f"until {probe_patience} epochs without improvement, at most {base.train.epochs}" if auto
                         else f"{epochs} epochs")
@@ -201,7 +205,10 @@ def plan(base: RunConfig, model: ClusterModel, *, tolerance: float, probe_epochs
             if compute_scale is None:  # one contention factor, the exact probe's, for every plan
                 compute_scale = measured_compute_scale(out, P)
                 log(f"probe: compute scaled by {compute_scale:.3f} (exact probe's compute alone over shared)")
-            overhead = compute_scale * residual_s(out, probe_model) if probe_model is not None else 0.0
+            try:
+                overhead = compute_scale * residual_s(out, probe_model) if probe_model is not None else 0.0
+            except ValueError as exc:  # a probe of one epoch has nothing to compare
+                raise UserError(f"--probe-net: cannot price probe {name!r}: {exc}") from None
             overheads[name] = overhead
             curves[name] = (levers, *_score(out, model, compute_scale, overhead))
             if auto:

@@ -48,7 +48,8 @@ def test_quantization_is_unbiased(bits):
 @pytest.mark.parametrize("bits", quant.BITS)
 def test_codes_and_values_are_the_reference_formula_bit_for_bit(bits):
     """The in-place encoder and the strided packer compute exactly floor((x - lo) / step + u)
-    and lo + q step, laid out code j of a byte at bit j * bits (the wire format)."""
+    and lo + q step, laid out code j of a byte at bit j * bits (the wire format); decoded rows
+    are contiguous whatever the width."""
     x = torch.randn(300, 77)
     payload = quant.encode(x, bits, torch.Generator().manual_seed(3))
     lo, hi = x.min(1).values, x.max(1).values
@@ -62,7 +63,8 @@ def test_codes_and_values_are_the_reference_formula_bit_for_bit(bits):
     assert torch.equal(payload[:, :-8], packed)
     assert torch.equal(quant.unpack_codes(payload[:, :-8], bits, 77), q)
     assert torch.equal(quant.unpack_codes(payload[:, :-8], bits, 77, torch.float32), q.float())
-    assert torch.equal(quant.decode(payload, bits, 77), lo[:, None] + q.float() * step[:, None])
+    decoded = quant.decode(payload, bits, 77)
+    assert torch.equal(decoded, lo[:, None] + q.float() * step[:, None]) and decoded.is_contiguous()
 
 
 def test_quantization_is_exact_on_grid_values():

@@ -193,5 +193,6 @@ def test_the_residual_of_a_reference_run_carries_to_another_link(tmp_path):
     # a reference link priced above what the run measured leaves nothing to carry over
     dear = ClusterModel(hosts=1, ranks_per_host=2, intra=Link(alpha_s=1.0, beta_s=1e-3), inter=INTER)
     assert predict_run(run, dear)["predicted_epoch_s"] > 1.0 and residual_s(run, dear) == 0.0
-    with pytest.raises(ValueError):
-        predict_run(run, slow, overhead_s=-0.1)
+    for bad in (-0.1, float("nan")):
+        with pytest.raises(ValueError):
+            predict_run(run, slow, overhead_s=bad)

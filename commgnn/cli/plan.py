@@ -83,6 +83,7 @@ def cmd_plan(ns: argparse.Namespace) -> int:
     flags = {k: getattr(ns, k) for k in ("dataset", "data_root", "model", "layers", "hidden", "lr", "seed", "epochs")
              if getattr(ns, k) is not None}
     base = resolve_config(ns.config, flags, os.environ)
+    probe_model = _read_model(ns.probe_net, "--probe-net") if ns.probe_net else None
     if ns.net:
         model = _read_model(ns.net, "--net")
     else:
@@ -92,14 +93,15 @@ def cmd_plan(ns: argparse.Namespace) -> int:
     workdir = Path(ns.workdir) if ns.workdir else None
     if workdir is not None:
         workdir.mkdir(parents=True, exist_ok=True)
-    probe_model = _read_model(ns.probe_net, "--probe-net") if ns.probe_net else None
     ranked = plan(base, model, tolerance=ns.tolerance, probe_epochs=probe_epochs, probe_patience=ns.probe_patience,
                   compute_scale=ns.compute_scale, workdir=workdir, names=ns.plans, probe_model=probe_model)
-    print(f"{'plan':40s} {'best val':>8s} {'s/epoch':>8s} {'comm s':>8s} {'MB/epoch':>9s} {'to target':>10s}")
+    extra = f" {'residual s':>10s}" if probe_model is not None else ""
+    print(f"{'plan':40s} {'best val':>8s} {'s/epoch':>8s} {'comm s':>8s} {'MB/epoch':>9s} {'to target':>10s}{extra}")
     for r in ranked:
         reach = f"{r.time_to_target_s:.1f} s" if r.time_to_target_s is not None else "not reached"
+        extra = f" {r.overhead_s:10.3f}" if probe_model is not None else ""
         print(f"{r.name:40s} {r.best_val:8.4f} {r.epoch_s:8.3f} {r.comm_s:8.3f} {r.bytes_per_epoch / 1e6:9.2f} "
-              f"{reach:>10s}")
+              f"{reach:>10s}{extra}")
     best = ranked[0]
     out.write_text(plan_config(base, best, model))
     (out.with_suffix(".json")).write_text(json.dumps([r.__dict__ for r in ranked], indent=1) + "\n")

@@ -61,7 +61,7 @@ def unpack_codes(packed: Tensor, bits: int, d: int, dtype: torch.dtype = torch.u
     mask = (1 << bits) - 1
     out = torch.empty((n, B, per), dtype=dtype, device=packed.device)
     for j in range(per):
-        out[:, :, j] = (packed >> (j * bits)) & mask if j < per - 1 else packed >> (j * bits)
+        out[:, :, j] = (packed >> (j * bits)) & mask
     return out.view(n, B * per)[:, :d]
 
 
@@ -98,6 +98,6 @@ def decode(payload: Tensor, bits: int, d: int, dtype: torch.dtype = torch.float3
     n = payload.shape[0]
     packed, header = payload[:, :-_HEADER], payload[:, -_HEADER:].clone()  # aligned for the float view
     lo, step = header.reshape(-1).view(torch.float32).view(n, 2).unbind(dim=1)
-    x = unpack_codes(packed, bits, d, torch.float32)
+    x = unpack_codes(packed, bits, d, torch.float32).contiguous()  # a copy only when d pads its last byte
     return x.mul_(step[:, None]).add_(lo[:, None]).to(dtype)  # lo + q step, in place
 

@@ -20,7 +20,7 @@ no byte count predicts: waiting inside a collective for peers that arrive later,
 collective's own software cost. Where ranks share cores (an emulated cluster on one
 machine) this dominates small exchanges: CS with transform-first and 4-bit rows spends
 0.57-0.72 s an epoch blocked in collectives on loopback and 0.82 s at 1 Gbit/s, against
-0.06 s that its 35 MB cost on the calibrated 1 Gbit/s links. :func:`residual_s` measures
+0.06 s that the calibrated links price its 35 MB at (spread over four hosts' 1 Gbit/s ports). :func:`residual_s` measures
 it once, on a reference run of the same configuration on a link with its own calibration
 (local ranks over loopback, say), as that run's measured epoch time less its predicted
 one; ``predict_run(..., overhead_s=residual)`` adds it to the price on another link.
@@ -113,6 +113,8 @@ def predict_run(run_dir: Path | str, model: ClusterModel, *, overhead_s: float =
 
     ``overhead_s``: seconds per epoch the links do not explain, measured on a reference
     run (:func:`residual_s`), added to the prediction and reported as ``overhead_s``."""
+    if not overhead_s >= 0:  # NaN too
+        raise ValueError(f"overhead_s must be >= 0, got {overhead_s}")
     run_dir = Path(run_dir)
     rows = read_metrics_rows(run_dir)
     if len(rows) < 2:
@@ -129,8 +131,6 @@ def predict_run(run_dir: Path | str, model: ClusterModel, *, overhead_s: float =
     if any(stale):  # the mean over epochs, each priced with or without its overlap
         pred["hidden"] = statistics.mean(model.predict_epoch(compute, pairs, calls, o)["hidden"] for o in stale)
         pred["epoch"] = compute + pred["comm"] - pred["hidden"]
-    if overhead_s < 0:
-        raise ValueError(f"overhead_s must be >= 0, got {overhead_s}")
     pred["epoch"] += overhead_s
     measured = statistics.mean(r["epoch_s"] for r in later)
     comm_measured = statistics.mean(r["time_busiest_s"]["comm"] + r["time_busiest_s"].get("fetch", 0.0)
