@@ -20,10 +20,11 @@ no byte count predicts: waiting inside a collective for peers that arrive later,
 collective's own software cost. Where ranks share cores (an emulated cluster on one
 machine) this dominates small exchanges: CS with transform-first and 4-bit rows spends
 0.57-0.72 s an epoch blocked in collectives on loopback and 0.82 s at 1 Gbit/s, against
-0.06 s that the calibrated links price its 35 MB at (spread over four hosts' 1 Gbit/s ports). :func:`residual_s` measures
-it once, on a reference run of the same configuration on a link with its own calibration
-(local ranks over loopback, say), as that run's measured epoch time less its predicted
-one; ``predict_run(..., overhead_s=residual)`` adds it to the price on another link.
+0.06 s that the calibrated links price its 35 MB at (spread over four hosts' 1 Gbit/s
+ports). :func:`residual_s` measures it once, on a reference run of the same configuration
+on a link with its own calibration (local ranks over loopback, say), as that run's
+measured epoch time less its predicted one; ``predict_run(..., overhead_s=residual)`` adds
+it to the price on another link.
 """
 
 from __future__ import annotations
