@@ -38,7 +38,7 @@ import torch
 from tables import write_table
 
 from commgnn.cli.bench import _slug, load_grid, read_run, run_grid
-from commgnn.cli.config import RunConfig
+from commgnn.runner.config import RunConfig
 from commgnn.config import from_dict, load_toml
 from commgnn.models.deep import ResPlusGNN
 

@@ -56,7 +56,7 @@ def pyg_baseline(config_path: str) -> dict:
     import torch
     import torch.nn.functional as F
 
-    from commgnn.cli.config import RunConfig
+    from commgnn.runner.config import RunConfig
     from commgnn.config import from_dict, load_toml
     from commgnn.data import load_dataset
     from commgnn.models import ReferenceGNN

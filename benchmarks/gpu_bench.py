@@ -186,7 +186,7 @@ def pyg_epoch_s(data: Any, device: torch.device, epochs: int, model_name: str, l
 def fullgraph_bench(device: torch.device, nodes: int, epochs: int, parts: int, features: int,
                     cpu_baseline: bool, model: str = "gcn") -> dict[str, Any]:
     import commgnn
-    from commgnn.cli.config import RunConfig
+    from commgnn.runner.config import RunConfig
     from commgnn.comm.config import CommConfig, HaloConfig
     from commgnn.data import SyntheticConfig, make_csbm
     from commgnn.dist.context import RuntimeConfig

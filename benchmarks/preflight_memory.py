@@ -2,7 +2,7 @@
 
 For each configuration, one ``commgnn train`` runs in a fresh interpreter (so the
 launcher's own peak RSS is its own), and the table compares the estimate of
-:mod:`commgnn.cli.preflight` with the measured peaks: the launcher's ``ru_maxrss`` and
+:mod:`commgnn.runner.preflight` with the measured peaks: the launcher's ``ru_maxrss`` and
 every rank's (``summary.json``'s ``peak_rss_mb_by_rank``). An estimate should be an upper
 bound that is not absurdly loose. Writes a dated Markdown/CSV table to benchmarks/results/.
 
@@ -41,8 +41,8 @@ print(json.dumps({"rc": rc, "launcher_mb": resource.getrusage(resource.RUSAGE_SE
 
 ESTIMATE = """
 import json, sys
-from commgnn.cli.config import resolve_config
-from commgnn.cli.preflight import estimate_memory
+from commgnn.runner.config import resolve_config
+from commgnn.runner.preflight import estimate_memory
 from commgnn.report import read_json
 run = sys.argv[1]
 m = read_json(run + "/manifest.json")

@@ -7,7 +7,7 @@ Data flows ``data -> partition -> comm -> models -> trainers -> metrics/report -
 __version__ = "0.1.0"
 
 _API = {"train": "commgnn.api", "resume": "commgnn.api", "run": "commgnn.api", "load_result": "commgnn.api", "TrainResult": "commgnn.api",
-        "RunConfig": "commgnn.cli.config", "CommConfig": "commgnn.comm.config",
+        "RunConfig": "commgnn.runner.config", "CommConfig": "commgnn.comm.config",
         "HaloConfig": "commgnn.comm.config", "GradConfig": "commgnn.comm.config",
         "GossipConfig": "commgnn.comm.config", "ModelConfig": "commgnn.models.config",
         "TrainConfig": "commgnn.trainers.config", "DataConfig": "commgnn.data.config",

@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from commgnn.api import run
-from commgnn.cli.config import RunConfig
+from commgnn.runner.config import RunConfig
 from commgnn.config import dump_toml, from_dict, set_path, to_dict
 from commgnn.errors import UserError
 from commgnn.netmodel import ClusterModel

@@ -23,7 +23,7 @@ import torch
 from hypothesis import strategies as st
 from torch import Tensor
 
-from commgnn.cli.config import RunConfig
+from commgnn.runner.config import RunConfig
 from commgnn.cli.main import main
 
 from fuzz_graphs import I64, GraphSpec, _as_float, build_graph  # noqa: F401

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from commgnn.cli.config import RunConfig
+from commgnn.runner.config import RunConfig
 from commgnn.cli.main import main
 from commgnn.config import from_dict, load_toml
 from commgnn.comm import ring_allreduce_bytes
@@ -205,7 +205,7 @@ def test_cora_gcn_on_4_ranks_reaches_published_accuracy(shared_datasets, tmp_pat
 def test_flags_are_validated_together_and_override_the_file(tmp_path):
     """``--bits adaptive`` needs ``--budget-mb``: both flags are applied before validation,
     and flags win over the file's table (here ``comm.gossip``)."""
-    from commgnn.cli.config import resolve_config
+    from commgnn.runner.config import resolve_config
     from commgnn.comm.config import BitsConfig
     from commgnn.errors import ConfigError
 
@@ -221,7 +221,7 @@ def test_flags_are_validated_together_and_override_the_file(tmp_path):
 
 def test_strategy_momentum_needs_sgd(tmp_path):
     """DGC's momentum correction and QG-DSGDm replace SGD's heavy ball; with Adam the config is refused."""
-    from commgnn.cli.config import resolve_config
+    from commgnn.runner.config import resolve_config
     from commgnn.errors import ConfigError
 
     cltk = {"grad": "cltk", "ratio": 0.01}

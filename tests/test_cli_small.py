@@ -12,7 +12,7 @@ import pytest
 import torch
 from rich.console import Console
 
-from commgnn.cli.config import (FLAG_KEYS, RunConfig, config_from_partition_dir, default_for,
+from commgnn.runner.config import (FLAG_KEYS, RunConfig, config_from_partition_dir, default_for,
                                 default_for_key, resolve_config)
 from commgnn.cli.main import main
 from commgnn.config import from_dict

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 import torch
 
-from commgnn.cli.config import RunConfig, resolve_config
+from commgnn.runner.config import RunConfig, resolve_config
 from commgnn.cli.main import build_parser
 from commgnn.comm.config import CommConfig, HaloConfig
 from commgnn.dist.context import DistContext

@@ -58,7 +58,7 @@ def test_a_run_reports_measured_cpu_ram_and_modelled_network_energy(tmp_path):
 
 
 def test_energy_can_be_turned_off_by_flag_or_environment():
-    from commgnn.cli.config import resolve_config
+    from commgnn.runner.config import resolve_config
 
     assert resolve_config(None, {"energy_track": False}, {}).energy.track is False
     assert resolve_config(None, {"country": "DEU"}, {}).energy.country_iso_code == "DEU"

@@ -231,7 +231,7 @@ def test_full_graph_model_on_two_nccl_ranks_equals_pyg_on_the_cpu(parity_graph, 
 
 
 def _api_train(data: Data, model: str, device: str, parts: int, out: Path) -> commgnn.TrainResult:
-    from commgnn.cli.config import RunConfig
+    from commgnn.runner.config import RunConfig
 
     runtime = RuntimeConfig(parts=parts, device=device, backend="nccl" if device == "cuda" else "gloo", threads=2)
     res = commgnn.train(data, model=model, parts=parts, config=RunConfig(runtime=runtime), epochs=8, hidden=16,

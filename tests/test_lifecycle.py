@@ -197,7 +197,7 @@ def test_too_many_ranks_are_refused_before_anything_starts(tmp_path, capfd):
 
 
 def test_a_job_over_the_memory_limit_is_refused_with_its_estimate(tmp_path, capfd, monkeypatch):
-    import commgnn.cli.run as run
+    import commgnn.runner.launch as run
 
     def no_spawn(*a: object, **k: object) -> None:
         raise AssertionError("a rank was started")

@@ -41,7 +41,7 @@ def test_maxk_settings_are_checked():
     with pytest.raises(ConfigError, match="at most 65536"):
         ModelConfig(activation="maxk", hidden=65537, maxk_k=8)
     assert ModelConfig(name="gat").act == "elu" and ModelConfig(activation="maxk").act == "maxk"
-    from commgnn.cli.config import RunConfig
+    from commgnn.runner.config import RunConfig
     from commgnn.config import from_dict
 
     for halo, what in (({"staleness": {"mode": "pipeline"}}, "staleness"), ({"bits": "adaptive", "budget_mb": 1.0},

@@ -9,7 +9,7 @@ import copy
 import pytest
 import torch
 
-from commgnn.cli.config import RunConfig
+from commgnn.runner.config import RunConfig
 from commgnn.cli.main import main
 from commgnn.comm import quant
 from commgnn.comm.sparse_codec import block_bytes

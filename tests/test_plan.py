@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from commgnn.cli.config import resolve_config
+from commgnn.runner.config import resolve_config
 from commgnn.cli.main import main
 from commgnn.comm.config import BitsConfig
 from commgnn.netmodel import ClusterModel

@@ -128,7 +128,7 @@ def test_matched_noise_leaves_evaluation_exact():
 def test_the_trainer_and_the_run_config_pass_the_setting_on():
     """``comm.halo.precompute_dropout`` reaches the model (its sigma is kept only when
     matched); a GAT run config with matched is refused before anything starts."""
-    from commgnn.cli.config import RunConfig
+    from commgnn.runner.config import RunConfig
     from commgnn.comm.config import CommConfig
     from commgnn.trainers import TrainConfig
     from commgnn.trainers.fullgraph import FullGraphTrainer
@@ -145,7 +145,7 @@ def test_the_trainer_and_the_run_config_pass_the_setting_on():
 
 
 def test_the_flag_maps_to_the_config_key():
-    from commgnn.cli.config import resolve_config
+    from commgnn.runner.config import resolve_config
 
     cfg = resolve_config(None, {"precompute": True, "precompute_dropout": "matched"}, {})
     assert cfg.comm.halo.precompute_dropout == "matched"

@@ -266,7 +266,7 @@ def test_commgnn_train_with_rcm_matches_the_plain_run(tmp_path):
 # 4. configuration
 
 def test_config_flag_and_toml_key(tmp_path):
-    from commgnn.cli.config import RunConfig, resolve_config
+    from commgnn.runner.config import RunConfig, resolve_config
     from commgnn.cli.main import build_parser
     from commgnn.trainers.config import TrainConfig as TC
 
@@ -294,7 +294,7 @@ def test_train_reorders_the_ranks_partition_once(tmp_path, monkeypatch):
     """One local rank runs in this process, so the hook in ``run_rank`` can be watched:
     it reorders the loaded partition, and predictions.pt is still in global node order."""
     import commgnn
-    import commgnn.cli.rank as rank_mod
+    import commgnn.runner.rank as rank_mod
 
     calls = []
 

@@ -52,7 +52,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from commgnn.cli.config import RunConfig
+from commgnn.runner.config import RunConfig
 from commgnn.comm.config import CommConfig, HaloConfig
 from commgnn.models.config import ModelConfig
 from commgnn.config import from_dict, load_toml, replace_path, to_dict
@@ -153,7 +153,7 @@ def load_grid(path: str) -> tuple[RunConfig, GridAxes, list[Setting], str]:
 def run_grid(grid_path: str, out: Path, *, report_only: bool = False) -> list[dict[str, Any]]:
     """Run (or with ``report_only``, only tabulate) every run of the grid; return the table."""
     from commgnn.cli.main import partition_to_dir
-    from commgnn.cli.run import train_local
+    from commgnn.runner.launch import train_local
 
     base, axes, settings, reference = load_grid(grid_path)
     rerun = f"run the grid first (`commgnn bench --grid {grid_path} --out {out}`)"

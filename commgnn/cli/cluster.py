@@ -40,9 +40,9 @@ def add_parser(sub: Any) -> None:
 
 def _job_args(ns: argparse.Namespace, world: int) -> tuple[list[str], Path | None]:
     """The job's command line (checked; a train job gains ``--out``) and its run directory."""
-    from commgnn.cli.config import resolve_config
+    from commgnn.runner.config import resolve_config
     from commgnn.cli.main import _flags, build_parser
-    from commgnn.cli.run import default_out_dir
+    from commgnn.runner.launch import default_out_dir
 
     args = list(ns.train_args)
     if args[:1] == ["--"]:

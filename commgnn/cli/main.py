@@ -101,7 +101,7 @@ class _DefaultsFormatter(argparse.HelpFormatter):
         self._keys = keys
 
     def _get_help_string(self, action: argparse.Action) -> str | None:
-        from commgnn.cli.config import FLAG_KEYS, default_for_key
+        from commgnn.runner.config import FLAG_KEYS, default_for_key
 
         text = action.help
         key = self._keys.get(action.dest, FLAG_KEYS.get(action.dest))
@@ -272,7 +272,7 @@ def _flags(ns: argparse.Namespace) -> dict[str, Any]:
 def cmd_train(ns: argparse.Namespace) -> int:
     """A thin shell over :func:`commgnn.api.run`: flags and TOML make the config."""
     from commgnn.api import run
-    from commgnn.cli.config import resolve_config
+    from commgnn.runner.config import resolve_config
 
     flags = _flags(ns)
     resume = flags.pop("resume", None)
@@ -293,7 +293,7 @@ def cmd_train(ns: argparse.Namespace) -> int:
 
 def partition_to_dir(cfg: Any, out: Path) -> str:
     """Partition ``cfg``'s graph into ``cfg.runtime.parts`` parts, save to ``out``; the report text."""
-    from commgnn.cli.run import partition_for_run, partition_meta
+    from commgnn.runner.launch import partition_for_run, partition_meta
     from commgnn.data import fingerprint, load_dataset
     from commgnn.partition import PartitionReport, build_local_partitions, format_report, save_partitions
 
@@ -307,7 +307,7 @@ def partition_to_dir(cfg: Any, out: Path) -> str:
 
 
 def cmd_partition(ns: argparse.Namespace) -> int:
-    from commgnn.cli.config import resolve_config
+    from commgnn.runner.config import resolve_config
 
     flags = _flags(ns)
     out = Path(flags.pop("out"))

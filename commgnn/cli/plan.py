@@ -59,7 +59,7 @@ def _read_model(path: str, flag: str) -> Any:
 
 
 def cmd_plan(ns: argparse.Namespace) -> int:
-    from commgnn.cli.config import resolve_config
+    from commgnn.runner.config import resolve_config
     from commgnn.cluster.config import parse_rate, parse_time
     from commgnn.netmodel import ClusterModel
     from commgnn.planner import plan, plan_config

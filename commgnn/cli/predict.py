@@ -17,9 +17,9 @@ from typing import Any
 
 import torch
 
-from commgnn.cli.config import RunConfig, resolve_config
-from commgnn.cli.preflight import check_rank_count
-from commgnn.cli.rank import gather_rows
+from commgnn.runner.config import RunConfig, resolve_config
+from commgnn.runner.preflight import check_rank_count
+from commgnn.runner.rank import gather_rows
 from commgnn.comm.config import CommConfig
 from commgnn.data import fingerprint, load_dataset
 from commgnn.dist.context import LaunchInfo, free_port, init_distributed, shutdown

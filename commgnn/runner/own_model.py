@@ -16,7 +16,7 @@ from pathlib import Path
 import cloudpickle
 from torch import nn
 
-from commgnn.cli.config import RunConfig
+from commgnn.runner.config import RunConfig
 from commgnn.errors import ConfigError, UserError
 from commgnn.models.byo import DistributedModel
 

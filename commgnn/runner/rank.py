@@ -20,7 +20,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from commgnn.cli.config import RunConfig
+from commgnn.runner.config import RunConfig
 from commgnn.comm.collectives import counted_all_reduce
 from commgnn.dist.context import DistContext
 from commgnn.dist.events import Hooks

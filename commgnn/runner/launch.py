@@ -29,15 +29,15 @@ from typing import Any, Mapping
 import torch
 from torch import nn
 
-from commgnn.cli.config import RunConfig, config_from_partition_dir
+from commgnn.runner.config import RunConfig, config_from_partition_dir
 from commgnn.config import dump_toml, to_dict
 from commgnn.data import GIVEN_GRAPH, fingerprint, load_dataset
 from commgnn.dist.context import (DistContext, LaunchInfo, check_port_free, free_port, init_distributed,
                                   launch_info_from_env, shutdown)
-from commgnn.cli.preflight import check_disk, check_memory, check_rank_count, estimate_memory, estimate_run_bytes
-from commgnn.cli.own_model import (check_own_model, pack_model, read_own_model, unpack_model,
+from commgnn.runner.preflight import check_disk, check_memory, check_rank_count, estimate_memory, estimate_run_bytes
+from commgnn.runner.own_model import (check_own_model, pack_model, read_own_model, unpack_model,
                                    write_own_model)
-from commgnn.cli.rank import run_rank
+from commgnn.runner.rank import run_rank
 from commgnn.dist.forkserver import prestart
 from commgnn.dist.launch import first_line, is_collective_failure, rank_failure, spawn_ranks
 from commgnn.errors import PartitionError, RankFailure, UserError

@@ -1,0 +1,108 @@
+"""The package layout is the architecture: imports go only from a higher layer to a lower
+one (data -> partition -> ... -> cli), and the leaves may be used by anyone. This test reads
+every module's imports (static, with :mod:`ast`; function-level imports included) and fails
+on an import against that order, naming the file and line."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+import commgnn
+
+ROOT = Path(commgnn.__file__).parent
+
+LEAVES = {"errors", "config", "registry", "dist"}
+"""Used by every layer; they import only one another."""
+
+LAYER = {
+    "data": 0,
+    "partition": 1,
+    "sampling": 2,
+    "kernels": 2,
+    "comm": 3,
+    "fetch": 4,
+    "netmodel": 4,
+    "models": 5,
+    "trainers": 6,
+    "federated": 6,
+    "metrics": 7,
+    "report": 7,
+    "cluster": 7,
+    "runner": 8,
+    "api": 9,
+    "planner": 10,
+    "cli": 11,
+    "__main__": 12,
+    "__init__": 12,  # the package's face re-exports the API
+}
+"""Each top-level package or module of ``commgnn`` and its layer (lower = nearer the data)."""
+
+
+def _unit(path: Path) -> str:
+    """The top-level package or module a file belongs to."""
+    parts = path.relative_to(ROOT).parts
+    return parts[0].removesuffix(".py")
+
+
+def _imports(path: Path) -> list[tuple[int, str]]:
+    """``(line, top-level commgnn unit)`` for each import of ``commgnn`` in the file."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    here = list(path.relative_to(ROOT).parts[:-1])
+    found = []
+    for node in ast.walk(tree):
+        names: list[str] = []
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:  # relative: resolve against the file's package
+                base = here[: len(here) - (node.level - 1)]
+                names = [".".join(["commgnn", *base, *([node.module] if node.module else [])])]
+            elif node.module:
+                names = [node.module]
+        for name in names:
+            parts = name.split(".")
+            if parts[0] == "commgnn" and len(parts) > 1:
+                found.append((node.lineno, parts[1]))
+    return found
+
+
+def violations() -> list[str]:
+    """One line per import against the layers (file:line and the two units)."""
+    bad = []
+    for path in sorted(ROOT.rglob("*.py")):
+        src = _unit(path)
+        for line, dst in _imports(path):
+            if dst == src or dst in LEAVES:
+                continue
+            where = f"{path.relative_to(ROOT.parent)}:{line}"
+            if src in LEAVES:
+                bad.append(f"{where}: leaf {src!r} imports {dst!r}")
+            elif src not in LAYER or dst not in LAYER:
+                bad.append(f"{where}: {src!r} or {dst!r} has no layer in tests/test_layers.py")
+            elif LAYER[dst] >= LAYER[src]:
+                bad.append(f"{where}: {src!r} (layer {LAYER[src]}) imports {dst!r} (layer {LAYER[dst]})")
+    return bad
+
+
+def test_imports_follow_the_layers() -> None:
+    assert violations() == []
+
+
+def test_every_unit_has_a_layer() -> None:
+    units = {_unit(p) for p in ROOT.rglob("*.py")}
+    assert units - set(LAYER) - LEAVES == set()
+
+
+def test_an_upward_import_is_caught(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # the checker itself can fail: a data module importing the trainers is reported
+    fake = tmp_path / "commgnn"
+    (fake / "data").mkdir(parents=True)
+    (fake / "data" / "x.py").write_text("from commgnn.trainers import TrainConfig\nfrom . import y\n")
+    (fake / "config.py").write_text("from commgnn.data import x\n")
+    monkeypatch.setattr(f"{__name__}.ROOT", fake)
+    found = violations()
+    assert sorted(f.split(": ", 1)[1] for f in found) == [
+        "'data' (layer 0) imports 'trainers' (layer 6)", "leaf 'config' imports 'data'"]
