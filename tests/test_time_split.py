@@ -83,17 +83,21 @@ def alone_rank(ctx, data, parts):
     t = FullGraphTrainer(ctx, part, ModelConfig(name="gcn", hidden=8, dropout=0.0), TrainConfig(epochs=1), Hooks())
     rec = solo._Recorder(solo.AllToAllHalo(ctx, solo.halo_plan(t.part), Hooks()))
     grads = []
+    replayed = None
     for halo in (rec, None):
-        if halo is None:
-            halo = solo._Replay(rec.inner, rec.got)  # no collective: ranks need not be in step
+        if halo is None:  # no collective: ranks need not be in step
+            replayed = halo = solo._Recorder(solo._Replay(rec.inner, rec.got))
         logits = t.model(t.x, t.graph, halo)
         loss = torch.nn.functional.cross_entropy(logits[t.part.train_mask], t.part.y[t.part.train_mask])
         loss.backward()
-        grads.append(torch.cat([p.grad.flatten() for p in t.model.parameters()]))
+        grads.append([p.grad.shape for p in t.model.parameters()])
         t.model.zero_grad(set_to_none=True)
     before = torch.get_rng_state()
     alone = solo.compute_alone(t, repeats=2)
-    return {"same": bool(torch.equal(grads[0], grads[1])), "moves": len(rec.got), "alone": alone,
+    # the replay hands back blocks of every recorded shape, in order, and keeps no rows
+    same = replayed.got == rec.got and grads[0] == grads[1]
+    kept = [g for g in rec.got if isinstance(g, torch.Tensor)]
+    return {"same": same and not kept, "moves": len(rec.got), "alone": alone,
             "rng_kept": bool(torch.equal(before, torch.get_rng_state())),
             "grads_cleared": all(p.grad is None for p in t.model.parameters())}
 
