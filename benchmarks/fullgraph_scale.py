@@ -107,11 +107,21 @@ def report(path: Path, stem: Path) -> None:
         "of the session, so they are indicative only.",
         "Kernel: `train.kernel = auto` (numba). GCN aggregates first when that is cheaper "
         "(`commgnn/models/gcn.py`): before that change, the 1M-node exact GCN run peaked at "
-        "4.27 GB per rank and 16.6 GB summed (launcher 2.2 GB), against the 3.64 / 14.5 GB here.",
-        "2M nodes / 40M edges was not run: extrapolating the summed peak (about 14.5 GB per 1M "
-        "nodes plus 4 x 0.4 GB of interpreters) gives about 28 GB, more than this 24 GB machine. "
-        "The largest graph trained here is 1M nodes / 20M edges.",
+        "4.27 GB per rank and 16.6 GB summed (launcher 2.2 GB).",
+        "Each run ends with the compute-alone measurement (`runtime.compute_alone`, on by default). "
+        "Until 2026-12-03 it kept every halo block a rank received in one step while it replayed "
+        "the step, and that, not training, set the runs' peak: `2026-12-01-fullgraph-scale.md` "
+        "has the 1M-node exact GCN run at 3.64 GB per rank and 14.54 GB summed with it. It now "
+        "keeps only the blocks' shapes.",
     ]
+    done = [r for r in rows if r.get("status") == "ok"]
+    if done:
+        top = max(done, key=lambda r: int(r["nodes"]))
+        notes.append(f"The largest graph trained here: {int(top['nodes']):,} nodes / "
+                     f"{int(top['edges']):,} edges.")
+    failed = [r for r in rows if r.get("status") != "ok"]
+    for r in failed:
+        notes.append(f"{int(r['nodes']):,} nodes, {r['model']} {r['setting']}: {r['status']}")
     write_table(rows, stem, f"Full-graph memory scaling ({datetime.date.today()})", notes)
 
 

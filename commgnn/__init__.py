@@ -1,6 +1,7 @@
 """commgnn: communication-efficient distributed GNN training on torch.distributed.
 
-Data flows ``data -> partition -> comm -> models -> trainers -> metrics/report -> cli``;
+Data flows ``data -> partition -> comm -> models -> trainers -> metrics/report -> runner ->
+api -> planner -> cli``;
 ``dist``, ``config``, ``registry`` and ``errors`` are leaves any layer may use.
 """
 

@@ -1,7 +1,8 @@
 """The package layout is the architecture: imports go only from a higher layer to a lower
 one (data -> partition -> ... -> cli), and the leaves may be used by anyone. This test reads
 every module's imports (static, with :mod:`ast`; function-level imports included) and fails
-on an import against that order, naming the file and line."""
+on an import against that order, naming the file and line. Units on the same layer may not
+import each other either (federated and trainers, say, stay independent)."""
 
 from __future__ import annotations
 
@@ -48,7 +49,9 @@ def _unit(path: Path) -> str:
 
 
 def _imports(path: Path) -> list[tuple[int, str]]:
-    """``(line, top-level commgnn unit)`` for each import of ``commgnn`` in the file."""
+    """``(line, top-level commgnn unit)`` for each import of ``commgnn`` in the file: ``import``
+    and ``from ... import`` (absolute or relative, ``from commgnn import x`` naming unit
+    ``x``), and ``importlib.import_module("commgnn....")`` with a constant string."""
     tree = ast.parse(path.read_text(), filename=str(path))
     here = list(path.relative_to(ROOT).parts[:-1])
     found = []
@@ -59,9 +62,15 @@ def _imports(path: Path) -> list[tuple[int, str]]:
         elif isinstance(node, ast.ImportFrom):
             if node.level:  # relative: resolve against the file's package
                 base = here[: len(here) - (node.level - 1)]
-                names = [".".join(["commgnn", *base, *([node.module] if node.module else [])])]
-            elif node.module:
-                names = [node.module]
+                module = ".".join(["commgnn", *base, *([node.module] if node.module else [])])
+            else:
+                module = node.module or ""
+            # `from commgnn import x` imports unit x (the package's lazy re-exports included)
+            names = [f"{module}.{a.name}" for a in node.names] if module == "commgnn" else [module]
+        elif (isinstance(node, ast.Call) and isinstance(node.func, (ast.Attribute, ast.Name))
+              and (node.func.attr if isinstance(node.func, ast.Attribute) else node.func.id) == "import_module"
+              and node.args and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str)):
+            names = [node.args[0].value]
         for name in names:
             parts = name.split(".")
             if parts[0] == "commgnn" and len(parts) > 1:
@@ -100,9 +109,14 @@ def test_an_upward_import_is_caught(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     # the checker itself can fail: a data module importing the trainers is reported
     fake = tmp_path / "commgnn"
     (fake / "data").mkdir(parents=True)
-    (fake / "data" / "x.py").write_text("from commgnn.trainers import TrainConfig\nfrom . import y\n")
+    (fake / "data" / "x.py").write_text(
+        "from commgnn.trainers import TrainConfig\nfrom . import y\n"
+        "from commgnn import api\nfrom .. import cli\nimport importlib\n"
+        "importlib.import_module('commgnn.runner.launch')\nimport commgnn.data.y\n")
     (fake / "config.py").write_text("from commgnn.data import x\n")
     monkeypatch.setattr(f"{__name__}.ROOT", fake)
     found = violations()
     assert sorted(f.split(": ", 1)[1] for f in found) == [
-        "'data' (layer 0) imports 'trainers' (layer 6)", "leaf 'config' imports 'data'"]
+        "'data' (layer 0) imports 'api' (layer 9)", "'data' (layer 0) imports 'cli' (layer 11)",
+        "'data' (layer 0) imports 'runner' (layer 8)", "'data' (layer 0) imports 'trainers' (layer 6)",
+        "leaf 'config' imports 'data'"]

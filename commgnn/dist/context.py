@@ -38,7 +38,7 @@ class RuntimeConfig:
     """Collective time-out in seconds: a dead or stuck peer makes the others fail after at most this."""
     heartbeat_s: float = 0.0
     """A rank whose heartbeat stops for this long (after set-up) is named as failed and the
-    job ends; 0 = ``min(30, timeout_s / 2)``. Heartbeats go through the rendezvous store,
+    job ends; 0 = ``min(30, max(2, timeout_s / 2))``. Heartbeats go through the rendezvous store,
     every 0.5 s, from a thread that keeps beating while the rank computes."""
     threads: int = 0
     """Intra-op threads per rank; 0 = the machine's cores divided by the local ranks (at least 1)."""

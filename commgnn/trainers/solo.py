@@ -3,16 +3,17 @@
 The ranks of a local run (and of the emulated cluster) share this machine's cores, which no
 real cluster does, so the compute a run records is inflated by its neighbours. After
 training, :func:`compute_alone` measures every rank's forward and backward pass with the
-machine to itself: one step through a recording exchange captures the halo rows each
-layer receives (uncounted: a measurement, not training traffic), then rank 0, 1, ... in
-turn, each while the others wait at a barrier, repeats the step ``repeats`` times with the
-recorded rows replayed instead of exchanged, and takes the median. Written by hand.
+machine to itself: rank 0, 1, ... in turn, each while the others wait at a barrier, runs
+one untimed step and then ``repeats`` timed ones through an exchange that communicates
+nothing and returns zero rows of the shape the real one would, and takes the median.
+Written by hand.
 
-The recording keeps only each received block's shape, and the replay hands back zeros of
-that shape: the dense and sparse kernels take the same time whatever the values (zeros
-are no denormals), and keeping the rows themselves, every layer's forward and backward
-blocks at once, made this measurement the run's memory peak (about 1.25 GB a rank at 1M
-nodes, more than a training step needs).
+The built-in models' kernels take the same time whatever the values (zeros are no
+denormals); a user's own model with value-dependent steps (``nonzero``, ``unique``) could
+differ. Until 2026-12-03 one real step recorded every block the rank received and replayed
+them, which kept every layer's forward and backward blocks at once and made this
+measurement the run's memory peak (about 1.25 GB a rank at 1M nodes, by reading the
+code).
 
 What it measures is the exact model's forward and backward (what every lever's compute is
 built on); a lever's encode and decode, the optimiser step and the gradient sync are not in
@@ -30,36 +31,17 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from commgnn.comm.halo.alltoall import AllToAllHalo
-from commgnn.comm.halo.exchange import RowExchange, Wrapper
+from commgnn.comm.halo.exchange import Wrapper
 from commgnn.dist.events import Hooks
 from commgnn.trainers.fullgraph import FullGraphTrainer, halo_plan
 
 
-class _Recorder(Wrapper):
-    """Passes every move through and keeps the shape and dtype of what came back, in call
-    order."""
-
-    def __init__(self, inner: RowExchange) -> None:
-        super().__init__(inner)
-        self.got: list[tuple[torch.Size, torch.dtype, torch.device]] = []
+class _Silent(Wrapper):
+    """Returns zeros shaped as the wrapped exchange's result, ``[sum(in_counts), *rows.shape[1:]]``
+    (as :class:`AllToAllHalo` returns), instead of communicating."""
 
     def move(self, rows: Tensor, out_counts: list[int], in_counts: list[int], layer: int, kind: str) -> Tensor:
-        out = self.inner.move(rows, out_counts, in_counts, layer, kind)
-        self.got.append((out.shape, out.dtype, out.device))
-        return out
-
-
-class _Replay(Wrapper):
-    """Returns zeros shaped as each call's recorded rows instead of communicating."""
-
-    def __init__(self, inner: RowExchange, got: list[tuple[torch.Size, torch.dtype, torch.device]]) -> None:
-        super().__init__(inner)
-        self.got, self.i = got, 0
-
-    def move(self, rows: Tensor, out_counts: list[int], in_counts: list[int], layer: int, kind: str) -> Tensor:
-        shape, dtype, device = self.got[self.i % len(self.got)]
-        self.i += 1
-        return torch.zeros(shape, dtype=dtype, device=device)
+        return rows.new_zeros((sum(in_counts), *rows.shape[1:]))
 
 
 def _step(trainer: FullGraphTrainer, halo: RowExchange) -> None:
@@ -75,18 +57,17 @@ def compute_alone(trainer: FullGraphTrainer, repeats: int = 3) -> list[float]:
     """Every rank's median seconds of one forward and backward with the machine to itself
     (all ranks call it; every rank gets the list, in rank order)."""
     ctx = trainer.ctx
-    rec = _Recorder(AllToAllHalo(ctx, halo_plan(trainer.part), Hooks()))
+    silent = _Silent(AllToAllHalo(ctx, halo_plan(trainer.part), Hooks()))
     cpu_state = torch.get_rng_state()  # dropout draws here must not shift training's stream
-    _step(trainer, rec)
-    replay = _Replay(rec.inner, rec.got)
     mine = 0.0
     for r in range(ctx.world_size):
         ctx.barrier()
         if ctx.rank == r:
+            _step(trainer, silent)  # warm-up, untimed
             times = []
             for _ in range(repeats):
                 t0 = time.perf_counter()
-                _step(trainer, replay)
+                _step(trainer, silent)
                 times.append(time.perf_counter() - t0)
             mine = statistics.median(times)
         ctx.barrier()
