@@ -115,7 +115,8 @@ def check_memory(est: MemoryEstimate, *, limit_gb: float) -> None:
         where = f"runtime.memory_limit_gb = {limit_gb:g}" if limit_gb else \
             f"{avail / 1e9:.1f} GB available on this machine"
         raise UserError(f"the job needs an estimated {est.describe()}, more than {where}; use fewer "
-                        f"ranks, a smaller model, or more machines")
+                        f"ranks, a smaller model, or more machines (the estimate is an upper bound: "
+                        f"--memory-limit-gb / runtime.memory_limit_gb raises the cap)")
 
 
 def estimate_run_bytes(*, partition_bytes: float, epochs: int, param_count: int, parts: int,
