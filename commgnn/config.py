@@ -236,6 +236,17 @@ def load_toml(path: str | Path) -> dict[str, Any]:
         raise ConfigError(f"config file {p} is not valid TOML: nested too deeply") from None
 
 
+def load_checked_toml(cls: type, path: str | Path) -> dict[str, Any]:
+    """Read a TOML file and check it against dataclass ``cls`` (:func:`check_dict`): unknown
+    keys and wrong types are one-line config errors naming the file and the key."""
+    data = load_toml(path)
+    try:
+        check_dict(cls, data)
+    except ConfigError as exc:
+        raise ConfigError(f"config file {path}: {exc}") from None
+    return data
+
+
 def dump_toml(data: Mapping[str, Any]) -> str:
     """Serialise nested plain values to TOML text (tables after scalars, as TOML requires)."""
     import tomli_w

@@ -22,7 +22,7 @@ import shutil
 from pathlib import Path
 from typing import Any, Mapping
 
-from commgnn.errors import ConfigError, UserError
+from commgnn.errors import UserError
 
 FLAG_KEYS: dict[str, str] = {
     "dataset": "data.dataset",
@@ -181,18 +181,12 @@ def _get(data: Mapping[str, Any], dotted: str) -> Any:
 def resolve_federate_config(toml_path: str | None, flags: Mapping[str, Any], env: Mapping[str, str]) -> Any:
     """File (checked on its own, strictly), then the flags given, then ``COMMGNN_DATA_ROOT``
     when no data root is set; one :class:`FederateConfig`, validated once."""
-    from commgnn.config import check_dict, from_dict, replace_path, set_path
+    from commgnn.config import from_dict, load_checked_toml, replace_path, set_path
     from commgnn.federated.config import FederateConfig
 
     data: dict[str, Any] = {}
     if toml_path:
-        from commgnn.config import load_toml
-
-        data = load_toml(toml_path)
-        try:
-            check_dict(FederateConfig, data)
-        except ConfigError as exc:
-            raise ConfigError(f"config file {toml_path}: {exc}") from None
+        data = load_checked_toml(FederateConfig, toml_path)
     flags = {k: v for k, v in flags.items() if v is not None}
     if "uplink" not in flags and _get(data, "uplink.codec") in (None, "fp32"):
         implied = [(dest, codec) for dest, codec in _IMPLIED_CODEC if dest in flags]

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any, Mapping, get_args
 
 from commgnn.comm.config import CommConfig
-from commgnn.config import check_dict, from_dict, load_toml, replace_path, set_path, to_dict
+from commgnn.config import from_dict, load_checked_toml, replace_path, set_path, to_dict
 from commgnn.data import DataConfig
 from commgnn.dist.context import RuntimeConfig
 from commgnn.dist.faults import FaultConfig
@@ -241,11 +241,7 @@ def resolve_config(toml_path: str | None, flags: Mapping[str, Any],
     make sense together are validated once, after the flags are merged."""
     data: dict[str, Any] = {}
     if toml_path:
-        data = load_toml(toml_path)
-        try:
-            check_dict(RunConfig, data)
-        except ConfigError as exc:
-            raise ConfigError(f"config file {toml_path}: {exc}") from None
+        data = load_checked_toml(RunConfig, toml_path)
     for dest, key in FLAG_KEYS.items():
         value = flags.get(dest)
         if value is not None:
