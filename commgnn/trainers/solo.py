@@ -12,8 +12,8 @@ The built-in models' kernels take the same time whatever the values (zeros are n
 denormals); a user's own model with value-dependent steps (``nonzero``, ``unique``) could
 differ. Until 2026-12-03 one real step recorded every block the rank received and replayed
 them, which kept every layer's forward and backward blocks at once and made this
-measurement the run's memory peak (about 1.25 GB a rank at 1M nodes, by reading the
-code).
+measurement the run's memory peak: at 1M nodes (GCN 3x128, 4 ranks) the peak per rank fell
+from 3.64 to 2.37 GB without it (`benchmarks/results/2026-12-03-fullgraph-scale.md`).
 
 What it measures is the exact model's forward and backward (what every lever's compute is
 built on); a lever's encode and decode, the optimiser step and the gradient sync are not in
