@@ -18,9 +18,9 @@ every sampler's weights estimate; GCN's and GAT's normalisations are not.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
+from commgnn.models.dropout import dropout
 from commgnn.models.graph import CSRPair, spmm
 from commgnn.models.net import PartitionGNN, activation
 from commgnn.models.sparse import SparseRows
@@ -58,7 +58,7 @@ def _sparse_first_layer(conv: nn.Module, x: Tensor, block: Block, graph: BlockGr
     (``A`` is linear, so transforming before aggregating is exact.) The destination rows
     are a prefix of the sources, so their values are a prefix of ``v``: same mask."""
     pattern = SparseRows(x)
-    values = F.dropout(pattern.gather(x), p, training)
+    values = dropout(pattern.gather(x), p, training)
     own = pattern.head(block.num_dst)
     m = pattern.linear(values, conv.lin_l.weight)
     out = spmm(graph.mean_adj(m.dtype), m) + conv.lin_l.bias
@@ -86,7 +86,7 @@ class BlockGNN(nn.Module):
             if i == 0 and self.sparse_input:
                 h = _sparse_first_layer(conv, h, block, graph, gnn.cfg.dropout, self.training)
             else:
-                h = F.dropout(h, p=gnn.cfg.dropout, training=self.training)
+                h = dropout(h, p=gnn.cfg.dropout, training=self.training)
                 h = conv.combine(conv.message(h), h[: block.num_dst], graph)
             if i < last:
                 h = activation(gnn.cfg, h)

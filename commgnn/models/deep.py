@@ -33,13 +33,13 @@ from dataclasses import replace
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
 from commgnn.comm.halo.protocol import HaloExchange
 from commgnn.errors import ConfigError
 from commgnn.models.config import ModelConfig
+from commgnn.models.dropout import dropout
 from commgnn.models.gcn import GCNLayer
 from commgnn.models.graph import LocalGraph
 from commgnn.models.net import activation
@@ -117,7 +117,7 @@ class ResPlusGNN(nn.Module):
     def _branch(self, h: Tensor, i: int, graph: LocalGraph,
                 halo: HaloExchange | _ExchangeOnce | _StandInHalo) -> Tensor:
         """Block ``i``'s residual branch ``conv_i(dropout(act(norm_i(h))))``: ``[n_own, d] -> [n_own, d]``."""
-        m = F.dropout(activation(self.cfg, self.norms[i](h)), p=self.cfg.dropout, training=self.training)
+        m = dropout(activation(self.cfg, self.norms[i](h)), p=self.cfg.dropout, training=self.training)
         conv = self.convs[i]
         msg = conv.message(m)
         # Always through the exchange's output, even with no halo rows here: its backward is
@@ -136,7 +136,7 @@ class ResPlusGNN(nn.Module):
                 h = h + self._branch(h, i, graph, halo)
             if i == upto:
                 return h
-        h = F.dropout(activation(self.cfg, self.out_norm(h)), p=self.cfg.dropout, training=self.training)
+        h = dropout(activation(self.cfg, self.out_norm(h)), p=self.cfg.dropout, training=self.training)
         return self.decoder(h)
 
     @staticmethod
@@ -150,8 +150,8 @@ class ResPlusGNN(nn.Module):
         a stand-in exchange that saves nothing, as the real one) under
         ``torch.autograd.graph.saved_tensors_hooks``, and the distinct storages autograd
         keeps are summed. On CPU with ReLU, dropout and GCN that is LayerNorm's input and
-        per-row statistics, ReLU's output, dropout's scaled noise (CUDA keeps a bool mask)
-        and the convolution's operand, about ``4 n_own d`` values. With checkpointing the
+        per-row statistics, ReLU's output, dropout's bool mask (:mod:`commgnn.models.dropout`)
+        and the convolution's operand, about ``3.25 n_own d`` values. With checkpointing the
         block keeps its input and its received halo rows, ``(n_own + n_halo) d`` values
         (:class:`_ExchangeOnce`), plus, during the backward pass, one block's worth of the
         former while that block is recomputed.

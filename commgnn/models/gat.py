@@ -23,6 +23,7 @@ from torch import Tensor, nn
 from torch_geometric.utils import softmax
 
 from commgnn import kernels
+from commgnn.models.dropout import dropout
 from commgnn.models.graph import LocalGraph
 from commgnn.models.sparse import Projector, dense_proj
 
@@ -68,7 +69,7 @@ class GATLayer(nn.Module):
         src, dst = graph.edges_with_self_loops()
         e = F.leaky_relu(a_src[src] + a_dst[dst], 0.2)                    # [E, H]
         alpha = softmax(e, dst, num_nodes=n_own)
-        alpha = F.dropout(alpha, p=self.attn_dropout, training=self.training)
+        alpha = dropout(alpha, p=self.attn_dropout, training=self.training)
         out = x.new_zeros(n_own, self.heads, self.out_dim)
         out.index_add_(0, dst, x[src] * alpha.unsqueeze(-1))            # [n_own, H, C]
         out = out.reshape(n_own, -1) if self.concat else out.mean(dim=1)

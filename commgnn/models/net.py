@@ -24,6 +24,7 @@ from torch import Tensor, nn
 from commgnn.comm.halo.protocol import HaloExchange
 from commgnn.errors import ConfigError
 from commgnn.models.config import ModelConfig
+from commgnn.models.dropout import dropout
 from commgnn.models.gat import GATLayer
 from commgnn.models.gcn import GCNLayer
 from commgnn.models.graph import LocalGraph, spmm
@@ -147,11 +148,11 @@ class PartitionGNN(nn.Module):
                                               SparseProj(sp["pre"], p, self.training, sigma=self.sparse_sigma),
                                               SparseProj(sp["own"], p, self.training))
                 else:
-                    pre = (F.dropout(self.pre, p, self.training) if self.pre_sigma is None
+                    pre = (dropout(self.pre, p, self.training) if self.pre_sigma is None
                            else matched_dropout(self.pre, self.pre_sigma, p, self.training))
-                    h = conv.from_precomputed(pre, F.dropout(x, p, self.training), graph)
+                    h = conv.from_precomputed(pre, dropout(x, p, self.training), graph)
             else:
-                h = F.dropout(h, p=p, training=self.training)
+                h = dropout(h, p=p, training=self.training)
                 own = SparseProj(sp["own"]) if i == 0 and sp else dense_proj
                 src = SparseProj(sp["src"]) if i == 0 and "src" in sp else dense_proj
                 m = conv.message(h, own)

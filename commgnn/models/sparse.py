@@ -23,6 +23,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from commgnn.models.dropout import dropout
+
 Projector = Callable[[Tensor, Tensor], Tensor]
 """``(rows [n, d_in], weight [d_out, d_in]) -> rows W^T [n, d_out]``."""
 
@@ -100,7 +102,7 @@ def matched_dropout(pre: Tensor, sigma: Tensor, p: float, training: bool) -> Ten
     so it is up to degree-times smaller than dropout on ``A X`` itself). Shapes: any, equal."""
     if not training or p == 0.0:
         return pre
-    return pre + sigma * (F.dropout(torch.ones_like(pre), p, True) - 1.0)
+    return pre + sigma * (dropout(torch.ones_like(pre), p, True) - 1.0)
 
 
 class SparseProj:
@@ -117,7 +119,7 @@ class SparseProj:
         values = self.rows.gather(t)
         if self.dropout and self.training:
             if self.sigma is None:
-                values = F.dropout(values, self.dropout, training=True)
+                values = dropout(values, self.dropout, training=True)
             else:
                 values = matched_dropout(values, self.sigma, self.dropout, True)
         return self.rows.linear(values, weight)

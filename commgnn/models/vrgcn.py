@@ -49,10 +49,10 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from commgnn.models.blocks import BlockGraph
+from commgnn.models.dropout import dropout
 from commgnn.models.graph import CSRPair, spmm
 from commgnn.models.net import PartitionGNN, activation
 from commgnn.sampling.base import Block
@@ -94,7 +94,7 @@ class VRGCN(nn.Module):
         x, pre = rows[:, :half], rows[:, half:]
         n1 = batch.blocks[0].num_dst
         conv0 = gnn.convs[0]
-        h = conv0.from_precomputed(pre[:n1], F.dropout(x[:n1], p, training), None)
+        h = conv0.from_precomputed(pre[:n1], dropout(x[:n1], p, training), None)
         mu = conv0.from_precomputed(pre[:n1], x[:n1], None) if noisy else h
         last = len(gnn.convs) - 1
         if last > 0:
@@ -109,7 +109,7 @@ class VRGCN(nn.Module):
             mean = BlockGraph(block).mean_adj(h.dtype)
             c = control_variate(mean, full, table, ids, mu)  # the history before this step
             updates.append((table, ids, mu.detach()))
-            hd = F.dropout(h, p, training)
+            hd = dropout(h, p, training)
             agg = c + dropout_noise(mean, block, full, hd, mu, self.replace) if noisy else c
             h = _sage_out(conv, agg, hd[: block.num_dst])
             if i < last:
