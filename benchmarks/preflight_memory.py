@@ -7,6 +7,12 @@ every rank's (``summary.json``'s ``peak_rss_mb_by_rank``). An estimate should be
 bound that is not absurdly loose. Writes a dated Markdown/CSV table to benchmarks/results/.
 
     python benchmarks/preflight_memory.py
+    python benchmarks/preflight_memory.py --runs RUN_DIR ...   # runs already made
+
+With ``--runs`` it reads finished run directories (for example those of
+``benchmarks/fullgraph_scale.py --work``) instead, compares each rank's estimate with its
+peak, and gives the ``ACTIVATION_COPIES`` each run would need for its estimate to equal its
+largest rank's peak: the data that constant is fitted on.
 """
 
 from __future__ import annotations
@@ -50,7 +56,8 @@ cfg = resolve_config(run + "/config.toml", {}, {})
 d = m["dataset"]
 est = estimate_memory(num_nodes=d["num_nodes"], num_edges=d["num_edges"], num_features=d["num_features"],
                       num_classes=d["num_classes"], report=m["partition"]["report"],
-                      layers=cfg.model.layers, hidden=cfg.model.hidden)
+                      layers=cfg.model.layers, hidden=cfg.model.hidden, model=cfg.model.name,
+                      heads=cfg.model.heads)
 print(json.dumps({"launcher": est.launcher / 2**20, "ranks": [r / 2**20 for r in est.per_rank]}))
 """
 
@@ -78,30 +85,76 @@ def run_one(n: int, deg: int, f: int, model: str, layers: int, hidden: int, P: i
             "est_over_peak": round(estimated / measured, 2)}
 
 
+def from_run(run: Path) -> dict:
+    """Estimate against measurement for one finished run directory (ranks only: the
+    launcher's peak is not in the run directory)."""
+    from commgnn.report import read_json
+    from commgnn.runner.config import resolve_config
+    from commgnn.runner import preflight
+
+    m = read_json(run / "manifest.json")
+    cfg = resolve_config(str(run / "config.toml"), {}, {})
+    d, rep = m["dataset"], m["partition"]["report"]
+    mc = cfg.model
+    est = preflight.estimate_memory(num_nodes=d["num_nodes"], num_edges=d["num_edges"],
+                                    num_features=d["num_features"], num_classes=d["num_classes"], report=rep,
+                                    layers=mc.layers, hidden=mc.hidden, model=mc.name, heads=mc.heads,
+                                    partitions_built=False)
+    peaks = [mb * 2**20 for mb in read_json(run / "summary.json")["peak_rss_mb_by_rank"]]
+    zero = dict(preflight.ACTIVATION_COPIES)  # the estimate with no per-row activations
+    preflight.ACTIVATION_COPIES.update({k: 0.0 for k in zero})
+    try:
+        floor = preflight.estimate_memory(num_nodes=d["num_nodes"], num_edges=d["num_edges"],
+                                          num_features=d["num_features"], num_classes=d["num_classes"],
+                                          report=rep, layers=mc.layers, hidden=mc.hidden, model=mc.name,
+                                          heads=mc.heads, partitions_built=False).per_rank
+    finally:
+        preflight.ACTIVATION_COPIES.update(zero)
+    width = max(mc.hidden, d["num_classes"])
+    need = max((pk - fl) / (mc.layers * (rep["nodes"][r] + rep["halo_in"][r]) * width * 4)
+               for r, (pk, fl) in enumerate(zip(peaks, floor)))
+    return {"run": run.name, "nodes": d["num_nodes"], "model": mc.name, "ranks": len(peaks),
+            "rank_est_mb_max": round(max(est.per_rank) / 2**20), "rank_peak_mb_max": round(max(peaks) / 2**20),
+            "ranks_est_mb_sum": round(sum(est.per_rank) / 2**20), "ranks_peak_mb_sum": round(sum(peaks) / 2**20),
+            "est_over_peak_min_rank": round(min(e / p for e, p in zip(est.per_rank, peaks)), 2),
+            "est_over_peak_sum": round(sum(est.per_rank) / sum(peaks), 2),
+            "copies_needed": round(need, 2), "copies_used": preflight.ACTIVATION_COPIES.get(mc.name)}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=str(Path(__file__).parent / "results"))
+    ap.add_argument("--runs", nargs="+", default=None, help="finished run directories to compare instead")
     args = ap.parse_args()
-    rows = []
-    with tempfile.TemporaryDirectory() as tmp:
-        for spec in GRID:
-            rows.append(run_one(*spec, work=Path(tmp)))
-            print(rows[-1], flush=True)
     day = datetime.date.today().isoformat()
     out = Path(args.out)
-    with open(out / f"{day}-preflight-memory.csv", "w", newline="") as fh:
+    if args.runs:
+        rows = [from_run(Path(r)) for r in args.runs]
+        stem, what = f"{day}-preflight-fit", ("Each row: a finished run directory, its ranks' estimate against their "
+                                              "measured peak RSS (MB = MiB); `copies_needed`: the "
+                                              "`ACTIVATION_COPIES` at which the largest rank's estimate equals its peak. "
+                                              f"Command: `python benchmarks/preflight_memory.py --runs {' '.join(args.runs)}`.")
+    else:
+        rows = []
+        with tempfile.TemporaryDirectory() as tmp:
+            for spec in GRID:
+                rows.append(run_one(*spec, work=Path(tmp)))
+                print(rows[-1], flush=True)
+        stem, what = f"{day}-preflight-memory", ("Each run: 3 epochs, synthetic CSBM, METIS. Peak = launcher "
+                                                 "ru_maxrss + every rank's peak RSS (MB = MiB). Command: "
+                                                 "`python benchmarks/preflight_memory.py`.")
+    with open(out / f"{stem}.csv", "w", newline="") as fh:
         w = csv.DictWriter(fh, fieldnames=list(rows[0]))
         w.writeheader()
         w.writerows(rows)
     cols = list(rows[0])
     lines = [f"# Pre-flight memory estimate vs measured peak RSS ({day})", "",
              f"Machine: {len(os.sched_getaffinity(0))} cores, {psutil.virtual_memory().total / 2**30:.0f} GiB, "
-             f"{platform.machine()}, Python {platform.python_version()}. Each run: 3 epochs, synthetic CSBM, "
-             f"METIS. Peak = launcher ru_maxrss + every rank's peak RSS (MB = MiB). Command: "
-             f"`python benchmarks/preflight_memory.py`.", "",
+             f"{platform.machine()}, Python {platform.python_version()}. {what}", "",
              "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     lines += ["| " + " | ".join(str(r[c]) for c in cols) + " |" for r in rows]
-    (out / f"{day}-preflight-memory.md").write_text("\n".join(lines) + "\n")
+    (out / f"{stem}.md").write_text("\n".join(lines) + "\n")
+    print(f"wrote {out / stem}.md")
 
 
 if __name__ == "__main__":

@@ -257,3 +257,21 @@ def test_ranks_die_with_a_killed_torchrun_agent(tmp_path):
     while _alive(ranks) and time.monotonic() - t0 < 5:
         time.sleep(0.05)
     assert not _alive(ranks)
+
+
+def test_the_memory_estimate_depends_on_the_model():
+    """GAT's per-edge attention tensors and each model's fitted activation copies enter the
+    estimate; an unknown model gets the largest copies (an upper bound stays one)."""
+    from commgnn.runner.preflight import ACTIVATION_COPIES, estimate_memory
+
+    report = {"nodes": [1000, 1000], "halo_in": [300, 200], "halo_out": [200, 300], "edges": [20000, 20000]}
+    est = {m: estimate_memory(num_nodes=2000, num_edges=40000, num_features=64, num_classes=5, report=report,
+                              layers=3, hidden=128, model=m, heads=8).per_rank
+           for m in ("gcn", "sage", "gat", "my_own")}
+    rows, wb = 1300, 128 * 4
+    assert est["sage"][0] - est["gcn"][0] == pytest.approx(
+        (ACTIVATION_COPIES["sage"] - ACTIVATION_COPIES["gcn"]) * 3 * rows * wb)
+    assert est["gat"][0] > est["gcn"][0] + 3 * 21000 * 8 * 4  # at least one per-edge value per layer and head
+    top = max(ACTIVATION_COPIES.values())
+    assert est["my_own"][0] == pytest.approx(est["gcn"][0] + (top - ACTIVATION_COPIES["gcn"]) * 3 * rows * wb)
+    assert est["gcn"][0] > est["gcn"][1]  # rank 0 receives more halo rows

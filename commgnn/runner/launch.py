@@ -165,6 +165,7 @@ def _preflight_memory(cfg: RunConfig, graph: dict[str, Any], report: dict[str, A
     est = estimate_memory(num_nodes=int(graph["num_nodes"]), num_edges=int(graph["num_edges"]),
                           num_features=int(graph["num_features"]), num_classes=int(graph["num_classes"]),
                           report=report, layers=cfg.model.layers, hidden=cfg.model.hidden,
+                          model=cfg.model.name, heads=cfg.model.heads,
                           dtype_bytes=8 if cfg.train.dtype == "float64" else 4,
                           partitions_built=not cfg.partition.dir)
     check_memory(est, limit_gb=cfg.runtime.memory_limit_gb)

@@ -7,7 +7,8 @@ Three checks, each a one-line :class:`~commgnn.errors.UserError` that gives the 
   gets a sliver of a core, start-up alone takes minutes, and the job only thrashes.
 * **Memory** (after partitioning, before the ranks start): :func:`estimate_memory` adds up
   the launcher (interpreter, graph, METIS and the partitions it builds) and, per rank, the
-  interpreter with torch and PyG, the partition, activations and communication buffers. A job whose estimate exceeds the
+  interpreter with torch and PyG, the partition, and the activations and communication
+  buffers (per model: :data:`ACTIVATION_COPIES`). A job whose estimate exceeds the
   machine's available memory (or ``runtime.memory_limit_gb``) is refused.
 * **Disk** (before the run directory is written): partitions, metrics and checkpoints.
 
@@ -34,12 +35,16 @@ PROCESS_BASE_MB = 600.0
 (320 MB after import, about 380 MB once a process group is up) plus the operators and
 buffers built once (CSR pairs, caches). Ranks forked from the fork server share its imported
 pages copy-on-write, so counting them in every rank also covers the server itself."""
-ACTIVATION_COPIES = 3
-"""Per-layer ``[rows, hidden]`` tensors alive at the peak. Fitted as an upper bound on
-``benchmarks/fullgraph_scale.py`` (GCN aggregating first, 3x128, 4 ranks): the estimate is
-3.96 GB per rank against 3.64 GB measured at 1M nodes / 20M edges, and 1.11 GB against
-1.07 GB (SAGE) at 100k nodes. (4 copies and a 400 MB base over-estimated 1M-node ranks
-1.6-1.8x: the launcher refused a job that fits.)"""
+ACTIVATION_COPIES = {"gcn": 1.5, "sage": 1.5, "gat": 1.5}
+"""Per model, ``[rows, width]`` tensors per layer that a rank holds at its peak, where
+``rows`` counts its owned and halo rows (what a layer saves for the backward pass, the
+received blocks and the concatenated input; a GCN that aggregates first keeps most of it
+at ``n_own`` rows). Fitted as an upper bound on the peak RSS of the full-graph scale runs
+(``benchmarks/preflight_memory.py --runs``, 2026-12-03: 100k to 2M nodes, 4 ranks), with
+some margin; the table there gives estimate over measured per run."""
+GAT_EDGE_COPIES = 6.0
+"""GAT's per-edge tensors per layer and head (logits, LeakyReLU, softmax, their saved
+inputs): ``GAT_EDGE_COPIES x layers x (edges + self loops) x heads`` values."""
 
 
 def check_rank_count(parts: int, *, force: bool, cores: int | None = None) -> None:
@@ -79,12 +84,13 @@ class MemoryEstimate:
 
 
 def estimate_memory(*, num_nodes: int, num_edges: int, num_features: int, num_classes: int,
-                    report: dict[str, Any], layers: int, hidden: int, dtype_bytes: int = 4,
-                    partitions_built: bool = True) -> MemoryEstimate:
+                    report: dict[str, Any], layers: int, hidden: int, model: str = "gcn", heads: int = 1,
+                    dtype_bytes: int = 4, partitions_built: bool = True) -> MemoryEstimate:
     """The memory model of the module docstring, from the partition report's per-rank counts.
 
-    Per rank ``r``: rows ``n_r = nodes[r] + halo_in[r]``; partition ``n_r F b + 16 e_r``
-    (features, int64 edges); activations ``6 L n_r H b``; halo buffers ``2 (in + out) H b``.
+    Per rank ``r``: rows ``n_r = nodes[r] + halo_in[r]``; partition ``n_r F b + 32 e_r + 16 n_r``
+    (features, int64 edges in both directions, ids); activations
+    ``ACTIVATION_COPIES[model] L n_r H b``; GAT adds ``GAT_EDGE_COPIES L (e_r + nodes[r]) heads b``.
     ``partitions_built = False``: the launcher loads a saved partition directory and runs
     neither METIS nor the partition builder.
     """
@@ -96,14 +102,16 @@ def estimate_memory(*, num_nodes: int, num_edges: int, num_features: int, num_cl
     parts_built = (num_nodes + halo_rows) * num_features * b + 2 * num_edges * 16
     if not partitions_built:
         metis = parts_built = 0
+    copies = ACTIVATION_COPIES.get(model, max(ACTIVATION_COPIES.values()))
     per_rank = []
     for r in range(P):
         rows = report["nodes"][r] + report["halo_in"][r]
         width = max(hidden, num_classes)
         part = rows * num_features * b + report["edges"][r] * 16 * 2 + rows * 16
-        act = ACTIVATION_COPIES * layers * rows * width * b
-        halo = 2 * (report["halo_in"][r] + report["halo_out"][r]) * width * b
-        per_rank.append(PROCESS_BASE_MB * 2**20 + part + act + halo)
+        act = copies * layers * rows * width * b
+        if model == "gat":
+            act += GAT_EDGE_COPIES * layers * (report["edges"][r] + report["nodes"][r]) * heads * b
+        per_rank.append(PROCESS_BASE_MB * 2**20 + part + act)
     launcher = PROCESS_BASE_MB * 2**20 + graph + metis + parts_built
     return MemoryEstimate(launcher=float(launcher), per_rank=tuple(float(x) for x in per_rank))
 
