@@ -113,7 +113,7 @@ def from_run(run: Path) -> dict:
     width = max(mc.hidden, d["num_classes"])
     need = max((pk - fl) / (mc.layers * (rep["nodes"][r] + rep["halo_in"][r]) * width * 4)
                for r, (pk, fl) in enumerate(zip(peaks, floor)))
-    return {"run": run.name, "nodes": d["num_nodes"], "model": mc.name, "ranks": len(peaks),
+    return {"run": f"{run.parent.name}/{run.name}", "nodes": d["num_nodes"], "model": mc.name, "ranks": len(peaks),
             "rank_est_mb_max": round(max(est.per_rank) / 2**20), "rank_peak_mb_max": round(max(peaks) / 2**20),
             "ranks_est_mb_sum": round(sum(est.per_rank) / 2**20), "ranks_peak_mb_sum": round(sum(peaks) / 2**20),
             "est_over_peak_min_rank": round(min(e / p for e, p in zip(est.per_rank, peaks)), 2),

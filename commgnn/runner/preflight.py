@@ -30,18 +30,22 @@ from commgnn.errors import UserError
 
 MAX_RANKS_PER_CORE = 8
 """Local ranks allowed per core without ``runtime.force`` (the benchmarks run 8 ranks on 2)."""
-PROCESS_BASE_MB = 600.0
+PROCESS_BASE_MB = 650.0
 """Resident memory of one rank before its activations: Python, torch, PyG, numba and gloo
 (320 MB after import, about 380 MB once a process group is up) plus the operators and
-buffers built once (CSR pairs, caches). Ranks forked from the fork server share its imported
-pages copy-on-write, so counting them in every rank also covers the server itself."""
-ACTIVATION_COPIES = {"gcn": 1.5, "sage": 1.5, "gat": 1.5}
+buffers built once (CSR pairs, caches) and the allocator's slack, which dominate small
+partitions (650 rather than 600: a 100k-node rank of 3x128 SAGE peaked at 853 MB). Ranks
+forked from the fork server share its imported pages copy-on-write, so counting them in
+every rank also covers the server itself."""
+ACTIVATION_COPIES = {"gcn": 1.4, "sage": 1.6, "gat": 1.6}
 """Per model, ``[rows, width]`` tensors per layer that a rank holds at its peak, where
 ``rows`` counts its owned and halo rows (what a layer saves for the backward pass, the
 received blocks and the concatenated input; a GCN that aggregates first keeps most of it
 at ``n_own`` rows). Fitted as an upper bound on the peak RSS of the full-graph scale runs
-(``benchmarks/preflight_memory.py --runs``, 2026-12-03: 100k to 2M nodes, 4 ranks), with
-some margin; the table there gives estimate over measured per run."""
+(``benchmarks/results/2026-12-03-preflight-fit.md``: 100k to 2M nodes, 4 ranks, exact and
+levers): each rank's estimate is 1.03-1.19x its measured peak for GCN and SAGE (at 1M and
+2M nodes the copies that fit exactly are 1.01-1.19 for GCN and 1.30-1.39 for SAGE); GAT,
+measured at 100k and 300k only, 1.05-1.41x."""
 GAT_EDGE_COPIES = 6.0
 """GAT's per-edge tensors per layer and head (logits, LeakyReLU, softmax, their saved
 inputs): ``GAT_EDGE_COPIES x layers x (edges + self loops) x heads`` values."""
