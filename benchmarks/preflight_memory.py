@@ -48,16 +48,11 @@ print(json.dumps({"rc": rc, "launcher_mb": resource.getrusage(resource.RUSAGE_SE
 ESTIMATE = """
 import json, sys
 from commgnn.runner.config import resolve_config
-from commgnn.runner.preflight import estimate_memory
+from commgnn.runner.preflight import estimate_for_config
 from commgnn.report import read_json
 run = sys.argv[1]
 m = read_json(run + "/manifest.json")
-cfg = resolve_config(run + "/config.toml", {}, {})
-d = m["dataset"]
-est = estimate_memory(num_nodes=d["num_nodes"], num_edges=d["num_edges"], num_features=d["num_features"],
-                      num_classes=d["num_classes"], report=m["partition"]["report"],
-                      layers=cfg.model.layers, hidden=cfg.model.hidden, model=cfg.model.name,
-                      heads=cfg.model.heads)
+est = estimate_for_config(resolve_config(run + "/config.toml", {}, {}), m["dataset"], m["partition"]["report"])
 print(json.dumps({"launcher": est.launcher / 2**20, "ranks": [r / 2**20 for r in est.per_rank]}))
 """
 
@@ -89,36 +84,31 @@ def from_run(run: Path) -> dict:
     """Estimate against measurement for one finished run directory (ranks only: the
     launcher's peak is not in the run directory)."""
     from commgnn.report import read_json
-    from commgnn.runner.config import resolve_config
     from commgnn.runner import preflight
+    from commgnn.runner.config import resolve_config
 
     m = read_json(run / "manifest.json")
     cfg = resolve_config(str(run / "config.toml"), {}, {})
-    d, rep = m["dataset"], m["partition"]["report"]
-    mc = cfg.model
-    est = preflight.estimate_memory(num_nodes=d["num_nodes"], num_edges=d["num_edges"],
-                                    num_features=d["num_features"], num_classes=d["num_classes"], report=rep,
-                                    layers=mc.layers, hidden=mc.hidden, model=mc.name, heads=mc.heads,
-                                    partitions_built=False)
+    d, rep, mc = m["dataset"], m["partition"]["report"], cfg.model
+    est = preflight.estimate_for_config(cfg, d, rep)
     peaks = [mb * 2**20 for mb in read_json(run / "summary.json")["peak_rss_mb_by_rank"]]
-    zero = dict(preflight.ACTIVATION_COPIES)  # the estimate with no per-row activations
-    preflight.ACTIVATION_COPIES.update({k: 0.0 for k in zero})
+    saved = dict(preflight.ACTIVATION_COPIES)  # the estimate with no per-row activations
+    preflight.ACTIVATION_COPIES.update({k: 0.0 for k in saved})
     try:
-        floor = preflight.estimate_memory(num_nodes=d["num_nodes"], num_edges=d["num_edges"],
-                                          num_features=d["num_features"], num_classes=d["num_classes"],
-                                          report=rep, layers=mc.layers, hidden=mc.hidden, model=mc.name,
-                                          heads=mc.heads, partitions_built=False).per_rank
+        floor = preflight.estimate_for_config(cfg, d, rep).per_rank
     finally:
-        preflight.ACTIVATION_COPIES.update(zero)
+        preflight.ACTIVATION_COPIES.update(saved)
+    b = 8 if cfg.train.dtype == "float64" else 4
     width = max(mc.hidden, d["num_classes"])
-    need = max((pk - fl) / (mc.layers * (rep["nodes"][r] + rep["halo_in"][r]) * width * 4)
+    need = max((pk - fl) / (mc.layers * (rep["nodes"][r] + rep["halo_in"][r]) * width * b)
                for r, (pk, fl) in enumerate(zip(peaks, floor)))
+    ratios = [e / p for e, p in zip(est.per_rank, peaks)]
     return {"run": f"{run.parent.name}/{run.name}", "nodes": d["num_nodes"], "model": mc.name, "ranks": len(peaks),
             "rank_est_mb_max": round(max(est.per_rank) / 2**20), "rank_peak_mb_max": round(max(peaks) / 2**20),
             "ranks_est_mb_sum": round(sum(est.per_rank) / 2**20), "ranks_peak_mb_sum": round(sum(peaks) / 2**20),
-            "est_over_peak_min_rank": round(min(e / p for e, p in zip(est.per_rank, peaks)), 2),
+            "est_over_peak_min_rank": round(min(ratios), 2), "est_over_peak_max_rank": round(max(ratios), 2),
             "est_over_peak_sum": round(sum(est.per_rank) / sum(peaks), 2),
-            "copies_needed": round(need, 2), "copies_used": preflight.ACTIVATION_COPIES.get(mc.name)}
+            "copies_needed": round(need, 2), "copies_used": preflight.ACTIVATION_COPIES[mc.name]}
 
 
 def main() -> None:

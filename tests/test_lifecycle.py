@@ -260,18 +260,50 @@ def test_ranks_die_with_a_killed_torchrun_agent(tmp_path):
 
 
 def test_the_memory_estimate_depends_on_the_model():
-    """GAT's per-edge attention tensors and each model's fitted activation copies enter the
-    estimate; an unknown model gets the largest copies (an upper bound stays one)."""
-    from commgnn.runner.preflight import ACTIVATION_COPIES, estimate_memory
+    """Each model's fitted copies, GAT's per-edge terms, deep res+ blocks and a user's own
+    module (the largest copies plus a row per edge) enter the estimate."""
+    from commgnn.runner import preflight as pf
 
     report = {"nodes": [1000, 1000], "halo_in": [300, 200], "halo_out": [200, 300], "edges": [20000, 20000]}
-    est = {m: estimate_memory(num_nodes=2000, num_edges=40000, num_features=64, num_classes=5, report=report,
-                              layers=3, hidden=128, model=m, heads=8).per_rank
-           for m in ("gcn", "sage", "gat", "my_own")}
-    rows, wb = 1300, 128 * 4
-    assert est["sage"][0] - est["gcn"][0] == pytest.approx(
-        (ACTIVATION_COPIES["sage"] - ACTIVATION_COPIES["gcn"]) * 3 * rows * wb)
-    assert est["gat"][0] > est["gcn"][0] + 3 * 21000 * 8 * 4  # at least one per-edge value per layer and head
-    top = max(ACTIVATION_COPIES.values())
-    assert est["my_own"][0] == pytest.approx(est["gcn"][0] + (top - ACTIVATION_COPIES["gcn"]) * 3 * rows * wb)
-    assert est["gcn"][0] > est["gcn"][1]  # rank 0 receives more halo rows
+
+    def est(**kw):
+        return pf.estimate_memory(num_nodes=2000, num_edges=40000, num_features=64, num_classes=5, report=report,
+                                  layers=3, hidden=128, heads=8, **kw).per_rank
+
+    rows, wb, edges = 1300, 128 * 4, 21000
+    gcn, sage, gat = est(model="gcn"), est(model="sage"), est(model="gat")
+    C = pf.ACTIVATION_COPIES
+    assert sage[0] - gcn[0] == pytest.approx((C["sage"] - C["gcn"]) * 3 * rows * wb)
+    assert gat[0] - gcn[0] == pytest.approx((C["gat"] - C["gcn"]) * 3 * rows * wb
+                                            + pf.GAT_EDGE_COPIES * 3 * edges * 8 * 4)
+    assert est(model="gat", edge_rows=True)[0] - gat[0] == pytest.approx(pf.EDGE_ROW_COPIES * 3 * edges * wb)
+    own = est(model="own", edge_rows=True)[0]
+    assert own == pytest.approx(gcn[0] + (max(C.values()) - C["gcn"]) * 3 * rows * wb
+                                + pf.EDGE_ROW_COPIES * edges * wb)
+    res = est(model="gcn", residual="res+")[0]
+    assert res == pytest.approx(gcn[0] + (pf.RES_PLUS_COPIES - C["gcn"]) * 3 * rows * wb)
+    ckpt = est(model="gcn", residual="res+", checkpoint=True)[0]
+    assert ckpt < res  # checkpointing keeps less than a res+ model without
+    assert ckpt == pytest.approx(gcn[0] + (3 + pf.RES_PLUS_COPIES - 3 * C["gcn"]) * rows * wb)
+    assert gcn[0] > gcn[1]  # rank 0 receives more halo rows
+    assert est(model="gcn", dtype_bytes=8)[0] > gcn[0]
+
+
+def test_a_users_own_module_is_estimated_as_one(tmp_path, monkeypatch):
+    """``commgnn.train(module=...)`` reaches the pre-flight check as ``model = "own"``."""
+    import commgnn.runner.launch as launch
+    seen = {}
+
+    def record(cfg, graph, report, *, own):
+        seen["own"] = own
+        raise SystemExit(0)
+
+    monkeypatch.setattr(launch, "_preflight_memory", record)
+    monkeypatch.setattr(launch, "check_own_model", lambda module, cfg: None)
+    from torch import nn
+
+    from commgnn.runner.config import resolve_config
+    cfg = resolve_config(_config(tmp_path), {"parts": 1, "out": str(tmp_path / "run")}, {})
+    with pytest.raises(SystemExit):
+        launch.train_local(cfg, module=nn.Linear(3, 3))
+    assert seen == {"own": True}

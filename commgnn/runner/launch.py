@@ -34,7 +34,8 @@ from commgnn.config import dump_toml, to_dict
 from commgnn.data import GIVEN_GRAPH, fingerprint, load_dataset
 from commgnn.dist.context import (DistContext, LaunchInfo, check_port_free, free_port, init_distributed,
                                   launch_info_from_env, shutdown)
-from commgnn.runner.preflight import check_disk, check_memory, check_rank_count, estimate_memory, estimate_run_bytes
+from commgnn.runner.preflight import (check_disk, check_memory, check_rank_count, estimate_for_config,
+                                      estimate_run_bytes)
 from commgnn.runner.own_model import (check_own_model, pack_model, read_own_model, unpack_model,
                                    write_own_model)
 from commgnn.runner.rank import run_rank
@@ -158,17 +159,10 @@ def _write_header(staging: Path, cfg: RunConfig, graph: dict[str, Any], report: 
     write_json(staging / "manifest.json", _manifest(cfg, graph, report, torchrun))
 
 
-def _preflight_memory(cfg: RunConfig, graph: dict[str, Any], report: dict[str, Any]) -> None:
-    needed = ("num_nodes", "num_edges", "num_features", "num_classes")
-    if not all(k in report for k in ("nodes", "halo_in", "halo_out", "edges")) or not all(k in graph for k in needed):
-        return  # a partition directory from an older version: no per-rank counts to go on
-    est = estimate_memory(num_nodes=int(graph["num_nodes"]), num_edges=int(graph["num_edges"]),
-                          num_features=int(graph["num_features"]), num_classes=int(graph["num_classes"]),
-                          report=report, layers=cfg.model.layers, hidden=cfg.model.hidden,
-                          model=cfg.model.name, heads=cfg.model.heads,
-                          dtype_bytes=8 if cfg.train.dtype == "float64" else 4,
-                          partitions_built=not cfg.partition.dir)
-    check_memory(est, limit_gb=cfg.runtime.memory_limit_gb)
+def _preflight_memory(cfg: RunConfig, graph: dict[str, Any], report: dict[str, Any], *, own: bool) -> None:
+    est = estimate_for_config(cfg, graph, report, own=own)
+    if est is not None:
+        check_memory(est, limit_gb=cfg.runtime.memory_limit_gb)
 
 
 def _write_run_dir(cfg: RunConfig, out: Path, data: Any, graph: dict[str, Any], fp: str,
@@ -239,7 +233,7 @@ def train_local(cfg: RunConfig, *, resume: bool = False, graph: Any = None,
         _ended(out, "running", resumed=True, attempt=attempt)
     else:
         parts, report = partition_for_run(cfg, data, fp)
-        _preflight_memory(cfg, described, report)
+        _preflight_memory(cfg, described, report, own=module is not None)
         _write_run_dir(cfg, out, data, described, fp, parts, report)
         part_dir = cfg.partition.dir or str(out / "partitions")
         attempt = 0

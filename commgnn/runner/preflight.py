@@ -43,12 +43,24 @@ ACTIVATION_COPIES = {"gcn": 1.4, "sage": 1.6, "gat": 1.6}
 received blocks and the concatenated input; a GCN that aggregates first keeps most of it
 at ``n_own`` rows). Fitted as an upper bound on the peak RSS of the full-graph scale runs
 (``benchmarks/results/2026-12-03-preflight-fit.md``: 100k to 2M nodes, 4 ranks, exact and
-levers): each rank's estimate is 1.03-1.19x its measured peak for GCN and SAGE (at 1M and
+levers): each rank's estimate is 1.03-1.26x its measured peak for GCN and SAGE (at 1M and
 2M nodes the copies that fit exactly are 1.01-1.19 for GCN and 1.30-1.39 for SAGE); GAT,
-measured at 100k and 300k only, 1.05-1.41x."""
+measured at 100k and 300k only, 1.06-1.42x."""
 GAT_EDGE_COPIES = 6.0
 """GAT's per-edge tensors per layer and head (logits, LeakyReLU, softmax, their saved
-inputs): ``GAT_EDGE_COPIES x layers x (edges + self loops) x heads`` values."""
+inputs): ``GAT_EDGE_COPIES x layers x (edges + self loops) x heads`` values. Fitted on the
+fused numba kernel, which never forms a row per edge."""
+RES_PLUS_COPIES = 3.5
+"""A DeepGCN res+ block without checkpointing keeps about ``3.25 n_own d`` values for the
+backward pass (LayerNorm's input, the activation's output, dropout's mask, the
+convolution's operand: :meth:`commgnn.models.deep.ResPlusGNN.saved_bytes_per_block`),
+counted here on ``rows`` per layer. With checkpointing a block keeps ``rows d`` (its input
+and received rows) and one block's worth more while it is recomputed. Not measured at scale."""
+EDGE_ROW_COPIES = 2.0
+"""Where a layer gathers a source row per edge (``x[src]`` and its weighted copy, ``[E, d]``):
+GAT on the torch kernel or with attention dropout (kept per layer for the backward pass),
+and a user's own PyG ``MessagePassing`` layers (counted for one layer: the gathered rows of
+most layers are freed once aggregated)."""
 
 
 def check_rank_count(parts: int, *, force: bool, cores: int | None = None) -> None:
@@ -69,8 +81,8 @@ class MemoryEstimate:
     """The launcher: its interpreter, the graph (features, edges, labels, masks), METIS's
     CSR and the partitions it builds and saves before the ranks start."""
     per_rank: tuple[float, ...]
-    """``[P]``: each rank's interpreter, partition, activations and halo buffers."""
-    launcher_resident: float = PROCESS_BASE_MB * 2**20
+    """``[P]``: each rank's interpreter, partition, activations and communication buffers."""
+    launcher_resident: float = 400 * 2**20
     """What the launcher keeps while the ranks run: it frees the graph and the partitions
     before it starts them (measured: 270-290 MB resident beside 1M-node ranks)."""
 
@@ -89,12 +101,16 @@ class MemoryEstimate:
 
 def estimate_memory(*, num_nodes: int, num_edges: int, num_features: int, num_classes: int,
                     report: dict[str, Any], layers: int, hidden: int, model: str = "gcn", heads: int = 1,
+                    residual: str = "none", checkpoint: bool = False, edge_rows: bool = False,
                     dtype_bytes: int = 4, partitions_built: bool = True) -> MemoryEstimate:
     """The memory model of the module docstring, from the partition report's per-rank counts.
 
     Per rank ``r``: rows ``n_r = nodes[r] + halo_in[r]``; partition ``n_r F b + 32 e_r + 16 n_r``
     (features, int64 edges in both directions, ids); activations
-    ``ACTIVATION_COPIES[model] L n_r H b``; GAT adds ``GAT_EDGE_COPIES L (e_r + nodes[r]) heads b``.
+    ``ACTIVATION_COPIES[model] L n_r H b`` (``model = "own"``, a user's module: the largest
+    copies), or :data:`RES_PLUS_COPIES` for ``residual = "res+"``; GAT adds
+    ``GAT_EDGE_COPIES L (e_r + nodes[r]) heads b``; ``edge_rows`` adds
+    :data:`EDGE_ROW_COPIES` ``(e_r + nodes[r]) H b`` per layer for GAT, once for own modules.
     ``partitions_built = False``: the launcher loads a saved partition directory and runs
     neither METIS nor the partition builder.
     """
@@ -107,17 +123,43 @@ def estimate_memory(*, num_nodes: int, num_edges: int, num_features: int, num_cl
     if not partitions_built:
         metis = parts_built = 0
     copies = ACTIVATION_COPIES.get(model, max(ACTIVATION_COPIES.values()))
+    width = max(hidden, num_classes)
     per_rank = []
     for r in range(P):
         rows = report["nodes"][r] + report["halo_in"][r]
-        width = max(hidden, num_classes)
+        edges = report["edges"][r] + report["nodes"][r]  # with self loops
+        row = rows * width * b
         part = rows * num_features * b + report["edges"][r] * 16 * 2 + rows * 16
-        act = copies * layers * rows * width * b
+        if residual == "res+":
+            act = (layers * row + RES_PLUS_COPIES * row) if checkpoint else RES_PLUS_COPIES * layers * row
+        else:
+            act = copies * layers * row
         if model == "gat":
-            act += GAT_EDGE_COPIES * layers * (report["edges"][r] + report["nodes"][r]) * heads * b
+            act += GAT_EDGE_COPIES * layers * edges * heads * b
+        if edge_rows:
+            act += EDGE_ROW_COPIES * (layers if model == "gat" else 1) * edges * width * b
         per_rank.append(PROCESS_BASE_MB * 2**20 + part + act)
     launcher = PROCESS_BASE_MB * 2**20 + graph + metis + parts_built
     return MemoryEstimate(launcher=float(launcher), per_rank=tuple(float(x) for x in per_rank))
+
+
+def estimate_for_config(cfg: Any, graph: dict[str, Any], report: dict[str, Any], *,
+                        own: bool = False) -> MemoryEstimate | None:
+    """:func:`estimate_memory` for a run's resolved ``RunConfig`` (``own``: a user's module
+    replaces ``[model]``'s), or ``None`` for a partition report without per-rank counts (a
+    partition directory from an older version)."""
+    needed = ("num_nodes", "num_edges", "num_features", "num_classes")
+    if not all(k in report for k in ("nodes", "halo_in", "halo_out", "edges")) or not all(k in graph for k in needed):
+        return None
+    m = cfg.model
+    gat_rows = m.name == "gat" and (m.attn_dropout > 0 or cfg.train.resolved_kernel != "numba")
+    return estimate_memory(num_nodes=int(graph["num_nodes"]), num_edges=int(graph["num_edges"]),
+                           num_features=int(graph["num_features"]), num_classes=int(graph["num_classes"]),
+                           report=report, layers=m.layers, hidden=m.hidden,
+                           model="own" if own else m.name, heads=m.heads, residual=m.residual,
+                           checkpoint=m.checkpoint, edge_rows=own or gat_rows,
+                           dtype_bytes=8 if cfg.train.dtype == "float64" else 4,
+                           partitions_built=not cfg.partition.dir)
 
 
 def check_memory(est: MemoryEstimate, *, limit_gb: float) -> None:
