@@ -1,9 +1,10 @@
 """Mini-batch training at scale: the synthetic graph with 1M nodes and 20M (directed)
-edges, 4 local ranks, one epoch of neighbour sampling, and the summed peak RSS of all
+edges by default (``--nodes``), 4 local ranks, one epoch of neighbour sampling, and the summed peak RSS of all
 ranks (the issue's bound: under 20 GB). One ``commgnn train`` in a fresh interpreter.
 Writes a dated Markdown/CSV table to benchmarks/results/.
 
-    python benchmarks/minibatch_scale.py [--topology replicated|partitioned]
+    python benchmarks/minibatch_scale.py [--topology replicated|partitioned] [--layers 3 --hidden 256
+        --fanout 15,10,5] [--work DIR --tag -wide]
 """
 
 from __future__ import annotations
@@ -21,24 +22,24 @@ from tables import write_table
 
 TOML = """
 [data.synthetic]
-num_nodes = 1000000
+num_nodes = {nodes}
 avg_degree = 20.0
-feature_dim = 64
+feature_dim = {features}
 num_classes = 8
 [data]
 train_ratio = 0.1
 val_ratio = 0.05
 [model]
 name = "sage"
-layers = 2
-hidden = 64
+layers = {layers}
+hidden = {hidden}
 [train]
 mode = "minibatch"
 epochs = 1
 patience = 0
 [minibatch]
 sampler = "neighbor"
-fanout = [15, 10]
+fanout = [{fanout}]
 batch_size = 1024
 topology = "{topology}"
 [fetch]
@@ -49,6 +50,7 @@ method = "{partitioner}"
 [runtime]
 parts = 4
 timeout_s = 600
+memory_limit_gb = {limit}
 """
 
 
@@ -57,10 +59,22 @@ def main() -> None:
     ap.add_argument("--topology", default="replicated")
     ap.add_argument("--partitioner", default="metis")
     ap.add_argument("--cache", type=float, default=0.05)
+    ap.add_argument("--nodes", type=int, default=1_000_000)
+    ap.add_argument("--features", type=int, default=64)
+    ap.add_argument("--layers", type=int, default=2)
+    ap.add_argument("--hidden", type=int, default=64)
+    ap.add_argument("--fanout", default="15,10", help="comma-separated, one per layer")
+    ap.add_argument("--work", default=None, help="folder for the run (kept; default: a new temp dir)")
+    ap.add_argument("--memory-limit-gb", type=float, default=0.0,
+                    help="runtime.memory_limit_gb (0: the machine's available memory)")
+    ap.add_argument("--tag", default="", help="suffix of the result file names")
     ns = ap.parse_args()
-    work = Path(tempfile.mkdtemp(prefix="mb-scale-"))
+    work = Path(ns.work) if ns.work else Path(tempfile.mkdtemp(prefix="mb-scale-"))
+    work.mkdir(parents=True, exist_ok=True)
     cfg = work / "scale.toml"
-    cfg.write_text(TOML.format(topology=ns.topology, partitioner=ns.partitioner, cache=ns.cache))
+    cfg.write_text(TOML.format(topology=ns.topology, partitioner=ns.partitioner, cache=ns.cache, nodes=ns.nodes,
+                               features=ns.features, layers=ns.layers, hidden=ns.hidden,
+                               fanout=", ".join(ns.fanout.split(",")), limit=ns.memory_limit_gb))
     t0 = time.time()
     subprocess.run(["commgnn", "train", "--config", str(cfg), "--out", str(work / "run"), "--quiet"], check=True)
     wall = time.time() - t0
@@ -70,7 +84,8 @@ def main() -> None:
     manifest = json.loads((work / "run" / "manifest.json").read_text())
     out = {
         "nodes": manifest["dataset"]["num_nodes"], "edges": manifest["dataset"]["num_edges"],
-        "features": manifest["dataset"]["num_features"], "ranks": 4, "partitioner": ns.partitioner,
+        "features": manifest["dataset"]["num_features"], "layers": ns.layers, "hidden": ns.hidden,
+        "fanout": ns.fanout, "ranks": 4, "partitioner": ns.partitioner,
         "topology": ns.topology, "cache_ratio": ns.cache,
         "steps": row["steps"], "epoch_s": round(row["epoch_s"], 1), "train_loop_s": round(row["train_loop_s"], 1),
         "sample_s": round(row["sample_s"], 1), "fetch_s": round(row["fetch_s"], 1),
@@ -84,10 +99,11 @@ def main() -> None:
         "wall_s_incl_generation_and_partition": round(wall),
     }
     print(json.dumps(out, indent=1))
-    stem = Path(__file__).resolve().parent / "results" / f"{datetime.date.today()}-minibatch-scale-{ns.topology}"
+    stem = Path(__file__).resolve().parent / "results" / f"{datetime.date.today()}-minibatch-scale-{ns.topology}{ns.tag}"
     write_table([out], stem, f"Mini-batch training at 1M nodes / 20M edges ({datetime.date.today()})",
                 ["4 local gloo ranks; synthetic CSBM (64 features, 8 classes, 10% training nodes), GraphSAGE "
-                 "2x64, neighbour sampling 15,10, batch 1024, a 5% degree cache; one epoch. Peak RSS per rank "
+                 f"{ns.layers}x{ns.hidden}, neighbour sampling {ns.fanout}, batch 1024, a {ns.cache:.0%} degree "
+                 "cache; one epoch. Peak RSS per rank "
                  "is Linux's VmHWM."])
 
 if __name__ == "__main__":

@@ -92,19 +92,26 @@ def from_run(run: Path) -> dict:
     d, rep, mc = m["dataset"], m["partition"]["report"], cfg.model
     est = preflight.estimate_for_config(cfg, d, rep)
     peaks = [mb * 2**20 for mb in read_json(run / "summary.json")["peak_rss_mb_by_rank"]]
-    # the estimate is linear in the copies: each rank's gap to its peak, in per-layer rows
+    # the full-graph estimate is linear in the copies: each rank's gap to its peak, in per-layer rows
     b = 8 if cfg.train.dtype == "float64" else 4
     width = max(mc.hidden, d["num_classes"])
-    copies = preflight.ACTIVATION_COPIES[mc.name]
-    need = max(copies + (pk - e) / (mc.layers * (rep["nodes"][r] + rep["halo_in"][r]) * width * b)
-               for r, (pk, e) in enumerate(zip(peaks, est.per_rank)))
+    copies: float | str = preflight.ACTIVATION_COPIES[mc.name]
+    need: float | str = "—"
+    if cfg.train.mode == "minibatch":
+        copies = "—"  # its own model (estimate_minibatch_memory)
+    else:
+        need = max(copies + (pk - e) / (mc.layers * (rep["nodes"][r] + rep["halo_in"][r]) * width * b)
+                   for r, (pk, e) in enumerate(zip(peaks, est.per_rank)))
+        need = round(need, 2)
     ratios = [e / p for e, p in zip(est.per_rank, peaks)]
-    return {"run": f"{run.parent.name}/{run.name}", "nodes": d["num_nodes"], "model": mc.name, "ranks": len(peaks),
+    mode = "minibatch " + cfg.minibatch.sampler if cfg.train.mode == "minibatch" else "full-graph"
+    return {"run": f"{run.parent.name}/{run.name}", "nodes": d["num_nodes"], "mode": mode, "model": mc.name,
+            "layers": mc.layers, "hidden": mc.hidden, "ranks": len(peaks),
             "rank_est_mb_max": round(max(est.per_rank) / 2**20), "rank_peak_mb_max": round(max(peaks) / 2**20),
             "ranks_est_mb_sum": round(sum(est.per_rank) / 2**20), "ranks_peak_mb_sum": round(sum(peaks) / 2**20),
             "est_over_peak_min_rank": round(min(ratios), 2), "est_over_peak_max_rank": round(max(ratios), 2),
             "est_over_peak_sum": round(sum(est.per_rank) / sum(peaks), 2),
-            "copies_needed": round(need, 2), "copies_used": copies}
+            "copies_needed": need, "copies_used": copies}
 
 
 def main() -> None:

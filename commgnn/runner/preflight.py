@@ -12,6 +12,11 @@ Three checks, each a one-line :class:`~commgnn.errors.UserError` that gives the 
   machine's available memory (or ``runtime.memory_limit_gb``) is refused.
 * **Disk** (before the run directory is written): partitions, metrics and checkpoints.
 
+Mini-batch runs (``train.mode = "minibatch"``) have their own model,
+:func:`estimate_minibatch_memory`: a rank's activations scale with the nodes one step
+samples, not with its partition, but it may hold the whole graph's adjacency (a replicated
+topology), a cache of remote rows, and a few arrays over every node of the graph.
+
 The estimate is an upper-bound model, not a measurement; ``benchmarks/results`` compares it
 with the peak RSS that runs record (``peak_rss_mb_sum``).
 """
@@ -26,7 +31,8 @@ from typing import Any
 
 import psutil
 
-from commgnn.errors import UserError
+from commgnn.errors import ConfigError, UserError
+from commgnn.trainers.mb_setup import cache_capacity, choose_topology
 
 MAX_RANKS_PER_CORE = 8
 """Local ranks allowed per core without ``runtime.force`` (the benchmarks run 8 ranks on 2)."""
@@ -61,6 +67,24 @@ EDGE_ROW_COPIES = 2.0
 GAT on the torch kernel or with attention dropout (kept per layer for the backward pass),
 and a user's own PyG ``MessagePassing`` layers (counted for one layer: the gathered rows of
 most layers are freed once aggregated)."""
+
+
+BLOCK_EDGE_BYTES = 64.0
+"""Mini-batch: bytes per sampled edge of a layer's block: its int64 ``[2, e]`` edges and
+float64 weights, the CSR and transposed CSR the SpMM runs on, and the sampler's sort."""
+EVAL_COPIES = 2.0
+"""Mini-batch: ``[rows, H]`` tensors of the exact evaluation each epoch (no gradient): a
+layer's output on the rank's own rows, the halo rows received and their concatenation."""
+BATCH_FEATURE_COPIES = 3.0
+"""Mini-batch: ``[S, F]`` rows per step, for ``S`` sampled nodes: the batch's gathered input,
+the remote rows received (and the codec's buffers) and the rows sent to other ranks."""
+TOPOLOGY_BYTES_PER_EDGE = 32.0
+"""Mini-batch, replicated topology: every rank gathers the whole edge list (``[2, E]`` int64)
+and sorts it into a CSR (int32 sources). Measured at 1M nodes / 20M edges: the replicated
+ranks peaked 600-630 MB above the partitioned ones, 30-32 bytes per edge."""
+GLOBAL_NODE_BYTES = 48.0
+"""Mini-batch: arrays over every node of the graph on each rank (owner and row maps, the
+cache's slot map, degrees, request counts, the reach mask, the CSR's row pointers)."""
 
 
 def check_rank_count(parts: int, *, force: bool, cores: int | None = None) -> None:
@@ -143,6 +167,89 @@ def estimate_memory(*, num_nodes: int, num_edges: int, num_features: int, num_cl
     return MemoryEstimate(launcher=float(launcher), per_rank=tuple(float(x) for x in per_rank))
 
 
+def sampled_per_step(*, sampler: str, batch_size: int, fanout: tuple[int, ...], layers: int, num_nodes: int,
+                     num_edges: int, own_nodes: int, num_clusters: int = 40, clusters_per_batch: int = 4,
+                     budget: int = 2000, walk_length: int = 2) -> tuple[int, list[int], int]:
+    """Upper bounds on one step's batch on a rank with ``own_nodes``: ``(input rows, output
+    rows per layer [L], edges summed over the layers' blocks)``.
+
+    neighbor / vrgcn: hop ``i`` has at most ``n_i = B f_1 ... f_i`` nodes (each at most
+    ``N``; a fan-out of -1 counts as twice the average degree) and ``c_k = n_0 + ... + n_k``
+    nodes lie within ``k`` hops; layer ``j`` reads ``c_{L-j+1}`` rows, writes ``c_{L-j}``
+    and has ``n_0 f_1 + ... + n_{L-j} f_{L-j+1}`` sampled edges. Subgraph samplers run every layer on one
+    subgraph of ``S`` nodes: cluster takes ``clusters_per_batch / num_clusters`` of the
+    rank's nodes, GraphSAINT its budget (node), twice it (edge) or ``budget (walk_length
+    + 1)`` (random walks), with twice the average degree of induced edges per node."""
+    deg = 2.0 * num_edges / max(num_nodes, 1)
+    if sampler in ("neighbor", "vrgcn"):
+        fs = [deg if f == -1 else float(f) for f in fanout]
+        hops, within = [float(min(batch_size, num_nodes))], [float(min(batch_size, num_nodes))]
+        for f in fs:
+            hops.append(min(float(num_nodes), hops[-1] * f))
+            within.append(min(float(num_nodes), within[-1] + hops[-1]))
+        L = len(fanout)
+        outs = [int(within[L - j]) for j in range(1, L + 1)]
+        # layer j's block: the nodes of hops 0..L-j draw f_{i+1} in-edges each
+        edges = sum(hops[i] * fs[i] for j in range(1, L + 1) for i in range(L - j + 1))
+        return int(within[L]), outs, int(edges)
+    if sampler == "cluster":
+        nodes = own_nodes * clusters_per_batch / max(min(num_clusters, own_nodes), 1)
+    else:
+        nodes = {"saint-node": budget, "saint-edge": 2 * budget}.get(sampler, budget * (walk_length + 1))
+    S = int(min(float(nodes), float(num_nodes)))
+    return S, [S] * layers, int(min(S * deg, num_edges))
+
+
+def estimate_minibatch_memory(*, num_nodes: int, num_edges: int, num_features: int, num_classes: int,
+                              report: dict[str, Any], layers: int, hidden: int, sampler: str = "neighbor",
+                              batch_size: int = 1024,
+                              fanout: tuple[int, ...] = (15, 10), topology: str = "replicated",
+                              cache_mb: float = 0.0, cache_ratio: float = 0.0, num_clusters: int = 40,
+                              clusters_per_batch: int = 4, budget: int = 2000, walk_length: int = 2,
+                              dtype_bytes: int = 4, partitions_built: bool = True) -> MemoryEstimate:
+    """The mini-batch memory model (module docstring). Per rank ``r``, with the step's sizes from
+    :func:`sampled_per_step` and ``W = max(F, H)``:
+
+    * the partition, as in :func:`estimate_memory`: ``n_r F b + 32 e_r + 16 n_r``;
+    * topology: replicated ``TOPOLOGY_BYTES_PER_EDGE E + 8 N``, partitioned ``16 e_r``;
+    * ``GLOBAL_NODE_BYTES N``;
+    * the cache: ``cache_mb``, or ``cache_ratio`` of the other ranks' nodes, ``F b`` per row
+      plus 16 bytes of bookkeeping;
+    * the larger of a training step and the exact (full-partition) evaluation: a step holds
+      ``BATCH_FEATURE_COPIES S F b`` for its ``S`` input rows, GraphSAGE's
+      ``ACTIVATION_COPIES H b`` per output row of each layer and ``BLOCK_EDGE_BYTES`` per
+      block edge; evaluation ``EVAL_COPIES n_r H b``;
+    * VR-GCN: a history of ``N x H`` per layer above the first, and the input layer's
+      precomputed aggregate (``n_r F b``).
+    """
+    b = dtype_bytes
+    graph = num_nodes * (num_features * b + 8 + 3) + num_edges * 16
+    metis = (num_nodes + 2 * num_edges) * 8
+    parts_built = (num_nodes + sum(report["halo_in"])) * num_features * b + 2 * num_edges * 16
+    if not partitions_built:
+        metis = parts_built = 0
+    width = max(hidden, num_classes)
+    per_rank = []
+    for r in range(len(report["nodes"])):
+        own, rows, e_r = report["nodes"][r], report["nodes"][r] + report["halo_in"][r], report["edges"][r]
+        part = rows * num_features * b + e_r * 16 * 2 + rows * 16
+        topo = TOPOLOGY_BYTES_PER_EDGE * num_edges + 8 * num_nodes if topology == "replicated" else 16 * e_r
+        cache_rows = (cache_mb * 1e6 / (num_features * b)) if cache_mb else cache_ratio * (num_nodes - own)
+        cache = cache_rows * (num_features * b + 16)
+        S, outs, E_s = sampled_per_step(sampler=sampler, batch_size=batch_size, fanout=fanout, layers=layers,
+                                        num_nodes=num_nodes, num_edges=num_edges, own_nodes=own,
+                                        num_clusters=num_clusters, clusters_per_batch=clusters_per_batch,
+                                        budget=budget, walk_length=walk_length)
+        step = (BATCH_FEATURE_COPIES * S * num_features * b + ACTIVATION_COPIES["sage"] * sum(outs) * width * b
+                + BLOCK_EDGE_BYTES * E_s)
+        evaluation = EVAL_COPIES * rows * width * b
+        vr = (num_nodes * hidden * (layers - 1) + own * num_features) * b if sampler == "vrgcn" else 0
+        per_rank.append(PROCESS_BASE_MB * 2**20 + part + topo + GLOBAL_NODE_BYTES * num_nodes + cache
+                        + max(step, evaluation) + vr)
+    launcher = PROCESS_BASE_MB * 2**20 + graph + metis + parts_built
+    return MemoryEstimate(launcher=float(launcher), per_rank=tuple(float(x) for x in per_rank))
+
+
 def estimate_for_config(cfg: Any, graph: dict[str, Any], report: dict[str, Any], *,
                         own: bool = False) -> MemoryEstimate | None:
     """:func:`estimate_memory` for a run's resolved ``RunConfig`` (``own``: a user's module
@@ -152,6 +259,8 @@ def estimate_for_config(cfg: Any, graph: dict[str, Any], report: dict[str, Any],
     if not all(k in report for k in ("nodes", "halo_in", "halo_out", "edges")) or not all(k in graph for k in needed):
         return None
     m = cfg.model
+    if cfg.train.mode == "minibatch":
+        return _minibatch_for_config(cfg, graph, report)  # the built-in GraphSAGE (own models train full-graph)
     gat_rows = m.name == "gat" and (m.attn_dropout > 0 or cfg.train.resolved_kernel != "numba")
     return estimate_memory(num_nodes=int(graph["num_nodes"]), num_edges=int(graph["num_edges"]),
                            num_features=int(graph["num_features"]), num_classes=int(graph["num_classes"]),
@@ -160,6 +269,29 @@ def estimate_for_config(cfg: Any, graph: dict[str, Any], report: dict[str, Any],
                            checkpoint=m.checkpoint, edge_rows=own or gat_rows,
                            dtype_bytes=8 if cfg.train.dtype == "float64" else 4,
                            partitions_built=not cfg.partition.dir)
+
+
+def _minibatch_for_config(cfg: Any, graph: dict[str, Any], report: dict[str, Any]) -> MemoryEstimate:
+    # The topology the ranks will choose (auto: replicated when the CSRs of all local ranks fit
+    # in topology_share of available memory). The ranks decide after the launcher has freed the
+    # graph, so a sampler that needs the CSR replicated and does not fit now is estimated
+    # replicated, and left to the ranks to refuse if it still does not fit then.
+    mb, m = cfg.minibatch, cfg.model
+    N, E = int(graph["num_nodes"]), int(graph["num_edges"])
+    b = 8 if cfg.train.dtype == "float64" else 4
+    # a cache_mb over available memory gets the ranks' own message, not a total
+    cache_capacity(cfg.fetch, 0, int(graph["num_features"]), b, local_ranks=cfg.runtime.parts)
+    try:
+        topology = choose_topology(mb, N, E, cfg.runtime.parts)
+    except ConfigError:
+        topology = "replicated"
+    return estimate_minibatch_memory(
+        num_nodes=N, num_edges=E, num_features=int(graph["num_features"]), num_classes=int(graph["num_classes"]),
+        report=report, layers=m.layers, hidden=m.hidden, sampler=mb.sampler, batch_size=mb.batch_size, fanout=tuple(mb.fanout), topology=topology,
+        cache_mb=cfg.fetch.cache_mb, cache_ratio=cfg.fetch.cache_ratio, num_clusters=mb.cluster.num_clusters,
+        clusters_per_batch=mb.cluster.clusters_per_batch, budget=mb.saint.budget,
+        walk_length=mb.saint.walk_length, dtype_bytes=b,
+        partitions_built=not cfg.partition.dir)
 
 
 def check_memory(est: MemoryEstimate, *, limit_gb: float) -> None:

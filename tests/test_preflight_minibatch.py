@@ -1,0 +1,117 @@
+"""The mini-batch memory estimate: its per-step sizes bound what the real samplers draw, and
+its terms (topology, cache, evaluation, VR-GCN's history) enter as documented (fast)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from commgnn.runner import preflight as pf
+from commgnn.sampling.cluster import ClusterSampler
+from commgnn.sampling.csr import CSRTopology
+from commgnn.sampling.neighbor import NeighborSampler, replicated_source
+from commgnn.sampling.saint import SaintSampler
+
+N, E_UNDIRECTED = 2000, 12000
+
+
+@pytest.fixture(scope="module")
+def csr() -> tuple[CSRTopology, int]:
+    g = torch.Generator().manual_seed(0)
+    src = torch.randint(0, N, (E_UNDIRECTED,), generator=g)
+    dst = torch.randint(0, N, (E_UNDIRECTED,), generator=g)
+    keep = src != dst
+    keys = torch.unique(torch.cat([src[keep] * N + dst[keep], dst[keep] * N + src[keep]]))
+    ei = torch.stack([keys // N, keys % N])
+    return CSRTopology.from_edge_index(ei, N), int(ei.shape[1])
+
+
+@pytest.mark.parametrize("replace", [False, True])
+@pytest.mark.parametrize("fanout,batch", [((5, 3), 64), ((2, 2, 2), 100), ((10, 10), 500)])
+def test_neighbor_step_sizes_bound_the_sampler(csr, fanout, batch, replace):
+    topo, E = csr
+    seeds = torch.randperm(N, generator=torch.Generator().manual_seed(1))[:600]
+    sampler = NeighborSampler(replicated_source(topo, replace), seeds, list(fanout), batch)
+    S, outs, edges = pf.sampled_per_step(sampler="neighbor", batch_size=batch, fanout=fanout, layers=len(fanout),
+                                         num_nodes=N, num_edges=E, own_nodes=600)
+    assert len(outs) == len(fanout)
+    seen_max = 0
+    for mb in sampler.epoch(sampler.num_batches(), torch.Generator().manual_seed(2)):
+        assert mb.nodes.numel() <= S
+        assert all(b.num_dst <= o for b, o in zip(mb.blocks, outs))  # blocks[0] is layer 1
+        assert sum(b.num_edges for b in mb.blocks) <= edges
+        seen_max = max(seen_max, mb.nodes.numel())
+    assert seen_max > 0.3 * S  # a bound, not a number far above anything drawn
+
+
+def test_subgraph_samplers_are_bounded(csr):
+    topo, E = csr
+    own = torch.arange(0, N, 2)
+    train = torch.rand(own.numel(), generator=torch.Generator().manual_seed(3)) < 0.5
+    cl = ClusterSampler(topo, own, train, num_layers=2, num_clusters=20, clusters_per_batch=3, seed=0)
+    S, outs, edges = pf.sampled_per_step(sampler="cluster", batch_size=1, fanout=(1,), layers=2, num_nodes=N,
+                                         num_edges=E, own_nodes=own.numel(), num_clusters=20, clusters_per_batch=3)
+    assert outs == [S, S]
+    sizes = [mb.nodes.numel() for mb in cl.epoch(cl.num_batches(), torch.Generator().manual_seed(4))]
+    # METIS balances clusters to within a few per cent of n / k
+    assert max(sizes) <= 1.1 * S and max(sizes) >= 0.8 * S
+    for kind, budget in (("node", 150), ("edge", 100), ("rw", 60)):
+        s = SaintSampler(topo, own, train, kind=kind, num_layers=2, budget=budget, walk_length=2, presample=5)
+        S, _, _ = pf.sampled_per_step(sampler=f"saint-{kind}", batch_size=1, fanout=(1,), layers=2, num_nodes=N,
+                                      num_edges=E, own_nodes=own.numel(), budget=budget, walk_length=2)
+        drawn = [mb.nodes.numel() for mb in s.epoch(4, torch.Generator().manual_seed(5))]
+        assert max(drawn) <= S, kind
+
+
+def test_minibatch_estimate_terms():
+    report = {"nodes": [1000, 1000], "halo_in": [3000, 2500], "halo_out": [2500, 3000], "edges": [20000, 20000]}
+
+    def est(**kw):
+        args = dict(num_nodes=2000, num_edges=40000, num_features=64, num_classes=5, report=report, layers=2,
+                    hidden=128, batch_size=32, fanout=(5, 5), topology="partitioned")
+        return pf.estimate_minibatch_memory(**(args | kw)).per_rank
+
+    base = est()
+    # A replicated CSR adds the whole graph's edges to every rank.
+    rep = est(topology="replicated")
+    assert rep[0] - base[0] == pytest.approx(pf.TOPOLOGY_BYTES_PER_EDGE * 40000 + 8 * 2000 - 16 * 20000)
+    # A cache of 1 MB holds 1e6 / 256 rows of 64 fp32 features, 16 bytes of bookkeeping each.
+    assert est(cache_mb=1.0)[0] - base[0] == pytest.approx(1e6 / 256 * (256 + 16))
+    assert est(cache_ratio=0.5)[0] - base[0] == pytest.approx(0.5 * 1000 * (256 + 16))
+    # Small batches: evaluation over the partition's 4000 rows is the larger transient.
+    assert base[0] - base[1] == pytest.approx(500 * (64 * 4 + 16) + pf.EVAL_COPIES * 500 * 128 * 4)
+    # VR-GCN keeps a history of N x H per layer above the first and the input aggregate.
+    assert est(sampler="vrgcn")[0] - base[0] == pytest.approx((2000 * 128 + 1000 * 64) * 4)
+
+
+def test_minibatch_is_estimated_below_full_graph_when_batches_are_small():
+    """The case the full-graph model got wrong: a wide, deep model on a partition whose halo
+    is large, trained on small batches, holds far less than full-graph training would."""
+    report = {"nodes": [250_000] * 4, "halo_in": [500_000] * 4, "halo_out": [500_000] * 4, "edges": [5_000_000] * 4}
+    common = dict(num_nodes=1_000_000, num_edges=20_000_000, num_features=64, num_classes=8, report=report,
+                  layers=3, hidden=256)
+    full = pf.estimate_memory(model="sage", **common)
+    mini = pf.estimate_minibatch_memory(fanout=(5, 5, 5), batch_size=256, topology="partitioned", **common)
+    assert sum(mini.per_rank) < 0.7 * sum(full.per_rank)
+
+
+def test_estimate_for_config_follows_the_mode():
+    from commgnn.runner.config import RunConfig
+    from commgnn.sampling.config import SamplerConfig
+    from commgnn.trainers.config import TrainConfig
+
+    graph = {"num_nodes": 2000, "num_edges": 40000, "num_features": 64, "num_classes": 5}
+    report = {"nodes": [1000, 1000], "halo_in": [300, 200], "halo_out": [200, 300], "edges": [20000, 20000]}
+    from commgnn.models.config import ModelConfig
+
+    model = ModelConfig(name="sage", layers=2)
+    full = pf.estimate_for_config(RunConfig(model=model), graph, report)
+    mini = pf.estimate_for_config(RunConfig(model=model, train=TrainConfig(mode="minibatch"),
+                                            minibatch=SamplerConfig(topology="partitioned", fanout=(5, 5))),
+                                  graph, report)
+    assert full is not None and mini is not None
+    direct = pf.estimate_minibatch_memory(num_nodes=2000, num_edges=40000, num_features=64, num_classes=5,
+                                          report=report, layers=2, hidden=model.hidden, fanout=(5, 5),
+                                          topology="partitioned", batch_size=1024)
+    assert mini.per_rank == pytest.approx(direct.per_rank)
+    assert full.per_rank != pytest.approx(mini.per_rank)
