@@ -99,9 +99,10 @@ def main() -> None:
         "wall_s_incl_generation_and_partition": round(wall),
     }
     print(json.dumps(out, indent=1))
-    stem = Path(__file__).resolve().parent / "results" / f"{datetime.date.today()}-minibatch-scale-{ns.topology}{ns.tag}"
-    write_table([out], stem, f"Mini-batch training at 1M nodes / 20M edges ({datetime.date.today()})",
-                ["4 local gloo ranks; synthetic CSBM (64 features, 8 classes, 10% training nodes), GraphSAGE "
+    day = datetime.date.today()
+    stem = Path(__file__).resolve().parent / "results" / f"{day}-minibatch-scale-{ns.topology}{ns.tag}"
+    write_table([out], stem, f"Mini-batch training at {out['nodes']:,} nodes / {out['edges']:,} edges ({day})",
+                [f"4 local gloo ranks; synthetic CSBM ({ns.features} features, 8 classes, 10% training nodes), GraphSAGE "
                  f"{ns.layers}x{ns.hidden}, neighbour sampling {ns.fanout}, batch 1024, a {ns.cache:.0%} degree "
                  "cache; one epoch. Peak RSS per rank "
                  "is Linux's VmHWM."])

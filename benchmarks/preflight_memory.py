@@ -123,10 +123,11 @@ def main() -> None:
     out = Path(args.out)
     if args.runs:
         rows = [from_run(Path(r)) for r in args.runs]
-        stem, what = f"{day}-preflight-fit", ("Each row: a finished run directory, its ranks' estimate against their "
-                                              "measured peak RSS (MB = MiB); `copies_needed`: the "
-                                              "`ACTIVATION_COPIES` at which the largest rank's estimate equals its peak. "
-                                              f"Command: `python benchmarks/preflight_memory.py --runs {' '.join(args.runs)}`.")
+        stem = f"{day}-preflight-fit"
+        what = ("Each row: a finished run directory, its ranks' estimate against their measured peak RSS "
+                "(MB = MiB); `copies_needed` (full-graph runs): the `ACTIVATION_COPIES` at which the largest "
+                "rank's estimate equals its peak; mini-batch runs use `estimate_minibatch_memory`. "
+                f"Command: `python benchmarks/preflight_memory.py --runs {' '.join(args.runs)}`.")
     else:
         rows = []
         with tempfile.TemporaryDirectory() as tmp:

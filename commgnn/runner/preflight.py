@@ -23,6 +23,7 @@ with the peak RSS that runs record (``peak_rss_mb_sum``).
 
 from __future__ import annotations
 
+import math
 import os
 import shutil
 from dataclasses import dataclass
@@ -71,20 +72,45 @@ most layers are freed once aggregated)."""
 
 BLOCK_EDGE_BYTES = 64.0
 """Mini-batch: bytes per sampled edge of a layer's block: its int64 ``[2, e]`` edges and
-float64 weights, the CSR and transposed CSR the SpMM runs on, and the sampler's sort."""
+float64 weights, the CSR and transposed CSR the SpMM runs on, and the sampler's sort (a
+subgraph sampler's in-edges gathered before they are filtered to the induced ones)."""
 EVAL_COPIES = 2.0
 """Mini-batch: ``[rows, H]`` tensors of the exact evaluation each epoch (no gradient): a
 layer's output on the rank's own rows, the halo rows received and their concatenation."""
 BATCH_FEATURE_COPIES = 3.0
 """Mini-batch: ``[S, F]`` rows per step, for ``S`` sampled nodes: the batch's gathered input,
 the remote rows received (and the codec's buffers) and the rows sent to other ranks."""
+TRACE_BYTES = 24.0
+"""Mini-batch: bytes per requested remote row over an epoch: the fetcher's request trace
+(int64 ids) and the offline-optimal cache's copies of it (``cat``, ``unique``)."""
 TOPOLOGY_BYTES_PER_EDGE = 32.0
 """Mini-batch, replicated topology: every rank gathers the whole edge list (``[2, E]`` int64)
 and sorts it into a CSR (int32 sources). Measured at 1M nodes / 20M edges: the replicated
 ranks peaked 600-630 MB above the partitioned ones, 30-32 bytes per edge."""
+SAINT_EDGE_BYTES = 36.0
+"""GraphSAINT: per edge of the whole graph, the pre-sampled edge weights (float64) and counts
+(int32) it keeps, and the float64 transients that compute them."""
 GLOBAL_NODE_BYTES = 48.0
 """Mini-batch: arrays over every node of the graph on each rank (owner and row maps, the
-cache's slot map, degrees, request counts, the reach mask, the CSR's row pointers)."""
+cache's slot map, degrees, request counts, the reach mask)."""
+METIS_CLUSTER_SLACK = 1.05
+"""Cluster-GCN: METIS's clusters exceed ``n / k`` nodes by up to its imbalance (3% by default)."""
+
+
+@dataclass(frozen=True)
+class StepSize:
+    """Upper bounds on one mini-batch step on one rank (:func:`sampled_per_step`)."""
+
+    nodes: int
+    """Input rows: every node the step's layers read."""
+    outs: tuple[int, ...]
+    """``[L]``: output rows of each layer, input layer first."""
+    edges: int
+    """Sampled edges, summed over the layers' blocks."""
+    full_edges: int = 0
+    """VR-GCN: the full in-edges of the sampled blocks' destinations, summed over layers."""
+    full_edges_layer: int = 0
+    """VR-GCN: the largest of those per layer (its control variate gathers a row per edge)."""
 
 
 def check_rank_count(parts: int, *, force: bool, cores: int | None = None) -> None:
@@ -169,58 +195,71 @@ def estimate_memory(*, num_nodes: int, num_edges: int, num_features: int, num_cl
 
 def sampled_per_step(*, sampler: str, batch_size: int, fanout: tuple[int, ...], layers: int, num_nodes: int,
                      num_edges: int, own_nodes: int, num_clusters: int = 40, clusters_per_batch: int = 4,
-                     budget: int = 2000, walk_length: int = 2) -> tuple[int, list[int], int]:
-    """Upper bounds on one step's batch on a rank with ``own_nodes``: ``(input rows, output
-    rows per layer [L], edges summed over the layers' blocks)``.
+                     budget: int = 2000, walk_length: int = 2) -> StepSize:
+    """Upper bounds on one step's batch on a rank with ``own_nodes`` (``d = 2 E / N``, twice
+    the average degree, stands in where a degree is needed).
 
-    neighbor / vrgcn: hop ``i`` has at most ``n_i = B f_1 ... f_i`` nodes (each at most
-    ``N``; a fan-out of -1 counts as twice the average degree) and ``c_k = n_0 + ... + n_k``
-    nodes lie within ``k`` hops; layer ``j`` reads ``c_{L-j+1}`` rows, writes ``c_{L-j}``
-    and has ``n_0 f_1 + ... + n_{L-j} f_{L-j+1}`` sampled edges. Subgraph samplers run every layer on one
-    subgraph of ``S`` nodes: cluster takes ``clusters_per_batch / num_clusters`` of the
-    rank's nodes, GraphSAINT its budget (node), twice it (edge) or ``budget (walk_length
-    + 1)`` (random walks), with twice the average degree of induced edges per node."""
-    deg = 2.0 * num_edges / max(num_nodes, 1)
+    neighbor: every node gathered so far draws ``f_k`` in-edges at hop ``k``, so
+    ``c_0 = B`` and ``c_k = min(N, c_{k-1} (1 + f_k))`` nodes lie within ``k`` hops (a
+    fan-out of -1 counts as ``d``); hop ``k``'s block has ``c_{k-1} f_k`` edges; layer
+    ``j`` reads ``c_{L-j+1}`` rows and writes ``c_{L-j}``. vrgcn: the same with
+    ``fanout[:L-1]``, plus the full in-edges of each sampled block's ``c_{k-1}``
+    destinations, ``d`` each. Subgraph samplers run every layer on one subgraph of ``S``
+    nodes and at most ``S d`` edges: cluster takes ``clusters_per_batch`` METIS clusters of
+    at most ``METIS_CLUSTER_SLACK n / k`` nodes, GraphSAINT its budget (node), twice it
+    (edge) or ``budget (walk_length + 1)`` (random walks)."""
+    d = 2.0 * num_edges / max(num_nodes, 1)
     if sampler in ("neighbor", "vrgcn"):
-        fs = [deg if f == -1 else float(f) for f in fanout]
-        hops, within = [float(min(batch_size, num_nodes))], [float(min(batch_size, num_nodes))]
+        hops = fanout[: layers - 1] if sampler == "vrgcn" else fanout
+        fs = [d if f == -1 else float(f) for f in hops]
+        c = [float(min(batch_size, num_nodes))]
         for f in fs:
-            hops.append(min(float(num_nodes), hops[-1] * f))
-            within.append(min(float(num_nodes), within[-1] + hops[-1]))
-        L = len(fanout)
-        outs = [int(within[L - j]) for j in range(1, L + 1)]
-        # layer j's block: the nodes of hops 0..L-j draw f_{i+1} in-edges each
-        edges = sum(hops[i] * fs[i] for j in range(1, L + 1) for i in range(L - j + 1))
-        return int(within[L]), outs, int(edges)
+            c.append(min(float(num_nodes), c[-1] * (1 + f)))
+        edges = [c[k] * fs[k] for k in range(len(fs))]
+        K = len(fs)
+        outs = [int(c[K - j]) for j in range(1, K + 1)]
+        if sampler == "vrgcn":  # its identity layer 0 writes every sampled row
+            outs = [int(c[K])] + outs
+            full = [min(c[k] * d, float(num_edges)) for k in range(K)]
+            return StepSize(nodes=int(c[K]), outs=tuple(outs), edges=int(sum(edges)), full_edges=int(sum(full)),
+                            full_edges_layer=int(max(full, default=0)))
+        return StepSize(nodes=int(c[K]), outs=tuple(outs), edges=int(sum(edges)))
     if sampler == "cluster":
-        nodes = own_nodes * clusters_per_batch / max(min(num_clusters, own_nodes), 1)
+        k = max(min(num_clusters, own_nodes), 1)
+        nodes = clusters_per_batch * math.ceil(METIS_CLUSTER_SLACK * own_nodes / k)
     else:
         nodes = {"saint-node": budget, "saint-edge": 2 * budget}.get(sampler, budget * (walk_length + 1))
     S = int(min(float(nodes), float(num_nodes)))
-    return S, [S] * layers, int(min(S * deg, num_edges))
+    return StepSize(nodes=S, outs=(S,) * layers, edges=int(min(S * d, num_edges)))
 
 
 def estimate_minibatch_memory(*, num_nodes: int, num_edges: int, num_features: int, num_classes: int,
                               report: dict[str, Any], layers: int, hidden: int, sampler: str = "neighbor",
-                              batch_size: int = 1024,
-                              fanout: tuple[int, ...] = (15, 10), topology: str = "replicated",
-                              cache_mb: float = 0.0, cache_ratio: float = 0.0, num_clusters: int = 40,
-                              clusters_per_batch: int = 4, budget: int = 2000, walk_length: int = 2,
-                              dtype_bytes: int = 4, partitions_built: bool = True) -> MemoryEstimate:
-    """The mini-batch memory model (module docstring). Per rank ``r``, with the step's sizes from
-    :func:`sampled_per_step` and ``W = max(F, H)``:
+                              batch_size: int = 1024, fanout: tuple[int, ...] = (15, 10),
+                              topology: str = "replicated", cache_mb: float = 0.0, cache_ratio: float = 0.0,
+                              prefetch: bool = False, num_clusters: int = 40, clusters_per_batch: int = 4,
+                              budget: int = 2000, walk_length: int = 2, dtype_bytes: int = 4,
+                              partitions_built: bool = True) -> MemoryEstimate:
+    """The mini-batch memory model (module docstring). Per rank ``r``, with the step's sizes
+    from :func:`sampled_per_step` (``S`` input rows, ``o_j`` output rows of layer ``j``,
+    ``e`` block edges), ``W = max(H, C)`` and ``F' = 2F`` for VR-GCN (its rows carry their
+    exact input aggregate), else ``F``:
 
     * the partition, as in :func:`estimate_memory`: ``n_r F b + 32 e_r + 16 n_r``;
     * topology: replicated ``TOPOLOGY_BYTES_PER_EDGE E + 8 N``, partitioned ``16 e_r``;
+      GraphSAINT adds ``SAINT_EDGE_BYTES E`` (its pre-sampled normalisation);
     * ``GLOBAL_NODE_BYTES N``;
-    * the cache: ``cache_mb``, or ``cache_ratio`` of the other ranks' nodes, ``F b`` per row
-      plus 16 bytes of bookkeeping;
+    * the cache (ranks > 1): ``cache_mb``, or ``cache_ratio`` of the other ranks' nodes,
+      ``F' b + 16`` bytes per row;
+    * the request trace: ``TRACE_BYTES S`` per step of the epoch (``ceil(train_r / B)``
+      steps for neighbour sampling, else one per ``S`` training nodes);
     * the larger of a training step and the exact (full-partition) evaluation: a step holds
-      ``BATCH_FEATURE_COPIES S F b`` for its ``S`` input rows, GraphSAGE's
-      ``ACTIVATION_COPIES H b`` per output row of each layer and ``BLOCK_EDGE_BYTES`` per
-      block edge; evaluation ``EVAL_COPIES n_r H b``;
-    * VR-GCN: a history of ``N x H`` per layer above the first, and the input layer's
-      precomputed aggregate (``n_r F b``).
+      ``BATCH_FEATURE_COPIES S F' b``, ``ACTIVATION_COPIES["sage"] W b`` per output row
+      of every layer and ``BLOCK_EDGE_BYTES e`` (with ``fetch.prefetch``, the next step's
+      rows and blocks too); evaluation ``EVAL_COPIES n_r W b``;
+    * VR-GCN: the history, ``N H (L - 1) b``; the rank's ``[n_own, 2F]`` table; per step 24
+      bytes per full in-edge and a ``[e_full, H]`` gather and its weighted copy for the
+      largest layer's control variate.
     """
     b = dtype_bytes
     graph = num_nodes * (num_features * b + 8 + 3) + num_edges * 16
@@ -228,24 +267,32 @@ def estimate_minibatch_memory(*, num_nodes: int, num_edges: int, num_features: i
     parts_built = (num_nodes + sum(report["halo_in"])) * num_features * b + 2 * num_edges * 16
     if not partitions_built:
         metis = parts_built = 0
+    vr = sampler == "vrgcn"
     width = max(hidden, num_classes)
+    row_f = (2 if vr else 1) * num_features * b
+    P = len(report["nodes"])
+    train = report.get("train_nodes") or report["nodes"]
     per_rank = []
-    for r in range(len(report["nodes"])):
+    for r in range(P):
         own, rows, e_r = report["nodes"][r], report["nodes"][r] + report["halo_in"][r], report["edges"][r]
         part = rows * num_features * b + e_r * 16 * 2 + rows * 16
         topo = TOPOLOGY_BYTES_PER_EDGE * num_edges + 8 * num_nodes if topology == "replicated" else 16 * e_r
-        cache_rows = (cache_mb * 1e6 / (num_features * b)) if cache_mb else cache_ratio * (num_nodes - own)
-        cache = cache_rows * (num_features * b + 16)
-        S, outs, E_s = sampled_per_step(sampler=sampler, batch_size=batch_size, fanout=fanout, layers=layers,
-                                        num_nodes=num_nodes, num_edges=num_edges, own_nodes=own,
-                                        num_clusters=num_clusters, clusters_per_batch=clusters_per_batch,
-                                        budget=budget, walk_length=walk_length)
-        step = (BATCH_FEATURE_COPIES * S * num_features * b + ACTIVATION_COPIES["sage"] * sum(outs) * width * b
-                + BLOCK_EDGE_BYTES * E_s)
-        evaluation = EVAL_COPIES * rows * width * b
-        vr = (num_nodes * hidden * (layers - 1) + own * num_features) * b if sampler == "vrgcn" else 0
-        per_rank.append(PROCESS_BASE_MB * 2**20 + part + topo + GLOBAL_NODE_BYTES * num_nodes + cache
-                        + max(step, evaluation) + vr)
+        if sampler.startswith("saint"):
+            topo += SAINT_EDGE_BYTES * num_edges
+        cache_rows = 0.0 if P == 1 else (cache_mb * 1e6 / row_f if cache_mb else cache_ratio * (num_nodes - own))
+        st = sampled_per_step(sampler=sampler, batch_size=batch_size, fanout=fanout, layers=layers,
+                              num_nodes=num_nodes, num_edges=num_edges, own_nodes=own, num_clusters=num_clusters,
+                              clusters_per_batch=clusters_per_batch, budget=budget, walk_length=walk_length)
+        per_batch = batch_size if sampler in ("neighbor", "vrgcn") else max(st.nodes, 1)
+        steps = math.ceil(max(train) / per_batch)
+        batch = BATCH_FEATURE_COPIES * st.nodes * row_f + BLOCK_EDGE_BYTES * st.edges + 24 * st.full_edges
+        step = batch * (2 if prefetch else 1) + ACTIVATION_COPIES["sage"] * sum(st.outs) * width * b
+        if vr:
+            step += 2 * st.full_edges_layer * hidden * b
+        extra = (num_nodes * hidden * (layers - 1) + own * 2 * num_features) * b if vr else 0
+        per_rank.append(PROCESS_BASE_MB * 2**20 + part + topo + GLOBAL_NODE_BYTES * num_nodes
+                        + cache_rows * (row_f + 16) + TRACE_BYTES * steps * st.nodes
+                        + max(step, EVAL_COPIES * rows * width * b) + extra)
     launcher = PROCESS_BASE_MB * 2**20 + graph + metis + parts_built
     return MemoryEstimate(launcher=float(launcher), per_rank=tuple(float(x) for x in per_rank))
 
@@ -272,26 +319,29 @@ def estimate_for_config(cfg: Any, graph: dict[str, Any], report: dict[str, Any],
 
 
 def _minibatch_for_config(cfg: Any, graph: dict[str, Any], report: dict[str, Any]) -> MemoryEstimate:
-    # The topology the ranks will choose (auto: replicated when the CSRs of all local ranks fit
-    # in topology_share of available memory). The ranks decide after the launcher has freed the
-    # graph, so a sampler that needs the CSR replicated and does not fit now is estimated
-    # replicated, and left to the ranks to refuse if it still does not fit then.
+    """:func:`estimate_minibatch_memory` for a resolved ``RunConfig``, on the topology the
+    ranks will choose and after the checks the ranks would fail (a cache over memory)."""
     mb, m = cfg.minibatch, cfg.model
-    N, E = int(graph["num_nodes"]), int(graph["num_edges"])
+    N, E, F = int(graph["num_nodes"]), int(graph["num_edges"]), int(graph["num_features"])
     b = 8 if cfg.train.dtype == "float64" else 4
-    # a cache_mb over available memory gets the ranks' own message, not a total
-    cache_capacity(cfg.fetch, 0, int(graph["num_features"]), b, local_ranks=cfg.runtime.parts)
+    P = cfg.runtime.parts
+    # The ranks read available memory once the launcher has freed the graph and partitions
+    # it holds now, so what they will see is today's available plus that.
+    freed = max(0.0, psutil.Process().memory_info().rss - MemoryEstimate.launcher_resident)
+    available = float(psutil.virtual_memory().available) + freed
+    if P > 1:  # a cache_mb over memory gets the ranks' own message rather than a total
+        cache_capacity(cfg.fetch, 0, (2 if mb.sampler == "vrgcn" else 1) * F, b, local_ranks=P, available=available)
     try:
-        topology = choose_topology(mb, N, E, cfg.runtime.parts)
-    except ConfigError:
+        topology = choose_topology(mb, N, E, P, available)
+    except ConfigError:  # the ranks refuse it with their message; estimate what it would hold
         topology = "replicated"
     return estimate_minibatch_memory(
-        num_nodes=N, num_edges=E, num_features=int(graph["num_features"]), num_classes=int(graph["num_classes"]),
-        report=report, layers=m.layers, hidden=m.hidden, sampler=mb.sampler, batch_size=mb.batch_size, fanout=tuple(mb.fanout), topology=topology,
-        cache_mb=cfg.fetch.cache_mb, cache_ratio=cfg.fetch.cache_ratio, num_clusters=mb.cluster.num_clusters,
+        num_nodes=N, num_edges=E, num_features=F, num_classes=int(graph["num_classes"]), report=report,
+        layers=m.layers, hidden=m.hidden, sampler=mb.sampler, batch_size=mb.batch_size, fanout=tuple(mb.fanout),
+        topology=topology, cache_mb=cfg.fetch.cache_mb, cache_ratio=cfg.fetch.cache_ratio,
+        prefetch=cfg.fetch.prefetch, num_clusters=mb.cluster.num_clusters,
         clusters_per_batch=mb.cluster.clusters_per_batch, budget=mb.saint.budget,
-        walk_length=mb.saint.walk_length, dtype_bytes=b,
-        partitions_built=not cfg.partition.dir)
+        walk_length=mb.saint.walk_length, dtype_bytes=b, partitions_built=not cfg.partition.dir)
 
 
 def check_memory(est: MemoryEstimate, *, limit_gb: float) -> None:
