@@ -118,12 +118,13 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=str(Path(__file__).parent / "results"))
     ap.add_argument("--runs", nargs="+", default=None, help="finished run directories to compare instead")
+    ap.add_argument("--tag", default="", help="suffix of the result file names (e.g. -minibatch)")
     args = ap.parse_args()
     day = datetime.date.today().isoformat()
     out = Path(args.out)
     if args.runs:
         rows = [from_run(Path(r)) for r in args.runs]
-        stem = f"{day}-preflight-fit"
+        stem = f"{day}-preflight-fit{args.tag}"
         what = ("Each row: a finished run directory, its ranks' estimate against their measured peak RSS "
                 "(MB = MiB); `copies_needed` (full-graph runs): the `ACTIVATION_COPIES` at which the largest "
                 "rank's estimate equals its peak; mini-batch runs use `estimate_minibatch_memory`. "
