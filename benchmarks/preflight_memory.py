@@ -97,8 +97,15 @@ def from_run(run: Path) -> dict:
     width = max(mc.hidden, d["num_classes"])
     copies: float | str = preflight.ACTIVATION_COPIES[mc.name]
     need: float | str = "—"
+    old_model: int | str = "—"
     if cfg.train.mode == "minibatch":
         copies = "—"  # its own model (estimate_minibatch_memory)
+        # what the full-graph model, used for mini-batch runs before 2026-12-03, estimated
+        fg = preflight.estimate_memory(num_nodes=d["num_nodes"], num_edges=d["num_edges"],
+                                       num_features=d["num_features"], num_classes=d["num_classes"], report=rep,
+                                       layers=mc.layers, hidden=mc.hidden, model=mc.name,
+                                       partitions_built=not cfg.partition.dir)
+        old_model = round(max(fg.per_rank) / 2**20)
     else:
         need = max(copies + (pk - e) / (mc.layers * (rep["nodes"][r] + rep["halo_in"][r]) * width * b)
                    for r, (pk, e) in enumerate(zip(peaks, est.per_rank)))
@@ -111,7 +118,7 @@ def from_run(run: Path) -> dict:
             "ranks_est_mb_sum": round(sum(est.per_rank) / 2**20), "ranks_peak_mb_sum": round(sum(peaks) / 2**20),
             "est_over_peak_min_rank": round(min(ratios), 2), "est_over_peak_max_rank": round(max(ratios), 2),
             "est_over_peak_sum": round(sum(est.per_rank) / sum(peaks), 2),
-            "copies_needed": need, "copies_used": copies}
+            "copies_needed": need, "copies_used": copies, "fullgraph_model_rank_est_mb_max": old_model}
 
 
 def main() -> None:
