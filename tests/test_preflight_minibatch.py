@@ -79,9 +79,37 @@ def test_vrgcn_step_sizes_bound_the_sampler(big):
     assert len(st.outs) == 3
     for mb in sampler.epoch(sampler.num_batches(), torch.Generator().manual_seed(4)):
         assert mb.nodes.numel() <= st.nodes
+        assert all(b.num_dst <= o for b, o in zip(mb.blocks, st.outs))  # blocks[0]: the identity
         full = [h.src.numel() for h in mb.history_edges if h is not None]
         assert sum(full) <= st.full_edges and max(full) <= st.full_edges_layer
         assert sum(b.num_edges for b in mb.blocks) <= st.edges
+
+
+def test_hops_gather_at_most_the_candidate_bound(big):
+    """Without replacement each hop first gathers every in-edge of its nodes."""
+    topo, E = big
+    deg = topo.in_degree()
+    seeds = torch.randperm(100_000, generator=torch.Generator().manual_seed(5))[:512]
+    sampler = NeighborSampler(replicated_source(topo, False), seeds, [5, 5, 5], 128)
+    st = pf.sampled_per_step(sampler="neighbor", batch_size=128, fanout=(5, 5, 5), layers=3, num_nodes=100_000,
+                             num_edges=E, own_nodes=512)
+    assert st.candidate_edges > st.edges / 3
+    for mb in sampler.epoch(sampler.num_batches(), torch.Generator().manual_seed(6)):
+        for block in mb.blocks:
+            assert int(deg[mb.nodes[: block.num_dst]].sum()) <= st.candidate_edges
+    with_replacement = pf.sampled_per_step(sampler="neighbor", batch_size=128, fanout=(5, 5, 5), layers=3,
+                                           num_nodes=100_000, num_edges=E, own_nodes=512, replace=True)
+    assert with_replacement.candidate_edges == 0
+
+
+@pytest.mark.parametrize("sampler", ["neighbor", "vrgcn", "cluster", "saint-node", "saint-edge", "saint-rw"])
+def test_step_sizes_stay_within_the_graph(sampler):
+    """Fan-out -1, a batch larger than the graph and a rank without nodes."""
+    for own in (0, 50):
+        st = pf.sampled_per_step(sampler=sampler, batch_size=10_000, fanout=(-1, 3), layers=2, num_nodes=100,
+                                 num_edges=800, own_nodes=own, budget=10_000)
+        assert 0 <= st.nodes <= 100 and all(0 <= o <= 100 for o in st.outs) and len(st.outs) == 2
+        assert 0 <= st.edges and st.full_edges_layer <= 800 and st.candidate_edges <= 800
 
 
 def test_subgraph_samplers_are_bounded(csr):
@@ -160,3 +188,29 @@ def test_estimate_for_config_follows_the_mode():
                                           topology="partitioned", batch_size=1024)
     assert mini.per_rank == pytest.approx(direct.per_rank)
     assert full.per_rank != pytest.approx(mini.per_rank)
+
+
+def test_an_unfitting_auto_topology_is_estimated_replicated(monkeypatch):
+    """A sampler that needs a replicated CSR the launcher cannot yet fit is estimated
+    replicated (the ranks, with the graph freed, refuse it themselves if it still does not)."""
+    from commgnn.errors import ConfigError
+    from commgnn.models.config import ModelConfig
+    from commgnn.runner.config import RunConfig
+    from commgnn.sampling.config import SamplerConfig
+    from commgnn.trainers.config import TrainConfig
+
+    graph = {"num_nodes": 2000, "num_edges": 40000, "num_features": 64, "num_classes": 5}
+    report = {"nodes": [1000, 1000], "halo_in": [300, 200], "halo_out": [200, 300], "edges": [20000, 20000]}
+    cfg = RunConfig(model=ModelConfig(name="sage", layers=2), train=TrainConfig(mode="minibatch"),
+                    minibatch=SamplerConfig(sampler="cluster", topology="auto"))
+
+    def refuse(*args, **kwargs):
+        raise ConfigError("does not fit")
+
+    monkeypatch.setattr(pf, "choose_topology", refuse)
+    est = pf.estimate_for_config(cfg, graph, report)
+    rep = pf.estimate_minibatch_memory(num_nodes=2000, num_edges=40000, num_features=64, num_classes=5,
+                                       report=report, layers=2, hidden=cfg.model.hidden, sampler="cluster",
+                                       batch_size=cfg.minibatch.batch_size, fanout=tuple(cfg.minibatch.fanout),
+                                       topology="replicated")
+    assert est is not None and est.per_rank == pytest.approx(rep.per_rank)

@@ -111,6 +111,9 @@ class StepSize:
     """VR-GCN: the full in-edges of the sampled blocks' destinations, summed over layers."""
     full_edges_layer: int = 0
     """VR-GCN: the largest of those per layer (its control variate gathers a row per edge)."""
+    candidate_edges: int = 0
+    """Neighbour sampling without replacement: the most in-edges one hop gathers (and shuffles)
+    before it keeps ``f_k`` per node."""
 
 
 def check_rank_count(parts: int, *, force: bool, cores: int | None = None) -> None:
@@ -195,7 +198,7 @@ def estimate_memory(*, num_nodes: int, num_edges: int, num_features: int, num_cl
 
 def sampled_per_step(*, sampler: str, batch_size: int, fanout: tuple[int, ...], layers: int, num_nodes: int,
                      num_edges: int, own_nodes: int, num_clusters: int = 40, clusters_per_batch: int = 4,
-                     budget: int = 2000, walk_length: int = 2) -> StepSize:
+                     budget: int = 2000, walk_length: int = 2, replace: bool = False) -> StepSize:
     """Upper bounds on one step's batch on a rank with ``own_nodes`` (``d = 2 E / N``, twice
     the average degree, stands in where a degree is needed).
 
@@ -204,7 +207,9 @@ def sampled_per_step(*, sampler: str, batch_size: int, fanout: tuple[int, ...], 
     fan-out of -1 counts as ``d``); hop ``k``'s block has ``c_{k-1} f_k`` edges; layer
     ``j`` reads ``c_{L-j+1}`` rows and writes ``c_{L-j}``. vrgcn: the same with
     ``fanout[:L-1]``, plus the full in-edges of each sampled block's ``c_{k-1}``
-    destinations, ``d`` each. Subgraph samplers run every layer on one subgraph of ``S``
+    destinations, ``d`` each. Without replacement a hop first gathers every in-edge of its
+    ``c_{k-1}`` nodes (``d`` each; a graph whose sampled nodes have more than twice the
+    average degree gathers more). Subgraph samplers run every layer on one subgraph of ``S``
     nodes and at most ``S d`` edges: cluster takes ``clusters_per_batch`` METIS clusters of
     at most ``METIS_CLUSTER_SLACK n / k`` nodes, GraphSAINT its budget (node), twice it
     (edge) or ``budget (walk_length + 1)`` (random walks)."""
@@ -218,12 +223,13 @@ def sampled_per_step(*, sampler: str, batch_size: int, fanout: tuple[int, ...], 
         edges = [c[k] * fs[k] for k in range(len(fs))]
         K = len(fs)
         outs = [int(c[K - j]) for j in range(1, K + 1)]
+        gathered = 0 if replace else int(max((min(c[k] * d, float(num_edges)) for k in range(K)), default=0))
         if sampler == "vrgcn":  # its identity layer 0 writes every sampled row
             outs = [int(c[K])] + outs
             full = [min(c[k] * d, float(num_edges)) for k in range(K)]
             return StepSize(nodes=int(c[K]), outs=tuple(outs), edges=int(sum(edges)), full_edges=int(sum(full)),
-                            full_edges_layer=int(max(full, default=0)))
-        return StepSize(nodes=int(c[K]), outs=tuple(outs), edges=int(sum(edges)))
+                            full_edges_layer=int(max(full, default=0)), candidate_edges=gathered)
+        return StepSize(nodes=int(c[K]), outs=tuple(outs), edges=int(sum(edges)), candidate_edges=gathered)
     if sampler == "cluster":
         k = max(min(num_clusters, own_nodes), 1)
         nodes = clusters_per_batch * math.ceil(METIS_CLUSTER_SLACK * own_nodes / k)
@@ -238,7 +244,8 @@ def estimate_minibatch_memory(*, num_nodes: int, num_edges: int, num_features: i
                               batch_size: int = 1024, fanout: tuple[int, ...] = (15, 10),
                               topology: str = "replicated", cache_mb: float = 0.0, cache_ratio: float = 0.0,
                               prefetch: bool = False, num_clusters: int = 40, clusters_per_batch: int = 4,
-                              budget: int = 2000, walk_length: int = 2, dtype_bytes: int = 4,
+                              budget: int = 2000, walk_length: int = 2, saint_steps: int = 0,
+                              replace: bool = False, dtype_bytes: int = 4,
                               partitions_built: bool = True) -> MemoryEstimate:
     """The mini-batch memory model (module docstring). Per rank ``r``, with the step's sizes
     from :func:`sampled_per_step` (``S`` input rows, ``o_j`` output rows of layer ``j``,
@@ -251,12 +258,14 @@ def estimate_minibatch_memory(*, num_nodes: int, num_edges: int, num_features: i
     * ``GLOBAL_NODE_BYTES N``;
     * the cache (ranks > 1): ``cache_mb``, or ``cache_ratio`` of the other ranks' nodes,
       ``F' b + 16`` bytes per row;
-    * the request trace: ``TRACE_BYTES S`` per step of the epoch (``ceil(train_r / B)``
-      steps for neighbour sampling, else one per ``S`` training nodes);
-    * the larger of a training step and the exact (full-partition) evaluation: a step holds
-      ``BATCH_FEATURE_COPIES S F' b``, ``ACTIVATION_COPIES["sage"] W b`` per output row
-      of every layer and ``BLOCK_EDGE_BYTES e`` (with ``fetch.prefetch``, the next step's
-      rows and blocks too); evaluation ``EVAL_COPIES n_r W b``;
+    * the request trace: ``TRACE_BYTES S`` per step of the epoch (the most training nodes of
+      any rank over ``B`` for neighbour sampling; for subgraph samplers the most nodes of any
+      rank over ``S``, or ``saint.steps``);
+    * the largest of three phases: sampling holds the blocks (``BLOCK_EDGE_BYTES e``) and a
+      hop's gathered candidates (``BLOCK_EDGE_BYTES`` each); a training step holds the blocks,
+      ``BATCH_FEATURE_COPIES S F' b`` and ``ACTIVATION_COPIES["sage"] W b`` per output row of
+      every layer (with ``fetch.prefetch`` the next step is sampled and fetched meanwhile:
+      both phases at once); the exact (full-partition) evaluation ``EVAL_COPIES n_r W b``;
     * VR-GCN: the history, ``N H (L - 1) b``; the rank's ``[n_own, 2F]`` table; per step 24
       bytes per full in-edge and a ``[e_full, H]`` gather and its weighted copy for the
       largest layer's control variate.
@@ -282,13 +291,19 @@ def estimate_minibatch_memory(*, num_nodes: int, num_edges: int, num_features: i
         cache_rows = 0.0 if P == 1 else (cache_mb * 1e6 / row_f if cache_mb else cache_ratio * (num_nodes - own))
         st = sampled_per_step(sampler=sampler, batch_size=batch_size, fanout=fanout, layers=layers,
                               num_nodes=num_nodes, num_edges=num_edges, own_nodes=own, num_clusters=num_clusters,
-                              clusters_per_batch=clusters_per_batch, budget=budget, walk_length=walk_length)
-        per_batch = batch_size if sampler in ("neighbor", "vrgcn") else max(st.nodes, 1)
-        steps = math.ceil(max(train) / per_batch)
-        batch = BATCH_FEATURE_COPIES * st.nodes * row_f + BLOCK_EDGE_BYTES * st.edges + 24 * st.full_edges
-        step = batch * (2 if prefetch else 1) + ACTIVATION_COPIES["sage"] * sum(st.outs) * width * b
-        if vr:
-            step += 2 * st.full_edges_layer * hidden * b
+                              clusters_per_batch=clusters_per_batch, budget=budget, walk_length=walk_length,
+                              replace=replace)
+        if sampler in ("neighbor", "vrgcn"):
+            steps = math.ceil(max(train) / batch_size)
+        else:
+            steps = saint_steps if sampler.startswith("saint") and saint_steps else \
+                math.ceil(max(report["nodes"]) / max(st.nodes, 1))
+        blocks = BLOCK_EDGE_BYTES * st.edges + 24 * st.full_edges
+        sampling = blocks + BLOCK_EDGE_BYTES * st.candidate_edges
+        train_step = (blocks + BATCH_FEATURE_COPIES * st.nodes * row_f
+                      + ACTIVATION_COPIES["sage"] * sum(st.outs) * width * b
+                      + (2 * st.full_edges_layer * hidden * b if vr else 0))
+        step = train_step + sampling + st.nodes * row_f if prefetch else max(train_step, sampling)
         extra = (num_nodes * hidden * (layers - 1) + own * 2 * num_features) * b if vr else 0
         per_rank.append(PROCESS_BASE_MB * 2**20 + part + topo + GLOBAL_NODE_BYTES * num_nodes
                         + cache_rows * (row_f + 16) + TRACE_BYTES * steps * st.nodes
@@ -341,7 +356,8 @@ def _minibatch_for_config(cfg: Any, graph: dict[str, Any], report: dict[str, Any
         topology=topology, cache_mb=cfg.fetch.cache_mb, cache_ratio=cfg.fetch.cache_ratio,
         prefetch=cfg.fetch.prefetch, num_clusters=mb.cluster.num_clusters,
         clusters_per_batch=mb.cluster.clusters_per_batch, budget=mb.saint.budget,
-        walk_length=mb.saint.walk_length, dtype_bytes=b, partitions_built=not cfg.partition.dir)
+        walk_length=mb.saint.walk_length, saint_steps=mb.saint.steps, replace=mb.replace, dtype_bytes=b,
+        partitions_built=not cfg.partition.dir)
 
 
 def check_memory(est: MemoryEstimate, *, limit_gb: float) -> None:
