@@ -168,13 +168,7 @@ def estimate_memory(*, num_nodes: int, num_edges: int, num_features: int, num_cl
     neither METIS nor the partition builder.
     """
     b = dtype_bytes
-    graph = num_nodes * (num_features * b + 8 + 3) + num_edges * 16
-    metis = (num_nodes + 2 * num_edges) * 8
     P = len(report["nodes"])
-    halo_rows = sum(report["halo_in"])
-    parts_built = (num_nodes + halo_rows) * num_features * b + 2 * num_edges * 16
-    if not partitions_built:
-        metis = parts_built = 0
     copies = ACTIVATION_COPIES.get(model, max(ACTIVATION_COPIES.values()))
     width = max(hidden, num_classes)
     per_rank = []
@@ -182,7 +176,7 @@ def estimate_memory(*, num_nodes: int, num_edges: int, num_features: int, num_cl
         rows = report["nodes"][r] + report["halo_in"][r]
         edges = report["edges"][r] + report["nodes"][r]  # with self loops
         row = rows * width * b
-        part = rows * num_features * b + report["edges"][r] * 16 * 2 + rows * 16
+        part = _partition_bytes(rows, report["edges"][r], num_features, b)
         if residual == "res+":
             act = (layers * row + RES_PLUS_COPIES * row) if checkpoint else RES_PLUS_COPIES * layers * row
         else:
@@ -192,8 +186,26 @@ def estimate_memory(*, num_nodes: int, num_edges: int, num_features: int, num_cl
         if edge_rows:
             act += EDGE_ROW_COPIES * (layers if model == "gat" else 1) * edges * width * b
         per_rank.append(PROCESS_BASE_MB * 2**20 + part + act)
-    launcher = PROCESS_BASE_MB * 2**20 + graph + metis + parts_built
+    launcher = _launcher_bytes(num_nodes, num_edges, num_features, report, b, partitions_built)
     return MemoryEstimate(launcher=float(launcher), per_rank=tuple(float(x) for x in per_rank))
+
+
+def _launcher_bytes(num_nodes: int, num_edges: int, num_features: int, report: dict[str, Any], b: int,
+                    partitions_built: bool) -> float:
+    """The launcher's peak: interpreter, the graph, METIS's CSR and the partitions it builds
+    (with their halo rows) before the ranks start; neither of the last two when it loads a
+    saved partition directory."""
+    graph = num_nodes * (num_features * b + 8 + 3) + num_edges * 16
+    if not partitions_built:
+        return PROCESS_BASE_MB * 2**20 + graph
+    metis = (num_nodes + 2 * num_edges) * 8
+    parts_built = (num_nodes + sum(report["halo_in"])) * num_features * b + 2 * num_edges * 16
+    return PROCESS_BASE_MB * 2**20 + graph + metis + parts_built
+
+
+def _partition_bytes(rows: int, edges: int, num_features: int, b: int) -> float:
+    """A rank's partition: features of its own and halo rows, int64 edges in both directions, ids."""
+    return rows * num_features * b + edges * 16 * 2 + rows * 16
 
 
 def sampled_per_step(*, sampler: str, batch_size: int, fanout: tuple[int, ...], layers: int, num_nodes: int,
@@ -271,11 +283,6 @@ def estimate_minibatch_memory(*, num_nodes: int, num_edges: int, num_features: i
       largest layer's control variate.
     """
     b = dtype_bytes
-    graph = num_nodes * (num_features * b + 8 + 3) + num_edges * 16
-    metis = (num_nodes + 2 * num_edges) * 8
-    parts_built = (num_nodes + sum(report["halo_in"])) * num_features * b + 2 * num_edges * 16
-    if not partitions_built:
-        metis = parts_built = 0
     vr = sampler == "vrgcn"
     width = max(hidden, num_classes)
     row_f = (2 if vr else 1) * num_features * b
@@ -284,7 +291,7 @@ def estimate_minibatch_memory(*, num_nodes: int, num_edges: int, num_features: i
     per_rank = []
     for r in range(P):
         own, rows, e_r = report["nodes"][r], report["nodes"][r] + report["halo_in"][r], report["edges"][r]
-        part = rows * num_features * b + e_r * 16 * 2 + rows * 16
+        part = _partition_bytes(rows, e_r, num_features, b)
         topo = TOPOLOGY_BYTES_PER_EDGE * num_edges + 8 * num_nodes if topology == "replicated" else 16 * e_r
         if sampler.startswith("saint"):
             topo += SAINT_EDGE_BYTES * num_edges
@@ -308,7 +315,7 @@ def estimate_minibatch_memory(*, num_nodes: int, num_edges: int, num_features: i
         per_rank.append(PROCESS_BASE_MB * 2**20 + part + topo + GLOBAL_NODE_BYTES * num_nodes
                         + cache_rows * (row_f + 16) + TRACE_BYTES * steps * st.nodes
                         + max(step, EVAL_COPIES * rows * width * b) + extra)
-    launcher = PROCESS_BASE_MB * 2**20 + graph + metis + parts_built
+    launcher = _launcher_bytes(num_nodes, num_edges, num_features, report, b, partitions_built)
     return MemoryEstimate(launcher=float(launcher), per_rank=tuple(float(x) for x in per_rank))
 
 
