@@ -1,6 +1,6 @@
 """Mini-batch training at scale: the synthetic graph with 1M nodes and 20M (directed)
-edges by default (``--nodes``), 4 local ranks, one epoch of neighbour sampling, and the summed peak RSS of all
-ranks (the issue's bound: under 20 GB). One ``commgnn train`` in a fresh interpreter.
+edges by default (``--nodes``), 4 local ranks, one epoch of neighbour sampling, and the
+summed peak RSS of all ranks (the issue's bound: under 20 GB). One ``commgnn train`` in a fresh interpreter.
 Writes a dated Markdown/CSV table to benchmarks/results/.
 
     python benchmarks/minibatch_scale.py [--topology replicated|partitioned] [--layers 3 --hidden 256
@@ -104,8 +104,7 @@ def main() -> None:
     write_table([out], stem, f"Mini-batch training at {out['nodes']:,} nodes / {out['edges']:,} edges ({day})",
                 [f"4 local gloo ranks; synthetic CSBM ({ns.features} features, 8 classes, 10% training nodes), GraphSAGE "
                  f"{ns.layers}x{ns.hidden}, neighbour sampling {ns.fanout}, batch 1024, a {ns.cache:.0%} degree "
-                 "cache; one epoch. Peak RSS per rank "
-                 "is Linux's VmHWM."])
+                 "cache; one epoch. Peak RSS per rank is Linux's VmHWM."])
 
 if __name__ == "__main__":
     main()

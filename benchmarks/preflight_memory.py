@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import dataclasses
 import datetime
 import json
 import os
@@ -101,10 +102,8 @@ def from_run(run: Path) -> dict:
     if cfg.train.mode == "minibatch":
         copies = "—"  # its own model (estimate_minibatch_memory)
         # what the full-graph model, used for mini-batch runs before 2026-12-03, estimated
-        fg = preflight.estimate_memory(num_nodes=d["num_nodes"], num_edges=d["num_edges"],
-                                       num_features=d["num_features"], num_classes=d["num_classes"], report=rep,
-                                       layers=mc.layers, hidden=mc.hidden, model=mc.name,
-                                       partitions_built=not cfg.partition.dir)
+        as_full = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, mode="fullgraph"))
+        fg = preflight.estimate_for_config(as_full, d, rep)
         old_model = round(max(fg.per_rank) / 2**20)
     else:
         need = max(copies + (pk - e) / (mc.layers * (rep["nodes"][r] + rep["halo_in"][r]) * width * b)

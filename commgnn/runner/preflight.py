@@ -235,12 +235,12 @@ def sampled_per_step(*, sampler: str, batch_size: int, fanout: tuple[int, ...], 
         edges = [c[k] * fs[k] for k in range(len(fs))]
         K = len(fs)
         outs = [int(c[K - j]) for j in range(1, K + 1)]
-        gathered = 0 if replace else int(max((min(c[k] * d, float(num_edges)) for k in range(K)), default=0))
+        in_edges = [min(c[k] * d, float(num_edges)) for k in range(K)]  # all in-edges of a hop's nodes
+        gathered = 0 if replace else int(max(in_edges, default=0))
         if sampler == "vrgcn":  # its identity layer 0 writes every sampled row
-            outs = [int(c[K])] + outs
-            full = [min(c[k] * d, float(num_edges)) for k in range(K)]
-            return StepSize(nodes=int(c[K]), outs=tuple(outs), edges=int(sum(edges)), full_edges=int(sum(full)),
-                            full_edges_layer=int(max(full, default=0)), candidate_edges=gathered)
+            return StepSize(nodes=int(c[K]), outs=(int(c[K]), *outs), edges=int(sum(edges)),
+                            full_edges=int(sum(in_edges)), full_edges_layer=int(max(in_edges, default=0)),
+                            candidate_edges=gathered)
         return StepSize(nodes=int(c[K]), outs=tuple(outs), edges=int(sum(edges)), candidate_edges=gathered)
     if sampler == "cluster":
         k = max(min(num_clusters, own_nodes), 1)
