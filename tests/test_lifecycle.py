@@ -307,3 +307,32 @@ def test_a_users_own_module_is_estimated_as_one(tmp_path, monkeypatch):
     with pytest.raises(SystemExit):
         launch.train_local(cfg, module=nn.Linear(3, 3))
     assert seen == {"own": True}
+
+
+def _wait_on_a_second_communicator(ctx, sleep_s: float) -> dict:
+    """Rank 0 all-reduces on a background communicator that rank 1 never enters."""
+    import torch
+
+    group = ctx.new_group()
+    if ctx.rank == 1:
+        time.sleep(sleep_s)
+        return {}
+    t0 = time.perf_counter()
+    try:
+        torch.distributed.all_reduce(torch.ones(1), group=group)
+        error = None
+    except Exception as e:  # noqa: BLE001 - gloo's time-out is a RuntimeError or a DistError by version
+        error = type(e).__name__
+    return {"error": error, "waited_s": time.perf_counter() - t0}
+
+
+@pytest.mark.timeout(60)
+def test_a_background_communicator_keeps_the_runs_collective_timeout(tmp_path):
+    """The prefetch, pipelined-halo and DDP-hook communicators come from ``ctx.new_group``:
+    a collective there that a peer never enters fails after ``runtime.timeout_s`` (3 s), not
+    after gloo's 30-minute default (which would run into this test's time-out)."""
+    from helpers import run_on_ranks
+
+    res = run_on_ranks(_wait_on_a_second_communicator, 2, tmp_path, 5.0, timeout_s=3.0)
+    assert res[0]["error"] is not None
+    assert 2.5 <= res[0]["waited_s"] < 5.0

@@ -10,7 +10,6 @@ the bytes::
 
 from __future__ import annotations
 
-import torch.distributed as dist
 
 from commgnn.comm.config import BitsConfig, CommConfig, HaloConfig
 from commgnn.comm.grad.allreduce import AllReduceSync
@@ -37,7 +36,7 @@ def build_halo(ctx: DistContext, plan: HaloPlan, hooks: Hooks, cfg: HaloConfig, 
         # Background exchanges get their own communicator (every rank creates it, in the
         # same order); the meter books their time, reported from the background thread, as
         # overlap, and Pipelined times what the training thread waits for them as comm.
-        group = dist.new_group(ranks=list(range(ctx.world_size)))
+        group = ctx.new_group()
         ex: RowExchange = AllToAllHalo(ctx, plan, hooks, group=group)
     else:
         ex = AllToAllHalo(ctx, plan, hooks)

@@ -136,6 +136,15 @@ class DistContext:
     def is_main(self) -> bool:
         return self.rank == 0
 
+    def new_group(self) -> dist.ProcessGroup | None:
+        """A second communicator over every rank (for collectives on a background thread),
+        with this run's collective time-out; ``torch.distributed.new_group`` alone would give
+        gloo's 30-minute default, so a hang there would outlast ``runtime.timeout_s``. Every
+        rank must call it, in the same order. None for one rank."""
+        if not self.is_distributed:
+            return None
+        return dist.new_group(ranks=list(range(self.world_size)), timeout=_dt.timedelta(seconds=self.timeout_s))
+
     def barrier(self) -> None:
         if self.is_distributed:
             dist.barrier(group=self.group)

@@ -33,7 +33,6 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Iterator
 
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
 from torch import Tensor, nn
 
@@ -115,7 +114,7 @@ class MiniBatchTrainer(FullGraphTrainer):
         self.prefetch_group = None
         if fetch_cfg.prefetch and ctx.is_distributed:
             # Background fetches get their own communicator (created in the same order on every rank).
-            self.prefetch_group = dist.new_group(ranks=list(range(ctx.world_size)))
+            self.prefetch_group = ctx.new_group()
         self._stats = torch.zeros(4, dtype=torch.float64)  # sampled nodes, edges, batches, train seconds
 
     def _forward_module(self) -> nn.Module:

@@ -78,7 +78,7 @@ class DDPHookSync(GradSyncBase):
         self.ddp: DistributedDataParallel | None = None
         self.state: Any = None
         self.averager: Any = None
-        self.group = dist.new_group(ranks=list(range(ctx.world_size))) if ctx.is_distributed else None
+        self.group = ctx.new_group()
         self._comm_start: float | None = None  # this step's first bucket handed to its hook
         self._comm_end: float | None = None    # and the last bucket's result in
 
