@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import torch
 
 from commgnn.comm.config import CommConfig
 from commgnn.dist.context import DistContext
-from commgnn.dist.events import CommEvent, Hooks
+from commgnn.dist.events import CommEvent, Hooks, TimeEvent
 from commgnn.fetch.cache import LRUCache, StaticCache
 from commgnn.fetch.config import FetchConfig
 from commgnn.fetch.fetcher import FeatureFetcher
@@ -20,6 +21,22 @@ from commgnn.sampling.remote import RemoteNeighbors
 from commgnn.trainers import FullGraphTrainer, TrainConfig
 from commgnn.trainers.mb_setup import own_in_edges, owner_map
 from commgnn.trainers.minibatch import MiniBatchTrainer
+
+
+def random_parts(n: int, P: int, seed: int = 0) -> torch.Tensor:
+    """A random assignment of ``n`` nodes to ``P`` ranks."""
+    return torch.randint(0, P, (n,), generator=torch.Generator().manual_seed(seed))
+
+
+def small_cfgs() -> tuple[ModelConfig, TrainConfig]:
+    """The small GraphSAGE and its training settings of the mini-batch tests."""
+    return ModelConfig(name="sage", hidden=8, dropout=0.0), TrainConfig(epochs=3, lr=0.01, weight_decay=0.0)
+
+
+def mkdir(path: Any) -> Any:
+    """``path``, created (one run directory per ``run_on_ranks`` call)."""
+    path.mkdir()
+    return path
 
 
 def _counting_hooks() -> tuple[Hooks, list[CommEvent]]:
@@ -98,6 +115,13 @@ def train_minibatch(ctx: DistContext, data: Any, parts: torch.Tensor, model_cfg:
     and the bytes this rank sent by traffic class."""
     part = build_local_partition(data, parts, ctx.world_size, ctx.rank)
     hooks, events = _counting_hooks()
+    main_thread, background = threading.get_ident(), {}  # timed phases run off the training thread
+
+    def off_main(ev: Any) -> None:
+        if isinstance(ev, TimeEvent) and threading.get_ident() != main_thread:
+            background[ev.phase] = background.get(ev.phase, 0) + 1
+
+    hooks.subscribe(off_main)
     t = MiniBatchTrainer(ctx, part, model_cfg, train_cfg, hooks, sampler_cfg=sampler_cfg, fetch_cfg=fetch_cfg,
                          comm_cfg=comm_cfg or CommConfig())
     covered = [torch.cat([b.output_nodes[b.target] for b in t.sampler.epoch(t.steps, torch.Generator().manual_seed(0))])]
@@ -110,7 +134,40 @@ def train_minibatch(ctx: DistContext, data: Any, parts: torch.Tensor, model_cfg:
         sent[e.kind] = sent.get(e.kind, 0) + e.nbytes
     return {"state": {k: v.clone() for k, v in t.model.state_dict().items()}, "steps": t.steps,
             "covered": covered, "own_train": part.global_ids[part.train_mask], "results": results, "logs": logs,
-            "sent": sent}
+            "sent": sent, "background": background}
+
+
+COLLECTIVES = ("all_to_all_single", "all_to_all", "all_reduce", "all_gather", "all_gather_into_tensor",
+               "broadcast", "reduce_scatter_tensor", "barrier", "send", "recv", "isend", "irecv")
+
+
+def count_collectives(ctx: DistContext, data: Any, parts: torch.Tensor, model_cfg: ModelConfig,
+                      train_cfg: TrainConfig, sampler_cfg: SamplerConfig, fetch_cfg: FetchConfig) -> dict[str, Any]:
+    """One training epoch (no evaluation) with every ``torch.distributed`` call of
+    :data:`COLLECTIVES` counted by name; the steps and the remote rows it requested."""
+    import torch.distributed as dist
+
+    part = build_local_partition(data, parts, ctx.world_size, ctx.rank)
+    t = MiniBatchTrainer(ctx, part, model_cfg, train_cfg, Hooks(), sampler_cfg=sampler_cfg, fetch_cfg=fetch_cfg,
+                         comm_cfg=CommConfig())
+    counts: dict[str, int] = {}
+    originals = {name: getattr(dist, name) for name in COLLECTIVES}
+
+    def counting(name: str, fn: Any) -> Any:
+        def call(*args: Any, **kwargs: Any) -> Any:
+            counts[name] = counts.get(name, 0) + 1
+            return fn(*args, **kwargs)
+        return call
+
+    t.fetcher.rows_requested = 0
+    for name, fn in originals.items():
+        setattr(dist, name, counting(name, fn))
+    try:
+        t.train_step()
+    finally:
+        for name, fn in originals.items():
+            setattr(dist, name, fn)
+    return {"steps": t.steps, "counts": counts, "remote": t.fetcher.rows_requested}
 
 
 def train_fullgraph(ctx: DistContext, data: Any, parts: torch.Tensor, model_cfg: ModelConfig,

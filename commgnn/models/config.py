@@ -14,7 +14,8 @@ class ModelConfig:
     """Architecture of the GNN (the same for the partitioned model and the PyG reference)."""
 
     name: Literal["gcn", "sage", "gat"] = "gcn"
-    """Layer type: GCN (symmetric normalisation), GraphSAGE (mean) or GAT (multi-head)."""
+    """Layer type: GCN (symmetric normalisation), GraphSAGE (mean) or GAT (multi-head).
+    Mini-batch runs train GraphSAGE: a run config that names no model gets ``sage`` there."""
     layers: int = 2
     """Number of message-passing layers L (each one halo exchange forward and back); with
     ``residual = "res+"`` the number of residual blocks (the encoder and decoder are extra,

@@ -22,10 +22,8 @@ ever half-written.
 from __future__ import annotations
 
 import base64
-import csv
 import datetime as _dt
 import html
-import json
 import os
 import shlex
 import socket

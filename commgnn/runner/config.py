@@ -235,6 +235,8 @@ FLAG_KEYS: dict[str, str] = {
 def resolve_config(toml_path: str | None, flags: Mapping[str, Any],
                    env: Mapping[str, str]) -> RunConfig:
     """File (if any), then flags that were given, then ``COMMGNN_DATA_ROOT`` if no root is set.
+    A mini-batch run that names no model (in neither) trains GraphSAGE, the model its
+    samplers fit.
 
     The file alone must hold only known keys with values of the right types (an error names
     the file and the key), even where a flag then replaces the value; settings that only
@@ -246,6 +248,12 @@ def resolve_config(toml_path: str | None, flags: Mapping[str, Any],
         value = flags.get(dest)
         if value is not None:
             set_path(data, key, value)
+    train, model = data.get("train", {}), data.get("model", {})
+    if isinstance(train, dict) and train.get("mode") == "minibatch" and isinstance(model, dict) \
+            and "name" not in model:
+        # the samplers fit GraphSAGE only, so a mini-batch run that names no model gets it
+        # (not the full-graph default, GCN, which it would then refuse)
+        set_path(data, "model.name", "sage")
     cfg = from_dict(RunConfig, data)
     if cfg.data.root is None and env.get("COMMGNN_DATA_ROOT"):
         cfg = replace_path(cfg, "data.root", env["COMMGNN_DATA_ROOT"])

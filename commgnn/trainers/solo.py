@@ -31,7 +31,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from commgnn.comm.halo.alltoall import AllToAllHalo
-from commgnn.comm.halo.exchange import Wrapper
+from commgnn.comm.halo.exchange import RowExchange, Wrapper
 from commgnn.dist.events import Hooks
 from commgnn.trainers.fullgraph import FullGraphTrainer, halo_plan
 
