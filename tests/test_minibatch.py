@@ -19,7 +19,7 @@ from commgnn.errors import ConfigError, UserError
 from commgnn.fetch.config import FetchConfig
 from commgnn.models import ModelConfig
 from commgnn.partition import build_local_partition
-from commgnn.sampling.config import SamplerConfig
+from commgnn.sampling.config import ClusterConfig, SamplerConfig
 from commgnn.trainers import TrainConfig
 from commgnn.trainers.minibatch import MiniBatchTrainer
 from helpers import run_on_ranks, small_graph
@@ -203,7 +203,9 @@ def test_saint_samplers_train_in_the_trainer(sampler):
      r"\[comm.halo\] levers act on full-graph training"),
     ({"train": {"mode": "minibatch"}, "model": {"name": "sage"}, "runtime": {"device": "cuda"}},
      "train.mode = 'minibatch' runs on the CPU"),
-    ({"minibatch": {"topology": "partitioned", "sampler": "cluster"}}, "works with sampler 'neighbor' only"),
+    ({"minibatch": {"topology": "partitioned", "sampler": "vrgcn"}},
+     "works with samplers 'neighbor' and 'cluster', not 'vrgcn'"),
+    ({"minibatch": {"topology": "partitioned", "sampler": "saint-rw"}}, "not 'saint-rw'"),
     ({"fetch": {"cache_mb": 5, "cache_ratio": 0.1}}, "not both"),
     ({"fetch": {"bits": "adaptive"}}, "needs fetch.budget_mb > 0"),
     ({"fetch": {"bits": 3}}, "fetch.bits must be one of 1, 2, 4, 8, 32 or 'adaptive'"),
@@ -414,8 +416,33 @@ def test_auto_topology_refuses_a_csr_too_big_for_samplers_that_need_it_replicate
     assert choose_topology(SamplerConfig(sampler="neighbor"), 100, 400, 4) == "replicated"
     assert choose_topology(SamplerConfig(sampler="neighbor"), 100, huge, 4) == "partitioned"
     assert choose_topology(SamplerConfig(sampler="cluster"), 100, 400, 4) == "replicated"
-    with pytest.raises(ConfigError, match="sampler 'cluster' needs it replicated"):
-        choose_topology(SamplerConfig(sampler="cluster"), 100, huge, 4)
+    assert choose_topology(SamplerConfig(sampler="cluster"), 100, huge, 4) == "partitioned"
+    for sampler in ("vrgcn", "saint-node", "saint-edge", "saint-rw"):
+        with pytest.raises(ConfigError, match=f"sampler '{sampler}' needs it replicated"):
+            choose_topology(SamplerConfig(sampler=sampler, fanout=(2, 2)), 100, huge, 4)
+
+
+@pytest.mark.timeout(180)
+def test_cluster_gcn_trains_alike_on_a_partitioned_topology(tmp_path):
+    """Cluster-GCN's clusters and batches are a rank's own nodes, so it needs only their
+    in-edges: on a partitioned topology two ranks train bit for bit as on the replicated
+    CSR, without the replicated CSR's all-gather and without fetching a row."""
+    data = small_graph(n=120, m=500)
+    parts = _parts(120, 2, 5)
+    model, train = _cfgs()
+    runs = {}
+    for topology in ("replicated", "partitioned"):
+        sampler = SamplerConfig(sampler="cluster", topology=topology,
+                                cluster=ClusterConfig(num_clusters=6, clusters_per_batch=2))
+        runs[topology] = run_on_ranks(mb_ranks.train_minibatch, 2, _mk(tmp_path / topology), data, parts, model,
+                                      train, sampler, FetchConfig(cache_ratio=0.2), 2)
+    for rep, part in zip(runs["replicated"], runs["partitioned"]):
+        assert rep["steps"] == part["steps"] == 3
+        for k, v in rep["state"].items():
+            assert torch.equal(part["state"][k], v), k
+        # both send the owner map; the replicated CSR's all-gather adds 16 bytes an own in-edge
+        assert rep["sent"]["topology"] - part["sent"]["topology"] >= 16 * 500 // 2 * 0.8
+        assert part["sent"].get("fetch_rows", 0) == 0 and part["logs"][-1]["remote_requests"] == 0
 
 
 def test_the_cache_memory_check_counts_every_rank_on_the_host():

@@ -60,6 +60,11 @@ class SaintConfig:
         positive("minibatch.saint.steps", self.steps, allow_zero=True)
 
 
+PARTITIONED_SAMPLERS = ("neighbor", "cluster")
+"""Samplers that run on a partitioned topology: neighbour sampling asks the owners, and
+Cluster-GCN reads its own nodes' in-edges only."""
+
+
 @dataclass(frozen=True, kw_only=True)
 class SamplerConfig:
     """Mini-batch sampling (used when ``train.mode = "minibatch"``)."""
@@ -77,8 +82,10 @@ class SamplerConfig:
     """neighbor, vrgcn: sample with replacement (exactly ``fanout`` draws per node)."""
     topology: Literal["auto", "replicated", "partitioned"] = "auto"
     """Where the adjacency lives: every rank holds the whole CSR (``replicated``), or only
-    its own nodes' in-edges and asks owners to sample theirs (``partitioned``; neighbor
-    only). ``auto`` = replicated when the CSR fits in ``topology_share`` of memory."""
+    its own nodes' in-edges (``partitioned``): neighbor then asks owners to sample theirs,
+    and cluster needs no other (its clusters and batches are the rank's own nodes); the
+    other samplers read every in-edge of other ranks' nodes and need it replicated.
+    ``auto`` = replicated when the CSR fits in ``topology_share`` of memory."""
     topology_share: float = 0.25
     """auto: the largest fraction of available memory the replicated CSRs of all local
     ranks together may take."""
@@ -97,8 +104,9 @@ class SamplerConfig:
             if isinstance(k, bool) or not isinstance(k, int) or (k <= 0 and k != -1):
                 raise ConfigError(f"minibatch.fanout entries must be positive integers or -1 (all), got {k!r}")
         fraction("minibatch.topology_share", self.topology_share, open_low=True)
-        if self.topology == "partitioned" and self.sampler != "neighbor":
-            raise ConfigError(f"minibatch.topology = 'partitioned' works with sampler 'neighbor' only, "
-                              f"not {self.sampler!r} (it needs the replicated adjacency)")
-        if self.topology == "partitioned" and -1 in self.fanout:
+        if self.topology == "partitioned" and self.sampler not in PARTITIONED_SAMPLERS:
+            raise ConfigError(f"minibatch.topology = 'partitioned' works with samplers "
+                              f"{' and '.join(repr(s) for s in PARTITIONED_SAMPLERS)}, not {self.sampler!r} "
+                              f"(it reads other ranks' in-edges: it needs the replicated adjacency)")
+        if self.topology == "partitioned" and self.sampler == "neighbor" and -1 in self.fanout:
             raise ConfigError("minibatch.topology = 'partitioned' needs a positive fan-out per layer (not -1)")

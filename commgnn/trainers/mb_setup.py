@@ -28,7 +28,7 @@ from commgnn.fetch.policies import capacity_rows, degree_ranking, hotness_rankin
 from commgnn.partition.local import LocalPartition
 from commgnn.sampling.base import Sampler
 from commgnn.sampling.cluster import ClusterSampler
-from commgnn.sampling.config import SamplerConfig
+from commgnn.sampling.config import PARTITIONED_SAMPLERS, SamplerConfig
 from commgnn.sampling.csr import CSRTopology
 from commgnn.sampling.neighbor import NeighborSampler, replicated_source
 from commgnn.sampling.remote import RemoteNeighbors
@@ -96,11 +96,11 @@ def choose_topology(cfg: SamplerConfig, num_nodes: int, num_edges: int, local_ra
     share = cfg.topology_share * avail
     if need <= share:
         return "replicated"
-    if cfg.sampler != "neighbor":  # only owner-side neighbour sampling works on a partitioned topology
+    if cfg.sampler not in PARTITIONED_SAMPLERS:
         raise ConfigError(f"a replicated CSR needs {need / 1e9:.2f} GB on this host ({local_ranks} ranks), over "
                           f"minibatch.topology_share of the available memory ({share / 1e9:.2f} GB), and sampler "
-                          f"'{cfg.sampler}' needs it replicated: use sampler 'neighbor' (it samples a partitioned "
-                          f"topology), or raise topology_share, or run fewer ranks per host")
+                          f"'{cfg.sampler}' needs it replicated: use sampler 'neighbor' or 'cluster' (they run "
+                          f"on a partitioned topology), or raise topology_share, or run fewer ranks per host")
     return "partitioned"
 
 
@@ -126,11 +126,13 @@ def build_sampler(cfg: SamplerConfig, ctx: DistContext, hooks: Hooks, part: Loca
             assert csr is not None
             return VRGCNSampler(csr, source, seeds, cfg.fanout, cfg.batch_size)
         return NeighborSampler(source, seeds, cfg.fanout, cfg.batch_size)
-    assert csr is not None
     if name == "cluster":
         c = cfg.cluster
+        if csr is None:  # its batches hold own nodes only, so own in-edges are all it reads
+            csr = CSRTopology.from_edge_index(own_in_edges(part), part.num_nodes_global)
         return ClusterSampler(csr, own, train, num_layers=layers, num_clusters=c.num_clusters,
                               clusters_per_batch=c.clusters_per_batch, seed=seed)
+    assert csr is not None
     s = cfg.saint
     return SaintSampler(csr, own, train, kind=name.removeprefix("saint-"), num_layers=layers,  # type: ignore[arg-type]
                         budget=s.budget, walk_length=s.walk_length, presample=s.presample, steps=s.steps,
@@ -158,6 +160,8 @@ def remote_candidates(part: LocalPartition, csr: CSRTopology | None, owner: Tens
                       frontier: str = "train") -> Tensor:
     """Sorted global ids of the other ranks' nodes within ``hops`` of ``frontier`` (see
     :func:`sampler_reach`; its halo nodes when the topology is partitioned)."""
+    if hops == 0:  # Cluster-GCN: a batch holds own nodes only
+        return torch.empty(0, dtype=torch.int64)
     if csr is None:
         return torch.sort(part.halo_global_ids.cpu()).values
     reached = torch.zeros(csr.num_nodes, dtype=torch.bool)
