@@ -108,10 +108,30 @@ def remote_sampling(ctx: DistContext, data: Any, parts: torch.Tensor, fanout: in
     return out
 
 
+def remote_in_edges(ctx: DistContext, data: Any, parts: torch.Tensor, rounds: int) -> dict[str, Any]:
+    """Whole in-edge lists of random node sets from their owners; the topology bytes sent."""
+    from commgnn.trainers.mb_setup import remote_in_edges as build
+
+    part = build_local_partition(data, parts, ctx.world_size, ctx.rank)
+    hooks, events = _counting_hooks()
+    owner, row = owner_map(ctx, hooks, part)
+    own_csr = CSRTopology.from_edge_index(torch.stack([own_in_edges(part)[0], part.edge_index[1]]), part.num_owned)
+    edges = build(ctx, hooks, own_csr, owner, row)
+    events.clear()
+    g = torch.Generator().manual_seed(11 + ctx.rank)
+    out = []
+    for i in range(rounds):
+        k = 0 if i == 0 else int(torch.randint(1, data.num_nodes, (1,), generator=g))  # round 0: empty on all
+        nodes = torch.randperm(data.num_nodes, generator=g)[:k]
+        out.append((nodes, *edges.neighbours_of(nodes)))
+    return {"rounds": out, "deg": edges.in_degree(), "bytes": sum(e.nbytes for e in events),
+            "remote_edges": sum(int(edges.in_degree()[n][owner[n] != ctx.rank].sum()) for n, *_ in out)}
+
+
 def train_minibatch(ctx: DistContext, data: Any, parts: torch.Tensor, model_cfg: ModelConfig,
                     train_cfg: TrainConfig, sampler_cfg: SamplerConfig, fetch_cfg: FetchConfig,
                     epochs: int, comm_cfg: CommConfig | None = None) -> dict[str, Any]:
-    """Train a few epochs; return weights, steps, the seeds each epoch's batches covered, logs,
+    """Train a few epochs; return weights, steps, the targets each epoch trained on, logs,
     and the bytes this rank sent by traffic class."""
     part = build_local_partition(data, parts, ctx.world_size, ctx.rank)
     hooks, events = _counting_hooks()
@@ -124,11 +144,21 @@ def train_minibatch(ctx: DistContext, data: Any, parts: torch.Tensor, model_cfg:
     hooks.subscribe(off_main)
     t = MiniBatchTrainer(ctx, part, model_cfg, train_cfg, hooks, sampler_cfg=sampler_cfg, fetch_cfg=fetch_cfg,
                          comm_cfg=comm_cfg or CommConfig())
-    covered = [torch.cat([b.output_nodes[b.target] for b in t.sampler.epoch(t.steps, torch.Generator().manual_seed(0))])]
-    results, logs = [], []
+    trained: list[torch.Tensor] = []  # the targets of the batches each epoch trained on
+    batches = t._batches
+
+    def recording() -> Any:
+        for batch, rows in batches():
+            trained.append(batch.output_nodes[batch.target])
+            yield batch, rows
+
+    t._batches = recording  # type: ignore[method-assign]
+    covered, results, logs = [], [], []
     for _ in range(epochs):
         results.append(t.step())
         logs.append(t.epoch_log())
+        covered.append(torch.cat(trained) if trained else torch.empty(0, dtype=torch.int64))
+        trained.clear()
     sent: dict[str, int] = {}
     for e in events:
         sent[e.kind] = sent.get(e.kind, 0) + e.nbytes

@@ -42,6 +42,28 @@ def test_owner_side_sampling_returns_real_edges_within_the_fanout(tmp_path):
                 assert src[pos == p].unique().numel() == counts[p]
 
 
+@pytest.mark.timeout(120)
+def test_whole_in_edge_lists_from_the_owners_equal_the_replicated_csr(tmp_path):
+    """VR-GCN's history neighbourhoods on a partitioned topology: three ranks ask the owners
+    for the whole in-edge lists of random node sets (an empty set first), and get exactly
+    the replicated CSR's lists, in its order, for 16 bytes (a position out, a source id
+    back) per in-edge of another rank's node, plus each round's 8-byte counts."""
+    from commgnn.sampling.csr import CSRTopology
+
+    data = small_graph(n=70, m=400)
+    csr = CSRTopology.from_edge_index(data.edge_index, 70)
+    res = run_on_ranks(mb_ranks.remote_in_edges, 3, tmp_path, data, _parts(70, 3, 2), 4)
+    for r in res:
+        assert torch.equal(r["deg"], csr.in_degree())
+        assert r["rounds"][0][1].numel() == 0 and r["remote_edges"] > 0
+        for nodes, src, pos in r["rounds"]:
+            want_src, want_pos = csr.neighbours_of(nodes)
+            assert torch.equal(src, want_src) and torch.equal(pos, want_pos)
+    # a rank sends its counts and positions and answers the others' positions: over all ranks,
+    # 4 rounds x 3 ranks x 2 peers x an 8-byte count, and 8 + 8 bytes per remote edge
+    assert sum(r["bytes"] for r in res) == 4 * 3 * 2 * 8 + 16 * sum(r["remote_edges"] for r in res)
+
+
 @pytest.mark.timeout(240)
 def test_all_neighbours_in_one_batch_equals_full_graph_training(tmp_path):
     """Every neighbour (fan-out -1 on the replicated CSR; a fan-out above every degree
@@ -61,6 +83,9 @@ def test_all_neighbours_in_one_batch_equals_full_graph_training(tmp_path):
         "partitioned+prefetch+lru": (SamplerConfig(sampler="neighbor", fanout=(500, 500), batch_size=1000,
                                                    topology="partitioned"),
                                      FetchConfig(prefetch=True, cache_ratio=0.5, cache_policy="lru")),
+        # its whole in-edge lists from the owners (RemoteInEdges), on the prefetch thread too
+        "vrgcn partitioned+prefetch": (SamplerConfig(sampler="vrgcn", fanout=(500, 500), batch_size=1000,
+                                                     topology="partitioned"), FetchConfig(prefetch=True)),
     }
     for name, (sampler, fetch) in settings.items():
         mb = run_on_ranks(mb_ranks.train_minibatch, 2, _mk(tmp_path / name), data, parts, model, train, sampler,
@@ -103,12 +128,16 @@ def test_every_cache_policy_trains_exactly_as_no_cache(tmp_path, topology, polic
 
 
 @pytest.mark.timeout(180)
-@pytest.mark.parametrize("sampler, n1", [("neighbor", 11), ("cluster", 11), ("neighbor", 3), ("saint-rw", 11)])
-def test_uneven_training_nodes_take_equal_steps_without_hanging(tmp_path, sampler, n1):
+@pytest.mark.parametrize("sampler, n1, topology", [("neighbor", 11, "auto"), ("cluster", 11, "auto"),
+                                                   ("neighbor", 3, "auto"), ("saint-rw", 11, "auto"),
+                                                   ("vrgcn", 3, "partitioned")])
+def test_uneven_training_nodes_take_equal_steps_without_hanging(tmp_path, sampler, n1, topology):
     """Rank 0 holds 10x the training nodes of rank 1 (or 37x: then rank 1 has fewer seeds
     than steps, so some of its batches are empty): both take the same number of steps (the
-    collective time-out stays short, 20 s, so a hang would fail the test), and the
-    neighbour and cluster samplers cover each rank's training nodes exactly once."""
+    collective time-out stays short, 20 s, so a hang would fail the test), also over a
+    partitioned topology, where VR-GCN's empty batches still ask the owners; and in every
+    epoch the batches that trained covered each rank's training nodes exactly once (all
+    but the random walks)."""
     data = small_graph(n=240, m=900)
     parts = (torch.arange(240) >= 120).long()
     data.train_mask = torch.zeros(240, dtype=torch.bool)
@@ -117,20 +146,20 @@ def test_uneven_training_nodes_take_equal_steps_without_hanging(tmp_path, sample
     data.val_mask = ~data.train_mask & (torch.arange(240) % 2 == 0)
     data.test_mask = ~data.train_mask & ~data.val_mask
     model, train = _cfgs()
-    cfg = from_dict(SamplerConfig, {"sampler": sampler, "fanout": [4, 4], "batch_size": 16,
+    cfg = from_dict(SamplerConfig, {"sampler": sampler, "fanout": [4, 4], "batch_size": 16, "topology": topology,
                                     "cluster": {"num_clusters": 12, "clusters_per_batch": 2},
                                     "saint": {"budget": 20}})
     res = run_on_ranks(mb_ranks.train_minibatch, 2, tmp_path, data, parts, model, train, cfg,
                        FetchConfig(cache_ratio=0.2, cache_policy="lru"), 2, timeout_s=20.0)
-    expected = {"neighbor": 7, "cluster": 6}.get(sampler)  # ceil(110 / 16) seeds; ceil(12 / 2) clusters
+    expected = {"neighbor": 7, "vrgcn": 7, "cluster": 6}.get(sampler)  # ceil(110 / 16); ceil(12 / 2)
     assert res[0]["steps"] == res[1]["steps"]
     assert expected is None or res[0]["steps"] == expected
     for r in res:
         assert len(r["logs"]) == 2 and r["logs"][0]["steps"] == r["steps"]
         assert all(bool(torch.isfinite(v).all()) for v in r["state"].values())  # empty batches add no NaN
         if sampler != "saint-rw":
-            covered = torch.sort(r["covered"][0]).values
-            assert torch.equal(covered, torch.sort(r["own_train"]).values)
+            for covered in r["covered"]:
+                assert torch.equal(torch.sort(covered).values, torch.sort(r["own_train"]).values)
 
 
 def test_vrgcn_history_holds_the_activations_each_step_computed():
@@ -203,8 +232,8 @@ def test_saint_samplers_train_in_the_trainer(sampler):
      r"\[comm.halo\] levers act on full-graph training"),
     ({"train": {"mode": "minibatch"}, "model": {"name": "sage"}, "runtime": {"device": "cuda"}},
      "train.mode = 'minibatch' runs on the CPU"),
-    ({"minibatch": {"topology": "partitioned", "sampler": "vrgcn"}},
-     "works with samplers 'neighbor' and 'cluster', not 'vrgcn'"),
+    ({"minibatch": {"topology": "partitioned", "sampler": "saint-node"}},
+     "works with samplers 'neighbor', 'vrgcn', 'cluster', not 'saint-node'"),
     ({"minibatch": {"topology": "partitioned", "sampler": "saint-rw"}}, "not 'saint-rw'"),
     ({"fetch": {"cache_mb": 5, "cache_ratio": 0.1}}, "not both"),
     ({"fetch": {"bits": "adaptive"}}, "needs fetch.budget_mb > 0"),
@@ -417,7 +446,8 @@ def test_auto_topology_refuses_a_csr_too_big_for_samplers_that_need_it_replicate
     assert choose_topology(SamplerConfig(sampler="neighbor"), 100, huge, 4) == "partitioned"
     assert choose_topology(SamplerConfig(sampler="cluster"), 100, 400, 4) == "replicated"
     assert choose_topology(SamplerConfig(sampler="cluster"), 100, huge, 4) == "partitioned"
-    for sampler in ("vrgcn", "saint-node", "saint-edge", "saint-rw"):
+    assert choose_topology(SamplerConfig(sampler="vrgcn", fanout=(2, 2)), 100, huge, 4) == "partitioned"
+    for sampler in ("saint-node", "saint-edge", "saint-rw"):
         with pytest.raises(ConfigError, match=f"sampler '{sampler}' needs it replicated"):
             choose_topology(SamplerConfig(sampler=sampler, fanout=(2, 2)), 100, huge, 4)
 

@@ -266,7 +266,7 @@ def estimate_minibatch_memory(*, num_nodes: int, num_edges: int, num_features: i
 
     * the partition, as in :func:`estimate_memory`: ``n_r F b + 32 e_r + 16 n_r``;
     * topology: replicated ``TOPOLOGY_BYTES_PER_EDGE E + 8 N``, partitioned ``16 e_r``
-      (Cluster-GCN ``16 e_r + 8 N``);
+      (Cluster-GCN ``16 e_r + 8 N``, VR-GCN ``16 e_r + 16 N``);
       GraphSAINT adds ``SAINT_EDGE_BYTES E`` (its pre-sampled normalisation);
     * ``GLOBAL_NODE_BYTES N``;
     * the cache (ranks > 1): ``cache_mb``, or ``cache_ratio`` of the other ranks' nodes,
@@ -295,8 +295,9 @@ def estimate_minibatch_memory(*, num_nodes: int, num_edges: int, num_features: i
         part = _partition_bytes(rows, e_r, num_features, b)
         if topology == "replicated":
             topo = TOPOLOGY_BYTES_PER_EDGE * num_edges + 8 * num_nodes
-        else:  # the own in-edges; Cluster-GCN's CSR of them has a row pointer over every node
-            topo = 16 * e_r + (8 * num_nodes if sampler == "cluster" else 0)
+        else:  # the own in-edges; Cluster-GCN's CSR of them has a row pointer over every node,
+            # VR-GCN every node's in-degree and list offset
+            topo = 16 * e_r + {"cluster": 8 * num_nodes, "vrgcn": 16 * num_nodes}.get(sampler, 0)
         if sampler.startswith("saint"):
             topo += SAINT_EDGE_BYTES * num_edges
         cache_rows = 0.0 if P == 1 else (cache_mb * 1e6 / row_f if cache_mb else cache_ratio * (num_nodes - own))

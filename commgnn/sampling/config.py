@@ -60,9 +60,10 @@ class SaintConfig:
         positive("minibatch.saint.steps", self.steps, allow_zero=True)
 
 
-PARTITIONED_SAMPLERS = ("neighbor", "cluster")
-"""Samplers that run on a partitioned topology: neighbour sampling asks the owners, and
-Cluster-GCN reads its own nodes' in-edges only."""
+PARTITIONED_SAMPLERS = ("neighbor", "vrgcn", "cluster")
+"""Samplers that run on a partitioned topology: neighbour sampling asks the owners for
+samples, VR-GCN also for whole in-edge lists, and Cluster-GCN reads its own nodes' in-edges
+only. GraphSAINT's subgraphs need the edges between other ranks' nodes."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -83,8 +84,9 @@ class SamplerConfig:
     topology: Literal["auto", "replicated", "partitioned"] = "auto"
     """Where the adjacency lives: every rank holds the whole CSR (``replicated``), or only
     its own nodes' in-edges (``partitioned``): neighbor then asks owners to sample theirs,
-    and cluster needs no other (its clusters and batches are the rank's own nodes); the
-    other samplers read every in-edge of other ranks' nodes and need it replicated.
+    vrgcn also for whole in-edge lists (its control variate), and cluster needs no other
+    (its clusters and batches are the rank's own nodes); GraphSAINT's subgraphs need the
+    edges between other ranks' nodes, so it needs the CSR replicated.
     ``auto`` = replicated when the CSR fits in ``topology_share`` of memory."""
     topology_share: float = 0.25
     """auto: the largest fraction of available memory the replicated CSRs of all local
@@ -106,7 +108,7 @@ class SamplerConfig:
         fraction("minibatch.topology_share", self.topology_share, open_low=True)
         if self.topology == "partitioned" and self.sampler not in PARTITIONED_SAMPLERS:
             raise ConfigError(f"minibatch.topology = 'partitioned' works with samplers "
-                              f"{' and '.join(repr(s) for s in PARTITIONED_SAMPLERS)}, not {self.sampler!r} "
+                              f"{', '.join(repr(s) for s in PARTITIONED_SAMPLERS)}, not {self.sampler!r} "
                               f"(it reads other ranks' in-edges: it needs the replicated adjacency)")
-        if self.topology == "partitioned" and self.sampler == "neighbor" and -1 in self.fanout:
+        if self.topology == "partitioned" and self.sampler in ("neighbor", "vrgcn") and -1 in self.fanout:
             raise ConfigError("minibatch.topology = 'partitioned' needs a positive fan-out per layer (not -1)")

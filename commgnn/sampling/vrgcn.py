@@ -9,7 +9,8 @@ Its expectation over the sample is the exact mean ``(1/d_v) sum_{u in N(v)} h_u`
 ``hbar`` is, and its variance shrinks as ``hbar`` (the activations from the last time u was
 computed) approaches ``h``: fan-out 2 gets close to full-batch accuracy. The history term
 needs no feature rows, only the history table and the full in-neighbour lists, which
-come from the replicated CSR. Layer 0's history is the input itself (it never changes),
+come from the replicated CSR or, on a partitioned topology, from their owners
+(:class:`~commgnn.sampling.remote_edges.RemoteInEdges`, one round per block). Layer 0's history is the input itself (it never changes),
 so its aggregate is exact and precomputed once (``[x | mean_N x]`` rows are fetched
 instead of ``x``): layer 0 takes no sample and its block is the identity.
 
@@ -21,7 +22,7 @@ full in-edges of its destinations (``history_edges``).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Iterator, Sequence
+from typing import Iterator, Protocol, Sequence
 
 import torch
 from torch import Tensor
@@ -29,6 +30,15 @@ from torch import Tensor
 from commgnn.sampling.base import Block, MiniBatch
 from commgnn.sampling.csr import CSRTopology
 from commgnn.sampling.neighbor import NeighborSampler, NeighborSource
+
+
+class InEdges(Protocol):
+    """Where the full in-edge lists come from: a :class:`CSRTopology`, or
+    :class:`~commgnn.sampling.remote_edges.RemoteInEdges` over a partitioned topology."""
+
+    def in_degree(self) -> Tensor: ...
+
+    def neighbours_of(self, nodes: Tensor) -> tuple[Tensor, Tensor]: ...
 
 
 @dataclass
@@ -53,8 +63,10 @@ class VRBatch(MiniBatch):
 class VRGCNSampler:
     """Neighbour sampling with fan-outs ``fanouts[:L-1]`` and the full history neighbourhoods."""
 
-    def __init__(self, csr: CSRTopology, source: NeighborSource, seeds: Tensor, fanouts: Sequence[int],
+    def __init__(self, csr: CSRTopology | InEdges, source: NeighborSource, seeds: Tensor, fanouts: Sequence[int],
                  batch_size: int) -> None:
+        """``csr``: every node's in-edges (the history neighbourhoods); ``source``: where the
+        sampled neighbours come from."""
         self.csr = csr
         self.num_layers = len(fanouts)
         self.inner = NeighborSampler(source, seeds, list(fanouts[: self.num_layers - 1]), batch_size)

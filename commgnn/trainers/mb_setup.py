@@ -32,6 +32,7 @@ from commgnn.sampling.config import PARTITIONED_SAMPLERS, SamplerConfig
 from commgnn.sampling.csr import CSRTopology
 from commgnn.sampling.neighbor import NeighborSampler, replicated_source
 from commgnn.sampling.remote import RemoteNeighbors
+from commgnn.sampling.remote_edges import RemoteInEdges
 from commgnn.sampling.saint import SaintSampler
 from commgnn.sampling.vrgcn import VRGCNSampler
 from commgnn.trainers.config import stream_seed
@@ -76,6 +77,18 @@ def replicated_topology(ctx: DistContext, hooks: Hooks, part: LocalPartition) ->
     return CSRTopology.from_edge_index(torch.cat(edges).t(), part.num_nodes_global)
 
 
+def remote_in_edges(ctx: DistContext, hooks: Hooks, own_csr: CSRTopology, owner: Tensor,
+                    row: Tensor) -> RemoteInEdges:
+    """Every node's whole in-edge list from its owner (VR-GCN on a partitioned topology):
+    the owners' in-degrees and list offsets (by row) all-gathered once, ``[N]`` each."""
+    lists = gather_variable(ctx, hooks, torch.stack([own_csr.in_degree(), own_csr.indptr[:-1]], dim=1), "topology")
+    sizes = torch.tensor([int(t.shape[0]) for t in lists], dtype=torch.int64)
+    base = torch.cumsum(sizes, 0) - sizes
+    flat = torch.cat(lists)[base[owner] + row]  # node v: row[v] of its owner's list
+    return RemoteInEdges(ctx, hooks, own_csr=own_csr, owner=owner, deg=flat[:, 0].contiguous(),
+                         start=flat[:, 1].contiguous())
+
+
 def available_memory(ctx: DistContext) -> float:
     """Bytes of memory available on the tightest rank's host: every rank then takes the same
     memory-based decisions (or raises the same error), so none is left in a collective the
@@ -99,8 +112,8 @@ def choose_topology(cfg: SamplerConfig, num_nodes: int, num_edges: int, local_ra
     if cfg.sampler not in PARTITIONED_SAMPLERS:
         raise ConfigError(f"a replicated CSR needs {need / 1e9:.2f} GB on this host ({local_ranks} ranks), over "
                           f"minibatch.topology_share of the available memory ({share / 1e9:.2f} GB), and sampler "
-                          f"'{cfg.sampler}' needs it replicated: use sampler 'neighbor' or 'cluster' (they run "
-                          f"on a partitioned topology), or raise topology_share, or run fewer ranks per host")
+                          f"'{cfg.sampler}' needs it replicated: use sampler 'neighbor', 'vrgcn' or 'cluster' "
+                          f"(they run on a partitioned topology), or raise topology_share, or run fewer ranks per host")
     return "partitioned"
 
 
@@ -123,8 +136,8 @@ def build_sampler(cfg: SamplerConfig, ctx: DistContext, hooks: Hooks, part: Loca
         else:
             source = replicated_source(csr, cfg.replace)
         if name == "vrgcn":
-            assert csr is not None
-            return VRGCNSampler(csr, source, seeds, cfg.fanout, cfg.batch_size)
+            edges = csr if csr is not None else remote_in_edges(ctx, hooks, own_csr, owner, row)
+            return VRGCNSampler(edges, source, seeds, cfg.fanout, cfg.batch_size)
         return NeighborSampler(source, seeds, cfg.fanout, cfg.batch_size)
     if name == "cluster":
         c = cfg.cluster

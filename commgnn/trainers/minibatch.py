@@ -54,6 +54,7 @@ from commgnn.partition.local import LocalPartition
 from commgnn.sampling.base import MiniBatch
 from commgnn.sampling.config import SamplerConfig
 from commgnn.sampling.remote import RemoteNeighbors
+from commgnn.sampling.remote_edges import RemoteInEdges
 from commgnn.trainers.config import TrainConfig, stream_seed
 from commgnn.trainers.fullgraph import FullGraphTrainer, halo_plan
 from commgnn.trainers.mb_setup import (available_memory, build_cache, build_sampler, cache_capacity, choose_topology,
@@ -177,9 +178,9 @@ class MiniBatchTrainer(FullGraphTrainer):
         # every collective of the background thread on its own communicator: the fetch's and,
         # with a partitioned topology, the owner-side sampling's
         self.fetcher.group = self.prefetch_group
-        remote = _remote_source(self.sampler)
-        if remote is not None:
-            remote.group = self.prefetch_group
+        for remote in (_remote_source(self.sampler), getattr(self.sampler, "csr", None)):
+            if isinstance(remote, (RemoteNeighbors, RemoteInEdges)):
+                remote.group = self.prefetch_group
         with ThreadPoolExecutor(max_workers=1) as pool:
             def load() -> tuple[MiniBatch, Tensor]:
                 # timed on this thread, the meter books it as overlap, not as the epoch's
