@@ -128,6 +128,32 @@ def remote_in_edges(ctx: DistContext, data: Any, parts: torch.Tensor, rounds: in
             "remote_edges": sum(int(edges.in_degree()[n][owner[n] != ctx.rank].sum()) for n, *_ in out)}
 
 
+def saint_both_topologies(ctx: DistContext, data: Any, parts: torch.Tensor, kind: str, draws: int) -> dict[str, Any]:
+    """GraphSAINT batches of one seed over the replicated CSR and over a partitioned topology
+    (every rank makes the same calls; the replicated sampler draws no collective)."""
+    from commgnn.sampling.remote_edges import PartitionedEdges
+    from commgnn.sampling.saint import SaintSampler
+    from commgnn.trainers.mb_setup import remote_in_edges
+
+    part = build_local_partition(data, parts, ctx.world_size, ctx.rank)
+    hooks, _ = _counting_hooks()
+    owner, row = owner_map(ctx, hooks, part)
+    own_csr = CSRTopology.from_edge_index(torch.stack([own_in_edges(part)[0], part.edge_index[1]]), part.num_owned)
+    walker = RemoteNeighbors(ctx, hooks, own_csr=own_csr, owner=owner, row=row, replace=True,
+                             generator=torch.Generator().manual_seed(50 + ctx.rank))
+    topologies = {"replicated": CSRTopology.from_edge_index(data.edge_index, data.num_nodes),
+                  "partitioned": PartitionedEdges(remote_in_edges(ctx, hooks, own_csr, owner, row), walker)}
+    out: dict[str, Any] = {"own": part.global_ids}
+    for name, topo in topologies.items():
+        s = SaintSampler(topo, part.global_ids, part.train_mask, kind=kind, num_layers=2, budget=8,
+                         walk_length=2, presample=10, seed=3)  # type: ignore[arg-type]
+        g = torch.Generator().manual_seed(7)
+        out[name] = [(b.nodes, b.blocks[0].edge_index, b.blocks[0].weight, b.target, b.target_weight)
+                     for b in s.epoch(draws, g)]
+        out[name + "_prob"] = s.node_prob
+    return out
+
+
 def train_minibatch(ctx: DistContext, data: Any, parts: torch.Tensor, model_cfg: ModelConfig,
                     train_cfg: TrainConfig, sampler_cfg: SamplerConfig, fetch_cfg: FetchConfig,
                     epochs: int, comm_cfg: CommConfig | None = None) -> dict[str, Any]:

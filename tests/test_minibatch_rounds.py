@@ -10,7 +10,7 @@ import torch
 
 from commgnn.comm import quant
 from commgnn.fetch.config import FetchConfig
-from commgnn.sampling.config import SamplerConfig
+from commgnn.sampling.config import SaintConfig, SamplerConfig
 from commgnn.trainers import TrainConfig
 from helpers import run_on_ranks, small_graph
 import mb_ranks
@@ -63,17 +63,20 @@ def test_the_cache_never_serves_a_wrong_row(tmp_path, policy):
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("topology", ["replicated", "partitioned"])
-def test_prefetch_over_many_steps_trains_exactly_as_without(tmp_path, topology):
+@pytest.mark.parametrize("sampler, topology", [("neighbor", "replicated"), ("neighbor", "partitioned"),
+                                               ("saint-rw", "partitioned")])
+def test_prefetch_over_many_steps_trains_exactly_as_without(tmp_path, sampler, topology):
     """With ``fetch.prefetch`` the next step's sampling and fetch run on a background thread
     (its own communicator) while this step computes: over several steps an epoch, with an
-    LRU cache in the way and, partitioned, the owners sampling for their peers on that
-    thread too, two ranks train bit for bit as without prefetch, with the same cache hits,
+    LRU cache in the way and, partitioned, the owners sampling (and GraphSAINT's walks
+    stepping) for their peers on that thread too, two ranks train bit for bit as without
+    prefetch, with the same cache hits,
     and every step's sample and fetch ran off the training thread."""
     data = small_graph(n=120, m=500)
     parts = _parts(120, 2, 5)
     model, train = _cfgs()
-    sampler = SamplerConfig(sampler="neighbor", fanout=(3, 3), batch_size=8, topology=topology)
+    sampler = SamplerConfig(sampler=sampler, fanout=(3, 3), batch_size=8, topology=topology,
+                            saint=SaintConfig(budget=6, steps=4, presample=5))
     runs = {pre: run_on_ranks(mb_ranks.train_minibatch, 2, _mk(tmp_path / str(pre)), data, parts, model, train,
                               sampler, FetchConfig(prefetch=pre, cache_ratio=0.3, cache_policy="lru"), 2)
             for pre in (False, True)}

@@ -7,7 +7,6 @@ from __future__ import annotations
 import pytest
 import torch
 
-from commgnn.errors import ConfigError
 from commgnn.fetch.config import FetchConfig
 from commgnn.sampling.config import ClusterConfig, SamplerConfig
 from helpers import run_on_ranks, small_graph
@@ -53,18 +52,18 @@ def test_whole_in_edge_lists_from_the_owners_equal_the_replicated_csr(tmp_path):
     assert sum(r["bytes"] for r in res) == 4 * 3 * 2 * 8 + 16 * sum(r["remote_edges"] for r in res)
 
 
-def test_auto_topology_refuses_a_csr_too_big_for_samplers_that_need_it_replicated():
+@pytest.mark.parametrize("sampler", ["neighbor", "vrgcn", "cluster", "saint-node", "saint-edge", "saint-rw"])
+def test_auto_topology_partitions_a_csr_too_big_to_replicate(sampler):
     from commgnn.trainers.mb_setup import choose_topology
 
     huge = 10**13  # edges: 40 TB of CSR
-    assert choose_topology(SamplerConfig(sampler="neighbor"), 100, 400, 4) == "replicated"
-    assert choose_topology(SamplerConfig(sampler="neighbor"), 100, huge, 4) == "partitioned"
-    assert choose_topology(SamplerConfig(sampler="cluster"), 100, 400, 4) == "replicated"
-    assert choose_topology(SamplerConfig(sampler="cluster"), 100, huge, 4) == "partitioned"
-    assert choose_topology(SamplerConfig(sampler="vrgcn", fanout=(2, 2)), 100, huge, 4) == "partitioned"
-    for sampler in ("saint-node", "saint-edge", "saint-rw"):
-        with pytest.raises(ConfigError, match=f"sampler '{sampler}' needs it replicated"):
-            choose_topology(SamplerConfig(sampler=sampler, fanout=(2, 2)), 100, huge, 4)
+    cfg = SamplerConfig(sampler=sampler, fanout=(2, 2))
+    assert choose_topology(cfg, 100, 400, 4) == "replicated"
+    assert choose_topology(cfg, 100, huge, 4) == "partitioned"
+    share = SamplerConfig(sampler=sampler, fanout=(2, 2), topology_share=0.5)
+    need = (100 * 8 + 1000 * 4) * 4  # the node pointers and edges of 4 local ranks' CSRs
+    assert choose_topology(share, 100, 1000, 4, available=2 * need) == "replicated"
+    assert choose_topology(share, 100, 1000, 4, available=2 * need - 1) == "partitioned"
 
 
 @pytest.mark.timeout(180)
@@ -88,3 +87,34 @@ def test_cluster_gcn_trains_alike_on_a_partitioned_topology(tmp_path):
         # both send the owner map; the replicated CSR's all-gather adds 16 bytes an own in-edge
         assert rep["sent"]["topology"] - part["sent"]["topology"] >= 16 * 500 // 2 * 0.8
         assert part["sent"].get("fetch_rows", 0) == 0 and part["logs"][-1]["remote_requests"] == 0
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("kind", ["node", "edge", "rw"])
+def test_graphsaint_on_a_partitioned_topology(tmp_path, kind):
+    """GraphSAINT over a partitioned topology, on three ranks. The node and edge samplers
+    draw from what a rank holds (its pool, its in-edges, every node's degree), so with the
+    same seed their
+    batches, pre-sampled normalisation included, equal the replicated CSR's exactly; the
+    walks step through the owners' streams, so they are checked as GraphSAINT batches:
+    the subgraph the visited nodes induce in the graph, every edge weighted
+    ``C_v / (C_e deg_v)``, every own training node weighted ``1 / p_v``."""
+    data = small_graph(n=90, m=400)
+    res = run_on_ranks(mb_ranks.saint_both_topologies, 3, tmp_path, data, _parts(90, 3, 4), kind, 4)
+    edges = set(map(tuple, data.edge_index.t().tolist()))
+    for r in res:
+        for rep, got in zip(r["replicated"], r["partitioned"]):
+            nodes, ei, w, target, tw = got
+            assert nodes.numel() > 0
+            if kind != "rw":
+                for a, b in zip(rep, got):
+                    assert torch.equal(a, b)
+                continue
+            src, dst = nodes[ei[0]].tolist(), nodes[ei[1]].tolist()
+            inside = {(u, v) for u, v in edges if u in set(nodes.tolist()) and v in set(nodes.tolist())}
+            assert set(zip(src, dst)) == inside and len(src) == len(inside)
+            assert bool((w > 0).all()) and bool(torch.isfinite(w).all())
+            own_train = set(r["own"][data.train_mask[r["own"]]].tolist())
+            assert set(nodes[target].tolist()) == own_train & set(nodes.tolist())
+            assert torch.allclose(tw, 1.0 / r["partitioned_prob"][nodes[target]])
+

@@ -190,27 +190,37 @@ def test_estimate_for_config_follows_the_mode():
     assert full.per_rank != pytest.approx(mini.per_rank)
 
 
-def test_an_unfitting_auto_topology_is_estimated_replicated(monkeypatch):
-    """A sampler that needs a replicated CSR the launcher cannot yet fit is estimated
-    replicated (the ranks, with the graph freed, refuse it themselves if it still does not)."""
-    from commgnn.errors import ConfigError
+def test_the_topology_auto_chooses_is_the_one_estimated(monkeypatch):
+    """``topology = auto`` is estimated as the ranks will choose it: a GraphSAINT run whose
+    CSR does not fit gets the partitioned estimate (own in-edges, every node's degree and
+    list offset, no normalisation over every edge), far below the replicated one."""
     from commgnn.models.config import ModelConfig
     from commgnn.runner.config import RunConfig
     from commgnn.sampling.config import SamplerConfig
     from commgnn.trainers.config import TrainConfig
 
-    graph = {"num_nodes": 2000, "num_edges": 40000, "num_features": 64, "num_classes": 5}
-    report = {"nodes": [1000, 1000], "halo_in": [300, 200], "halo_out": [200, 300], "edges": [20000, 20000]}
+    graph = {"num_nodes": 2000, "num_edges": 400000, "num_features": 64, "num_classes": 5}
+    report = {"nodes": [1000, 1000], "halo_in": [300, 200], "halo_out": [200, 300], "edges": [200000, 200000]}
     cfg = RunConfig(model=ModelConfig(name="sage", layers=2), train=TrainConfig(mode="minibatch"),
-                    minibatch=SamplerConfig(sampler="cluster", topology="auto"))
+                    minibatch=SamplerConfig(sampler="saint-node", topology="auto"))
+    chosen: list[str] = []
 
-    def refuse(*args, **kwargs):
-        raise ConfigError("does not fit")
+    def answer(topology: str):
+        def choose(*args, **kwargs):
+            chosen.append(topology)
+            return topology
+        return choose
 
-    monkeypatch.setattr(pf, "choose_topology", refuse)
-    est = pf.estimate_for_config(cfg, graph, report)
-    rep = pf.estimate_minibatch_memory(num_nodes=2000, num_edges=40000, num_features=64, num_classes=5,
-                                       report=report, layers=2, hidden=cfg.model.hidden, sampler="cluster",
-                                       batch_size=cfg.minibatch.batch_size, fanout=tuple(cfg.minibatch.fanout),
-                                       topology="replicated")
-    assert est is not None and est.per_rank == pytest.approx(rep.per_rank)
+    per = {}
+    for topology in ("replicated", "partitioned"):
+        monkeypatch.setattr(pf, "choose_topology", answer(topology))
+        est = pf.estimate_for_config(cfg, graph, report)
+        direct = pf.estimate_minibatch_memory(num_nodes=2000, num_edges=400000, num_features=64, num_classes=5,
+                                              report=report, layers=2, hidden=cfg.model.hidden, sampler="saint-node",
+                                              batch_size=cfg.minibatch.batch_size,
+                                              fanout=tuple(cfg.minibatch.fanout), topology=topology)
+        assert est is not None and est.per_rank == pytest.approx(direct.per_rank)
+        per[topology] = max(est.per_rank)
+    assert chosen == ["replicated", "partitioned"]
+    # 400k edges: the replicated CSR and the normalisation over every edge, against 200k own in-edges
+    assert per["replicated"] - per["partitioned"] > 0.5 * (pf.TOPOLOGY_BYTES_PER_EDGE + pf.SAINT_EDGE_BYTES) * 400000

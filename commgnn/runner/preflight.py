@@ -32,7 +32,7 @@ from typing import Any
 
 import psutil
 
-from commgnn.errors import ConfigError, UserError
+from commgnn.errors import UserError
 from commgnn.trainers.mb_setup import cache_capacity, choose_topology
 
 MAX_RANKS_PER_CORE = 8
@@ -266,8 +266,10 @@ def estimate_minibatch_memory(*, num_nodes: int, num_edges: int, num_features: i
 
     * the partition, as in :func:`estimate_memory`: ``n_r F b + 32 e_r + 16 n_r``;
     * topology: replicated ``TOPOLOGY_BYTES_PER_EDGE E + 8 N``, partitioned ``16 e_r``
-      (Cluster-GCN ``16 e_r + 8 N``, VR-GCN ``16 e_r + 16 N``);
-      GraphSAINT adds ``SAINT_EDGE_BYTES E`` (its pre-sampled normalisation);
+      plus, for VR-GCN and GraphSAINT, ``16 N`` (every node's in-degree and list offset at
+      its owner; Cluster-GCN ``8 N``, its CSR's row pointer);
+      GraphSAINT adds ``SAINT_EDGE_BYTES E`` on a replicated one (its pre-sampled
+      normalisation over every edge);
     * ``GLOBAL_NODE_BYTES N``;
     * the cache (ranks > 1): ``cache_mb``, or ``cache_ratio`` of the other ranks' nodes,
       ``F' b + 16`` bytes per row;
@@ -296,10 +298,10 @@ def estimate_minibatch_memory(*, num_nodes: int, num_edges: int, num_features: i
         if topology == "replicated":
             topo = TOPOLOGY_BYTES_PER_EDGE * num_edges + 8 * num_nodes
         else:  # the own in-edges; Cluster-GCN's CSR of them has a row pointer over every node,
-            # VR-GCN every node's in-degree and list offset
-            topo = 16 * e_r + {"cluster": 8 * num_nodes, "vrgcn": 16 * num_nodes}.get(sampler, 0)
-        if sampler.startswith("saint"):
-            topo += SAINT_EDGE_BYTES * num_edges
+            # VR-GCN and GraphSAINT every node's in-degree and list offset at its owner
+            topo = 16 * e_r + (0 if sampler == "neighbor" else 8 if sampler == "cluster" else 16) * num_nodes
+        if sampler.startswith("saint") and topology == "replicated":
+            topo += SAINT_EDGE_BYTES * num_edges  # partitioned, only the edges pre-sampling met are counted
         cache_rows = 0.0 if P == 1 else (cache_mb * 1e6 / row_f if cache_mb else cache_ratio * (num_nodes - own))
         st = sampled_per_step(sampler=sampler, batch_size=batch_size, fanout=fanout, layers=layers,
                               num_nodes=num_nodes, num_edges=num_edges, own_nodes=own, num_clusters=num_clusters,
@@ -358,10 +360,7 @@ def _minibatch_for_config(cfg: Any, graph: dict[str, Any], report: dict[str, Any
     available = float(psutil.virtual_memory().available) + freed
     if P > 1:  # a cache_mb over memory gets the ranks' own message rather than a total
         cache_capacity(cfg.fetch, 0, (2 if mb.sampler == "vrgcn" else 1) * F, b, local_ranks=P, available=available)
-    try:
-        topology = choose_topology(mb, N, E, P, available)
-    except ConfigError:  # the ranks refuse it with their message; estimate what it would hold
-        topology = "replicated"
+    topology = choose_topology(mb, N, E, P, available)
     return estimate_minibatch_memory(
         num_nodes=N, num_edges=E, num_features=F, num_classes=int(graph["num_classes"]), report=report,
         layers=m.layers, hidden=m.hidden, sampler=mb.sampler, batch_size=mb.batch_size, fanout=tuple(mb.fanout),

@@ -60,12 +60,6 @@ class SaintConfig:
         positive("minibatch.saint.steps", self.steps, allow_zero=True)
 
 
-PARTITIONED_SAMPLERS = ("neighbor", "vrgcn", "cluster")
-"""Samplers that run on a partitioned topology: neighbour sampling asks the owners for
-samples, VR-GCN also for whole in-edge lists, and Cluster-GCN reads its own nodes' in-edges
-only. GraphSAINT's subgraphs need the edges between other ranks' nodes."""
-
-
 @dataclass(frozen=True, kw_only=True)
 class SamplerConfig:
     """Mini-batch sampling (used when ``train.mode = "minibatch"``)."""
@@ -84,9 +78,9 @@ class SamplerConfig:
     topology: Literal["auto", "replicated", "partitioned"] = "auto"
     """Where the adjacency lives: every rank holds the whole CSR (``replicated``), or only
     its own nodes' in-edges (``partitioned``): neighbor then asks owners to sample theirs,
-    vrgcn also for whole in-edge lists (its control variate), and cluster needs no other
-    (its clusters and batches are the rank's own nodes); GraphSAINT's subgraphs need the
-    edges between other ranks' nodes, so it needs the CSR replicated.
+    vrgcn and saint-* also for whole in-edge lists (the control variate; the induced
+    subgraph) and saint-rw for its walks' steps, and cluster needs no other (its clusters
+    and batches are the rank's own nodes).
     ``auto`` = replicated when the CSR fits in ``topology_share`` of memory."""
     topology_share: float = 0.25
     """auto: the largest fraction of available memory the replicated CSRs of all local
@@ -106,9 +100,5 @@ class SamplerConfig:
             if isinstance(k, bool) or not isinstance(k, int) or (k <= 0 and k != -1):
                 raise ConfigError(f"minibatch.fanout entries must be positive integers or -1 (all), got {k!r}")
         fraction("minibatch.topology_share", self.topology_share, open_low=True)
-        if self.topology == "partitioned" and self.sampler not in PARTITIONED_SAMPLERS:
-            raise ConfigError(f"minibatch.topology = 'partitioned' works with samplers "
-                              f"{', '.join(repr(s) for s in PARTITIONED_SAMPLERS)}, not {self.sampler!r} "
-                              f"(it reads other ranks' in-edges: it needs the replicated adjacency)")
         if self.topology == "partitioned" and self.sampler in ("neighbor", "vrgcn") and -1 in self.fanout:
             raise ConfigError("minibatch.topology = 'partitioned' needs a positive fan-out per layer (not -1)")

@@ -28,11 +28,11 @@ from commgnn.fetch.policies import capacity_rows, degree_ranking, hotness_rankin
 from commgnn.partition.local import LocalPartition
 from commgnn.sampling.base import Sampler
 from commgnn.sampling.cluster import ClusterSampler
-from commgnn.sampling.config import PARTITIONED_SAMPLERS, SamplerConfig
+from commgnn.sampling.config import SamplerConfig
 from commgnn.sampling.csr import CSRTopology
 from commgnn.sampling.neighbor import NeighborSampler, replicated_source
 from commgnn.sampling.remote import RemoteNeighbors
-from commgnn.sampling.remote_edges import RemoteInEdges
+from commgnn.sampling.remote_edges import PartitionedEdges, RemoteInEdges
 from commgnn.sampling.saint import SaintSampler
 from commgnn.sampling.vrgcn import VRGCNSampler
 from commgnn.trainers.config import stream_seed
@@ -79,14 +79,16 @@ def replicated_topology(ctx: DistContext, hooks: Hooks, part: LocalPartition) ->
 
 def remote_in_edges(ctx: DistContext, hooks: Hooks, own_csr: CSRTopology, owner: Tensor,
                     row: Tensor) -> RemoteInEdges:
-    """Every node's whole in-edge list from its owner (VR-GCN on a partitioned topology):
-    the owners' in-degrees and list offsets (by row) all-gathered once, ``[N]`` each."""
+    """Every node's whole in-edge list from its owner (VR-GCN and GraphSAINT on a partitioned
+    topology): the owners' in-degrees and list offsets (by row) all-gathered once, ``[N]``
+    each, and the ranks' edge counts (global edge ids number the edges owner by owner)."""
     lists = gather_variable(ctx, hooks, torch.stack([own_csr.in_degree(), own_csr.indptr[:-1]], dim=1), "topology")
     sizes = torch.tensor([int(t.shape[0]) for t in lists], dtype=torch.int64)
     base = torch.cumsum(sizes, 0) - sizes
     flat = torch.cat(lists)[base[owner] + row]  # node v: row[v] of its owner's list
+    edges = torch.tensor([int(t[:, 0].sum()) for t in lists], dtype=torch.int64)
     return RemoteInEdges(ctx, hooks, own_csr=own_csr, owner=owner, deg=flat[:, 0].contiguous(),
-                         start=flat[:, 1].contiguous())
+                         start=flat[:, 1].contiguous(), edge_base=torch.cumsum(edges, 0) - edges)
 
 
 def available_memory(ctx: DistContext) -> float:
@@ -109,11 +111,6 @@ def choose_topology(cfg: SamplerConfig, num_nodes: int, num_edges: int, local_ra
     share = cfg.topology_share * avail
     if need <= share:
         return "replicated"
-    if cfg.sampler not in PARTITIONED_SAMPLERS:
-        raise ConfigError(f"a replicated CSR needs {need / 1e9:.2f} GB on this host ({local_ranks} ranks), over "
-                          f"minibatch.topology_share of the available memory ({share / 1e9:.2f} GB), and sampler "
-                          f"'{cfg.sampler}' needs it replicated: use sampler 'neighbor', 'vrgcn' or 'cluster' "
-                          f"(they run on a partitioned topology), or raise topology_share, or run fewer ranks per host")
     return "partitioned"
 
 
@@ -124,16 +121,18 @@ def build_sampler(cfg: SamplerConfig, ctx: DistContext, hooks: Hooks, part: Loca
     train = part.train_mask.cpu()
     seeds = own[train]
     name = cfg.sampler
+    own_csr = source = None
+    if csr is None and name != "cluster":  # the owners answer for their nodes
+        own_csr = CSRTopology.from_edge_index(
+            torch.stack([own_in_edges(part)[0], part.edge_index[1].cpu()]), part.num_owned)
+        gen = torch.Generator().manual_seed(stream_seed(seed, ctx.rank, "owner"))
+        # (a walk's step is one draw: with replacement it costs a draw a node, not a shuffle)
+        source = RemoteNeighbors(ctx, hooks, own_csr=own_csr, owner=owner, row=row,
+                                 replace=cfg.replace or name.startswith("saint"), generator=gen)
     if name in ("neighbor", "vrgcn"):
         if len(cfg.fanout) != layers:
             raise ConfigError(f"minibatch.fanout has {len(cfg.fanout)} entries but the model has {layers} layers")
-        if csr is None:
-            own_csr = CSRTopology.from_edge_index(
-                torch.stack([own_in_edges(part)[0], part.edge_index[1].cpu()]), part.num_owned)
-            gen = torch.Generator().manual_seed(stream_seed(seed, ctx.rank, "owner"))
-            source = RemoteNeighbors(ctx, hooks, own_csr=own_csr, owner=owner, row=row, replace=cfg.replace,
-                                     generator=gen)
-        else:
+        if csr is not None:
             source = replicated_source(csr, cfg.replace)
         if name == "vrgcn":
             edges = csr if csr is not None else remote_in_edges(ctx, hooks, own_csr, owner, row)
@@ -145,9 +144,10 @@ def build_sampler(cfg: SamplerConfig, ctx: DistContext, hooks: Hooks, part: Loca
             csr = CSRTopology.from_edge_index(own_in_edges(part), part.num_nodes_global)
         return ClusterSampler(csr, own, train, num_layers=layers, num_clusters=c.num_clusters,
                               clusters_per_batch=c.clusters_per_batch, seed=seed)
-    assert csr is not None
     s = cfg.saint
-    return SaintSampler(csr, own, train, kind=name.removeprefix("saint-"), num_layers=layers,  # type: ignore[arg-type]
+    topology: CSRTopology | PartitionedEdges = csr if csr is not None else \
+        PartitionedEdges(remote_in_edges(ctx, hooks, own_csr, owner, row), source)
+    return SaintSampler(topology, own, train, kind=name.removeprefix("saint-"), num_layers=layers,  # type: ignore[arg-type]
                         budget=s.budget, walk_length=s.walk_length, presample=s.presample, steps=s.steps,
                         seed=stream_seed(seed, ctx.rank, "presample"))
 

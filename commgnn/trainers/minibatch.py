@@ -54,7 +54,7 @@ from commgnn.partition.local import LocalPartition
 from commgnn.sampling.base import MiniBatch
 from commgnn.sampling.config import SamplerConfig
 from commgnn.sampling.remote import RemoteNeighbors
-from commgnn.sampling.remote_edges import RemoteInEdges
+from commgnn.sampling.remote_edges import PartitionedEdges, RemoteInEdges
 from commgnn.trainers.config import TrainConfig, stream_seed
 from commgnn.trainers.fullgraph import FullGraphTrainer, halo_plan
 from commgnn.trainers.mb_setup import (available_memory, build_cache, build_sampler, cache_capacity, choose_topology,
@@ -178,9 +178,8 @@ class MiniBatchTrainer(FullGraphTrainer):
         # every collective of the background thread on its own communicator: the fetch's and,
         # with a partitioned topology, the owner-side sampling's
         self.fetcher.group = self.prefetch_group
-        for remote in (_remote_source(self.sampler), getattr(self.sampler, "csr", None)):
-            if isinstance(remote, (RemoteNeighbors, RemoteInEdges)):
-                remote.group = self.prefetch_group
+        for remote in _remote_parts(self.sampler):
+            remote.group = self.prefetch_group
         with ThreadPoolExecutor(max_workers=1) as pool:
             def load() -> tuple[MiniBatch, Tensor]:
                 # timed on this thread, the meter books it as overlap, not as the epoch's
@@ -290,9 +289,20 @@ def _graphs(batch: MiniBatch, kernel: str = "torch") -> list[BlockGraph]:
     return [made.setdefault(id(b.edge_index), BlockGraph(b, kernel)) for b in batch.blocks]
 
 
+def _remote_parts(sampler: Any) -> list[Any]:
+    """A sampler's collective parts over a partitioned topology (each has a ``group``)."""
+    parts = (getattr(getattr(sampler, "inner", sampler), "source", None), getattr(sampler, "csr", None),
+             getattr(sampler, "edges", None))
+    return [p for p in parts if isinstance(p, (RemoteNeighbors, RemoteInEdges, PartitionedEdges))]
+
+
 def _remote_source(sampler: Any) -> RemoteNeighbors | None:
-    """The owner-side neighbour source of a sampler over a partitioned topology, if any."""
+    """The owner-side neighbour source of a sampler over a partitioned topology (GraphSAINT's
+    walk steps), if any: its stream serves the peers' requests."""
     source = getattr(getattr(sampler, "inner", sampler), "source", None)
+    edges = getattr(sampler, "edges", None)
+    if isinstance(edges, PartitionedEdges):
+        source = edges.walker
     return source if isinstance(source, RemoteNeighbors) else None
 
 
