@@ -16,11 +16,12 @@ full-graph halo levers (transform-first + 4-bit rows) on 4 ranks; neighbour samp
 (fan-out 15,10, batch 512) on 4 ranks with fp32 fetch and no cache, with a 25% degree
 cache and 4-bit fetch, and in one process; VR-GCN at fan-out 2,2; Cluster-GCN; the three
 GraphSAINT samplers; full-graph exact and neighbour sampling (fan-out 15,10,5) with
-3 layers, and both on 8 ranks. Columns: test accuracy at the best validation epoch, feature bytes
-per epoch, cache hit rate (and the offline-optimal one), the epoch time split, and the
-time (cumulative epoch seconds of the slowest rank) until validation accuracy reaches
-the full-graph exact run's best (mean over its seeds), and until it is within 0.5 points
-of it. Runs are resumable (a finished run directory is read, not rerun); the loop is
+3 layers, and both on 8 ranks; every sampler on a partitioned topology. Columns: test
+accuracy at the best validation epoch, feature bytes per epoch, topology bytes per epoch
+and at set-up, the largest rank's peak RSS, cache hit rate (and the offline-optimal one),
+the epoch time split, and the time (cumulative epoch seconds of the slowest rank) until
+validation accuracy reaches the full-graph exact run's best (mean over its seeds), and
+until it is within 0.5 points of it. Runs are resumable (a finished run directory is read, not rerun); the loop is
 seed-major so that an interrupted sweep has every entry at the same seeds.
 
     python benchmarks/minibatch.py --datasets CS Computers Physics --seeds 0 1 2
@@ -71,6 +72,10 @@ ENTRIES: dict[str, tuple[int, list[str]]] = {
     "full-graph exact, 8 ranks": (8, FULL),
     "neighbor fp32, 8 ranks": (8, NEIGHBOR),
 }
+# Every sampler on a partitioned topology (owners answer for their nodes' in-edges): the
+# entries above with ``--topology partitioned`` (on these graphs ``auto`` replicates).
+for _name in ("neighbor fp32", "vrgcn 2,2", "cluster", "saint-rw", "saint-node", "saint-edge"):
+    ENTRIES[f"{_name}, partitioned"] = (ENTRIES[_name][0], [*ENTRIES[_name][1], "--topology", "partitioned"])
 
 
 def run_dir(out: Path, dataset: str, entry: str, seed: int) -> Path:
@@ -147,6 +152,10 @@ def table(out: Path, datasets: list[str], seeds: list[int],
                 "feature_MB_per_epoch": _ms([s.get("feature_bytes_per_epoch", 0.0) for s in summ], 1e-6, 1),
                 "halo_grad_MB_per_epoch": _ms([s["halo_bytes_per_epoch"] + s["grad_bytes_per_epoch"] for s in summ],
                                               1e-6, 1),
+                "topology_MB_per_epoch": _ms([statistics.mean(x["bytes"].get("topology", 0) for x in r[1])
+                                              for r in runs], 1e-6, 1),
+                "topology_setup_MB": _ms([s.get("setup_bytes", {}).get("topology", 0) for s in summ], 1e-6, 1),
+                "peak_rss_MB": _ms([s.get("peak_rss_mb", 0.0) for s in summ], 1, 0),
                 "hit_rate": _ms(hit, 100, 1), "hit_rate_optimal": _ms(opt, 100, 1),
                 "epoch_s": _ms([s["epoch_time_s"] for s in summ]),
                 **{f"{k}_s": _ms(v) for k, v in split.items()},

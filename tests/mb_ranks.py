@@ -128,9 +128,12 @@ def remote_in_edges(ctx: DistContext, data: Any, parts: torch.Tensor, rounds: in
             "remote_edges": sum(int(edges.in_degree()[n][owner[n] != ctx.rank].sum()) for n, *_ in out)}
 
 
-def saint_both_topologies(ctx: DistContext, data: Any, parts: torch.Tensor, kind: str, draws: int) -> dict[str, Any]:
+def saint_both_topologies(ctx: DistContext, data: Any, parts: torch.Tensor, kind: str, draws: int,
+                          empty_rank: int = -1) -> dict[str, Any]:
     """GraphSAINT batches of one seed over the replicated CSR and over a partitioned topology
-    (every rank makes the same calls; the replicated sampler draws no collective)."""
+    (every rank makes the same calls; the replicated sampler draws no collective), with each
+    partitioned batch's global edge ids (one more round) and the normalisation counts.
+    ``empty_rank`` gives its sampler no own node (its partition itself cannot be empty)."""
     from commgnn.sampling.remote_edges import PartitionedEdges
     from commgnn.sampling.saint import SaintSampler
     from commgnn.trainers.mb_setup import remote_in_edges
@@ -143,14 +146,23 @@ def saint_both_topologies(ctx: DistContext, data: Any, parts: torch.Tensor, kind
                              generator=torch.Generator().manual_seed(50 + ctx.rank))
     topologies = {"replicated": CSRTopology.from_edge_index(data.edge_index, data.num_nodes),
                   "partitioned": PartitionedEdges(remote_in_edges(ctx, hooks, own_csr, owner, row), walker)}
-    out: dict[str, Any] = {"own": part.global_ids}
+    own, train = part.global_ids, part.train_mask
+    if ctx.rank == empty_rank:
+        own, train = own[:0], train[:0]
+    out: dict[str, Any] = {"own": own}
     for name, topo in topologies.items():
-        s = SaintSampler(topo, part.global_ids, part.train_mask, kind=kind, num_layers=2, budget=8,
+        s = SaintSampler(topo, own, train, kind=kind, num_layers=2, budget=8,
                          walk_length=2, presample=10, seed=3)  # type: ignore[arg-type]
         g = torch.Generator().manual_seed(7)
-        out[name] = [(b.nodes, b.blocks[0].edge_index, b.blocks[0].weight, b.target, b.target_weight)
-                     for b in s.epoch(draws, g)]
-        out[name + "_prob"] = s.node_prob
+        batches = []
+        for b in s.epoch(draws, g):
+            batch = (b.nodes, b.blocks[0].edge_index, b.blocks[0].weight, b.target, b.target_weight)
+            if name == "partitioned":  # the global ids of the batch's edges (a round every rank enters)
+                src, pos, eid = topo.in_edges(b.nodes)  # type: ignore[union-attr]
+                batch += (src, pos, eid)
+            batches.append(batch)
+        out[name] = batches
+        out[name + "_counts"] = (s.node_count, s.edge_count, s.edge_count_ids, s.deg)
     return out
 
 

@@ -1,12 +1,14 @@
 """Mini-batch topologies: owner-side neighbour sampling and whole in-edge lists over a
-partitioned topology (against the graph and the replicated CSR), Cluster-GCN alike on both,
-and ``topology = auto`` on a CSR too big to replicate."""
+partitioned topology (against the graph and the replicated CSR), Cluster-GCN and GraphSAINT
+on both, ``topology = auto`` on a CSR too big to replicate, and the fan-outs a partitioned
+topology refuses."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
+from commgnn.errors import ConfigError
 from commgnn.fetch.config import FetchConfig
 from commgnn.sampling.config import ClusterConfig, SamplerConfig
 from helpers import run_on_ranks, small_graph
@@ -61,7 +63,9 @@ def test_auto_topology_partitions_a_csr_too_big_to_replicate(sampler):
     assert choose_topology(cfg, 100, 400, 4) == "replicated"
     assert choose_topology(cfg, 100, huge, 4) == "partitioned"
     share = SamplerConfig(sampler=sampler, fanout=(2, 2), topology_share=0.5)
-    need = (100 * 8 + 1000 * 4) * 4  # the node pointers and edges of 4 local ranks' CSRs
+    # the node pointers and edges of 4 local ranks' CSRs, and GraphSAINT's weight and count
+    # of every edge (float64 + int32)
+    need = (100 * 8 + 1000 * (4 + (12 if sampler.startswith("saint") else 0))) * 4
     assert choose_topology(share, 100, 1000, 4, available=2 * need) == "replicated"
     assert choose_topology(share, 100, 1000, 4, available=2 * need - 1) == "partitioned"
 
@@ -92,29 +96,62 @@ def test_cluster_gcn_trains_alike_on_a_partitioned_topology(tmp_path):
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("kind", ["node", "edge", "rw"])
 def test_graphsaint_on_a_partitioned_topology(tmp_path, kind):
-    """GraphSAINT over a partitioned topology, on three ranks. The node and edge samplers
+    """GraphSAINT over a partitioned topology, on three ranks, one of which samples from no
+    own node (its empty draws and walks still enter every round). The node and edge samplers
     draw from what a rank holds (its pool, its in-edges, every node's degree), so with the
-    same seed their
-    batches, pre-sampled normalisation included, equal the replicated CSR's exactly; the
-    walks step through the owners' streams, so they are checked as GraphSAINT batches:
-    the subgraph the visited nodes induce in the graph, every edge weighted
-    ``C_v / (C_e deg_v)``, every own training node weighted ``1 / p_v``."""
+    same seed their batches, pre-sampled normalisation included, equal the replicated CSR's
+    exactly. The walks step through the owners' streams, so they are checked as GraphSAINT
+    batches: the subgraph the visited nodes induce in the graph, every edge ``u -> v``
+    weighted ``max(C_v, 1) / (max(C_e, 1) deg_v)`` from the pre-sampled counts (``C_e`` found
+    by the edge's global id), every own training node ``presample / max(C_v, 1)``."""
     data = small_graph(n=90, m=400)
-    res = run_on_ranks(mb_ranks.saint_both_topologies, 3, tmp_path, data, _parts(90, 3, 4), kind, 4)
+    res = run_on_ranks(mb_ranks.saint_both_topologies, 3, tmp_path, data, _parts(90, 3, 4), kind, 4, 2)
     edges = set(map(tuple, data.edge_index.t().tolist()))
-    for r in res:
+    deg = torch.bincount(data.edge_index[1], minlength=90)
+    assert res[2]["partitioned"] and all(b[0].numel() == 0 for b in res[2]["partitioned"])
+    for r in res[:2]:
+        c_v, c_e, c_e_ids, r_deg = r["partitioned_counts"]
+        assert torch.equal(r_deg, deg)
+        count_of = dict(zip(c_e_ids.tolist(), c_e.tolist()))
         for rep, got in zip(r["replicated"], r["partitioned"]):
-            nodes, ei, w, target, tw = got
+            nodes, ei, w, target, tw, src, pos, eid = got
             assert nodes.numel() > 0
             if kind != "rw":
-                for a, b in zip(rep, got):
+                for a, b in zip(rep, got[:5]):
                     assert torch.equal(a, b)
+                assert torch.equal(c_v, r["replicated_counts"][0])
                 continue
-            src, dst = nodes[ei[0]].tolist(), nodes[ei[1]].tolist()
-            inside = {(u, v) for u, v in edges if u in set(nodes.tolist()) and v in set(nodes.tolist())}
-            assert set(zip(src, dst)) == inside and len(src) == len(inside)
-            assert bool((w > 0).all()) and bool(torch.isfinite(w).all())
+            members = set(nodes.tolist())
+            batch_edges = list(zip(nodes[ei[0]].tolist(), nodes[ei[1]].tolist()))
+            assert set(batch_edges) == {(u, v) for u, v in edges if u in members and v in members}
+            assert len(batch_edges) == len(set(batch_edges))
+            eid_of = {(int(s), int(nodes[p])): int(e) for s, p, e in zip(src, pos, eid)}
+            for (u, v), weight in zip(batch_edges, w.tolist()):
+                want = max(int(c_v[v]), 1) / (max(count_of.get(eid_of[u, v], 0), 1) * int(deg[v]))
+                assert weight == pytest.approx(want, rel=1e-12)
             own_train = set(r["own"][data.train_mask[r["own"]]].tolist())
-            assert set(nodes[target].tolist()) == own_train & set(nodes.tolist())
-            assert torch.allclose(tw, 1.0 / r["partitioned_prob"][nodes[target]])
+            assert set(nodes[target].tolist()) == own_train & members
+            assert torch.allclose(tw, 10.0 / c_v[nodes[target]].clamp(min=1).double())
+
+
+def test_a_partitioned_topology_needs_a_positive_fanout_where_it_samples():
+    """Owners sample a fixed number per node, so -1 (all) is refused in one line: in the
+    config when ``topology = 'partitioned'`` (VR-GCN's last entry is unused and may be -1),
+    and at set-up when ``auto`` partitions a graph too big to replicate."""
+    from commgnn.dist.context import DistContext
+    from commgnn.dist.events import Hooks
+    from commgnn.partition import build_local_partition
+    from commgnn.trainers.mb_setup import build_sampler
+
+    with pytest.raises(ConfigError, match="needs a positive fan-out per sampled layer"):
+        SamplerConfig(sampler="vrgcn", fanout=(-1, 2), topology="partitioned")
+    SamplerConfig(sampler="vrgcn", fanout=(2, -1), topology="partitioned")  # the input layer's: unused
+    data = small_graph(n=40, m=120)
+    part = build_local_partition(data, torch.zeros(40, dtype=torch.long), 1, 0)
+    ids = torch.arange(40)
+    for sampler, fanout in (("neighbor", (3, -1)), ("vrgcn", (-1, 3))):
+        cfg = SamplerConfig(sampler=sampler, fanout=fanout)  # auto: fine until the CSR does not fit
+        with pytest.raises(ConfigError, match=r"^minibatch.fanout = .*needs a positive fan-out per sampled layer"):
+            build_sampler(cfg, DistContext.single(), Hooks(), part, layers=2, csr=None, owner=ids * 0, row=ids,
+                          seed=0)
 

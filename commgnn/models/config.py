@@ -15,7 +15,8 @@ class ModelConfig:
 
     name: Literal["gcn", "sage", "gat"] = "gcn"
     """Layer type: GCN (symmetric normalisation), GraphSAGE (mean) or GAT (multi-head).
-    Mini-batch runs train GraphSAGE: a run config that names no model gets ``sage`` there."""
+    Mini-batch runs train GraphSAGE: a mini-batch run whose TOML and flags (or the API's
+    options) name no model gets ``sage``; a :class:`RunConfig` built in Python says what it says."""
     layers: int = 2
     """Number of message-passing layers L (each one halo exchange forward and back); with
     ``residual = "res+"`` the number of residual blocks (the encoder and decoder are extra,

@@ -256,7 +256,7 @@ def estimate_minibatch_memory(*, num_nodes: int, num_edges: int, num_features: i
                               batch_size: int = 1024, fanout: tuple[int, ...] = (15, 10),
                               topology: str = "replicated", cache_mb: float = 0.0, cache_ratio: float = 0.0,
                               prefetch: bool = False, num_clusters: int = 40, clusters_per_batch: int = 4,
-                              budget: int = 2000, walk_length: int = 2, saint_steps: int = 0,
+                              budget: int = 2000, walk_length: int = 2, saint_steps: int = 0, presample: int = 50,
                               replace: bool = False, dtype_bytes: int = 4,
                               partitions_built: bool = True) -> MemoryEstimate:
     """The mini-batch memory model (module docstring). Per rank ``r``, with the step's sizes
@@ -266,10 +266,11 @@ def estimate_minibatch_memory(*, num_nodes: int, num_edges: int, num_features: i
 
     * the partition, as in :func:`estimate_memory`: ``n_r F b + 32 e_r + 16 n_r``;
     * topology: replicated ``TOPOLOGY_BYTES_PER_EDGE E + 8 N``, partitioned ``16 e_r``
-      plus, for VR-GCN and GraphSAINT, ``16 N`` (every node's in-degree and list offset at
-      its owner; Cluster-GCN ``8 N``, its CSR's row pointer);
-      GraphSAINT adds ``SAINT_EDGE_BYTES E`` on a replicated one (its pre-sampled
-      normalisation over every edge);
+      plus, for VR-GCN and GraphSAINT, ``32 N`` (every node's in-degree and list offset at
+      its owner, and their gathering; Cluster-GCN ``8 N``, its CSR's row pointer);
+      GraphSAINT adds its pre-sampled normalisation: ``SAINT_EDGE_BYTES E`` on a replicated
+      topology, ``12 min(presample e, E)`` partitioned (the edges met); saint-edge ``24 e_r``
+      (its draw table);
     * ``GLOBAL_NODE_BYTES N``;
     * the cache (ranks > 1): ``cache_mb``, or ``cache_ratio`` of the other ranks' nodes,
       ``F' b + 16`` bytes per row;
@@ -295,18 +296,24 @@ def estimate_minibatch_memory(*, num_nodes: int, num_edges: int, num_features: i
     for r in range(P):
         own, rows, e_r = report["nodes"][r], report["nodes"][r] + report["halo_in"][r], report["edges"][r]
         part = _partition_bytes(rows, e_r, num_features, b)
-        if topology == "replicated":
-            topo = TOPOLOGY_BYTES_PER_EDGE * num_edges + 8 * num_nodes
-        else:  # the own in-edges; Cluster-GCN's CSR of them has a row pointer over every node,
-            # VR-GCN and GraphSAINT every node's in-degree and list offset at its owner
-            topo = 16 * e_r + (0 if sampler == "neighbor" else 8 if sampler == "cluster" else 16) * num_nodes
-        if sampler.startswith("saint") and topology == "replicated":
-            topo += SAINT_EDGE_BYTES * num_edges  # partitioned, only the edges pre-sampling met are counted
-        cache_rows = 0.0 if P == 1 else (cache_mb * 1e6 / row_f if cache_mb else cache_ratio * (num_nodes - own))
         st = sampled_per_step(sampler=sampler, batch_size=batch_size, fanout=fanout, layers=layers,
                               num_nodes=num_nodes, num_edges=num_edges, own_nodes=own, num_clusters=num_clusters,
                               clusters_per_batch=clusters_per_batch, budget=budget, walk_length=walk_length,
                               replace=replace)
+        if topology == "replicated":
+            topo = TOPOLOGY_BYTES_PER_EDGE * num_edges + 8 * num_nodes
+            if sampler.startswith("saint"):
+                topo += SAINT_EDGE_BYTES * num_edges
+        else:  # the own in-edges; Cluster-GCN's CSR of them has a row pointer over every node,
+            # VR-GCN and GraphSAINT every node's in-degree and list offset at its owner (16 N
+            # kept, about as much again while they are gathered), and GraphSAINT the ids and
+            # counts of the edges its pre-sampled subgraphs met
+            topo = 16 * e_r + (0 if sampler == "neighbor" else 8 if sampler == "cluster" else 32) * num_nodes
+            if sampler.startswith("saint"):
+                topo += 12 * min(presample * st.edges, num_edges)
+        if sampler == "saint-edge":  # its draw table: source, target and CDF of every own in-edge
+            topo += 24 * e_r
+        cache_rows = 0.0 if P == 1 else (cache_mb * 1e6 / row_f if cache_mb else cache_ratio * (num_nodes - own))
         if sampler in ("neighbor", "vrgcn"):
             steps = math.ceil(max(train) / batch_size)
         else:
@@ -367,7 +374,8 @@ def _minibatch_for_config(cfg: Any, graph: dict[str, Any], report: dict[str, Any
         topology=topology, cache_mb=cfg.fetch.cache_mb, cache_ratio=cfg.fetch.cache_ratio,
         prefetch=cfg.fetch.prefetch, num_clusters=mb.cluster.num_clusters,
         clusters_per_batch=mb.cluster.clusters_per_batch, budget=mb.saint.budget,
-        walk_length=mb.saint.walk_length, saint_steps=mb.saint.steps, replace=mb.replace, dtype_bytes=b,
+        walk_length=mb.saint.walk_length, saint_steps=mb.saint.steps, presample=mb.saint.presample,
+        replace=mb.replace, dtype_bytes=b,
         partitions_built=not cfg.partition.dir)
 
 

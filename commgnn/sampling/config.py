@@ -100,5 +100,7 @@ class SamplerConfig:
             if isinstance(k, bool) or not isinstance(k, int) or (k <= 0 and k != -1):
                 raise ConfigError(f"minibatch.fanout entries must be positive integers or -1 (all), got {k!r}")
         fraction("minibatch.topology_share", self.topology_share, open_low=True)
-        if self.topology == "partitioned" and self.sampler in ("neighbor", "vrgcn") and -1 in self.fanout:
-            raise ConfigError("minibatch.topology = 'partitioned' needs a positive fan-out per layer (not -1)")
+        used = self.fanout[:-1] if self.sampler == "vrgcn" else self.fanout  # VR-GCN's last one is unused
+        if self.topology == "partitioned" and self.sampler in ("neighbor", "vrgcn") and -1 in used:
+            raise ConfigError("minibatch.topology = 'partitioned' needs a positive fan-out per sampled layer "
+                              "(not -1)")

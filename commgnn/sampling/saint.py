@@ -44,7 +44,8 @@ and the degrees are all a rank needs). Every rank makes every call, also with no
 
 Everything is vectorised (inverse-CDF sampling with ``searchsorted``, CSR gathers, ``unique``);
 the only Python loops run over draws and walk steps, never over nodes. All randomness comes
-from the ``torch.Generator`` passed in (pre-sampling uses its own, seeded by ``seed``).
+from the ``torch.Generator`` passed in (pre-sampling uses its own, seeded by ``seed``), except
+a partitioned topology's walk steps, which the owners draw from their serving streams.
 """
 
 from __future__ import annotations
@@ -62,6 +63,10 @@ SaintKind = Literal["node", "edge", "rw"]
 """Which GraphSAINT sampler: ``node``, ``edge`` or random walk (``rw``)."""
 
 _KINDS = ("node", "edge", "rw")
+
+SAINT_BYTES_PER_EDGE = 12
+"""What the normalisation keeps per edge of the graph on a replicated CSR: ``edge_weight``
+(float64) and ``edge_count`` (int32)."""
 
 
 def _in_edge_ids(csr: CSRTopology, nodes: Tensor) -> tuple[Tensor, Tensor]:
@@ -299,7 +304,8 @@ class SaintSampler:
         # replicated: C_e over every edge of the CSR; partitioned: the edge ids met, counted
         # at the end (the graph's edge count is not this rank's to hold)
         c_e = torch.zeros(self.csr.num_edges, dtype=torch.int32) if self.csr is not None else None
-        met: list[Tensor] = []
+        met_ids = torch.zeros(0, dtype=torch.int64)  # partitioned: sorted edge ids met so far
+        met_counts = torch.zeros(0, dtype=torch.int32)
         total_nodes = 0
         if self.own_nodes.numel() or self.collective:
             gen = torch.Generator().manual_seed(self.seed)
@@ -311,16 +317,16 @@ class SaintSampler:
                 eid = self._induced(nodes)[2]
                 if c_e is not None:
                     c_e[eid] += one
-                else:
-                    met.append(eid)
+                else:  # fold each draw in: memory stays that of the distinct edges met
+                    met_ids, inverse = torch.unique(torch.cat([met_ids, eid]), return_inverse=True)
+                    met_counts = torch.zeros(met_ids.numel(), dtype=torch.int32).index_add_(
+                        0, inverse, torch.cat([met_counts, one.expand(eid.numel())]))
         self.node_count = c_v
         self.mean_subgraph_size = total_nodes / self.presample
         cv = c_v.clamp(min=1).to(torch.float64)
         self.node_prob = cv / self.presample
         if c_e is None:
-            ids, counts = torch.unique(torch.cat(met) if met else torch.zeros(0, dtype=torch.int64),
-                                       return_counts=True)
-            self.edge_count_ids, self.edge_count = ids, counts.to(torch.int32)
+            self.edge_count_ids, self.edge_count = met_ids, met_counts
             self.edge_weight = None
             return
         self.edge_count = c_e

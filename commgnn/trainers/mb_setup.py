@@ -5,9 +5,11 @@ traffic (reported apart from the epochs).
 * **Owner map.** ``owner [N]`` (rank) and ``row [N]`` (row on the owner) from one
   all-gather of every rank's owned ids: 16 bytes a node on every rank.
 * **Topology.** Replicated: every rank's in-edges (global ids) are all-gathered into one
-  CSR on every rank (``topology`` bytes). Partitioned: each rank keeps its own in-edges
-  and owners sample for the others (:mod:`commgnn.sampling.remote`). ``auto`` replicates
-  when the CSRs of all local ranks fit in ``topology_share`` of available memory.
+  CSR on every rank (``topology`` bytes). Partitioned: each rank keeps its own in-edges;
+  owners sample for the others (:mod:`commgnn.sampling.remote`) and serve whole in-edge
+  lists to VR-GCN and GraphSAINT (:mod:`commgnn.sampling.remote_edges`), and Cluster-GCN
+  reads its own. ``auto`` replicates when the CSRs of all local ranks (with GraphSAINT's
+  normalisation over every edge) fit in ``topology_share`` of available memory.
 * **Cache.** Its size is ``cache_mb`` or ``cache_ratio`` x the rank's *remote rows*: the
   other ranks' nodes within the model's L hops of its seeds (within reach of a sample),
   or its halo nodes under a partitioned topology. Static policies fill it once here.
@@ -33,7 +35,7 @@ from commgnn.sampling.csr import CSRTopology
 from commgnn.sampling.neighbor import NeighborSampler, replicated_source
 from commgnn.sampling.remote import RemoteNeighbors
 from commgnn.sampling.remote_edges import PartitionedEdges, RemoteInEdges
-from commgnn.sampling.saint import SaintSampler
+from commgnn.sampling.saint import SAINT_BYTES_PER_EDGE, SaintSampler
 from commgnn.sampling.vrgcn import VRGCNSampler
 from commgnn.trainers.config import stream_seed
 
@@ -82,13 +84,17 @@ def remote_in_edges(ctx: DistContext, hooks: Hooks, own_csr: CSRTopology, owner:
     """Every node's whole in-edge list from its owner (VR-GCN and GraphSAINT on a partitioned
     topology): the owners' in-degrees and list offsets (by row) all-gathered once, ``[N]``
     each, and the ranks' edge counts (global edge ids number the edges owner by owner)."""
-    lists = gather_variable(ctx, hooks, torch.stack([own_csr.in_degree(), own_csr.indptr[:-1]], dim=1), "topology")
-    sizes = torch.tensor([int(t.shape[0]) for t in lists], dtype=torch.int64)
-    base = torch.cumsum(sizes, 0) - sizes
-    flat = torch.cat(lists)[base[owner] + row]  # node v: row[v] of its owner's list
-    edges = torch.tensor([int(t[:, 0].sum()) for t in lists], dtype=torch.int64)
-    return RemoteInEdges(ctx, hooks, own_csr=own_csr, owner=owner, deg=flat[:, 0].contiguous(),
-                         start=flat[:, 1].contiguous(), edge_base=torch.cumsum(edges, 0) - edges)
+    columns = []
+    for mine in (own_csr.in_degree(), own_csr.indptr[:-1].contiguous()):  # one at a time: less memory
+        lists = gather_variable(ctx, hooks, mine, "topology")
+        sizes = torch.tensor([int(t.numel()) for t in lists], dtype=torch.int64)
+        base = torch.cumsum(sizes, 0) - sizes
+        columns.append(torch.cat(lists)[base[owner] + row])  # node v: row[v] of its owner's list
+        del lists
+    deg, start = columns
+    edges = torch.zeros(ctx.world_size, dtype=torch.int64).index_add_(0, owner, deg)  # each rank's edge count
+    return RemoteInEdges(ctx, hooks, own_csr=own_csr, owner=owner, deg=deg, start=start,
+                         edge_base=torch.cumsum(edges, 0) - edges)
 
 
 def available_memory(ctx: DistContext) -> float:
@@ -106,7 +112,8 @@ def choose_topology(cfg: SamplerConfig, num_nodes: int, num_edges: int, local_ra
     reads this host's)."""
     if cfg.topology != "auto":
         return cfg.topology
-    need = (num_nodes * 8 + num_edges * 4) * local_ranks
+    per_edge = 4 + (SAINT_BYTES_PER_EDGE if cfg.sampler.startswith("saint") else 0)
+    need = (num_nodes * 8 + num_edges * per_edge) * local_ranks
     avail = psutil.virtual_memory().available if available is None else available
     share = cfg.topology_share * avail
     if need <= share:
@@ -122,6 +129,11 @@ def build_sampler(cfg: SamplerConfig, ctx: DistContext, hooks: Hooks, part: Loca
     seeds = own[train]
     name = cfg.sampler
     own_csr = source = None
+    used = cfg.fanout[: layers - 1] if name == "vrgcn" else cfg.fanout  # VR-GCN samples no input layer
+    if csr is None and name in ("neighbor", "vrgcn") and -1 in used:
+        raise ConfigError(f"minibatch.fanout = {','.join(map(str, cfg.fanout))}: a partitioned topology (the "
+                          f"whole CSR does not fit in minibatch.topology_share of memory, or topology = "
+                          f"'partitioned') needs a positive fan-out per sampled layer, not -1 (all)")
     if csr is None and name != "cluster":  # the owners answer for their nodes
         own_csr = CSRTopology.from_edge_index(
             torch.stack([own_in_edges(part)[0], part.edge_index[1].cpu()]), part.num_owned)

@@ -133,8 +133,11 @@ class MiniBatchTrainer(FullGraphTrainer):
         capacity = cache_capacity(cfg, int(candidates.numel()), table.shape[1], table.element_size(),
                                   self.ctx.local_world_size, self.available)
         capacity = min(capacity, int(candidates.numel()))
-        degree = csr.in_degree() if csr is not None else torch.zeros(cpu.num_nodes_global, dtype=torch.int64)
-        if csr is None:
+        whole = [p for p in _remote_parts(self.sampler) if isinstance(p, (RemoteInEdges, PartitionedEdges))]
+        if csr is not None or whole:  # every node's in-degree: the CSR's, or the owners' (VR-GCN, GraphSAINT)
+            degree = csr.in_degree() if csr is not None else whole[0].in_degree()
+        else:  # partitioned neighbour sampling: the in-edges this partition holds of its halo nodes
+            degree = torch.zeros(cpu.num_nodes_global, dtype=torch.int64)
             degree[cpu.halo_global_ids.cpu()] = cpu.in_degree[cpu.num_owned:].cpu()
         hotness = None
         if cfg.cache_policy == "presample":
