@@ -1,10 +1,11 @@
 """Mini-batch training at scale: the synthetic graph with 1M nodes and 20M (directed)
 edges by default (``--nodes``), 4 local ranks, one epoch of neighbour sampling, and the
-summed peak RSS of all ranks (the issue's bound: under 20 GB). One ``commgnn train`` in a fresh interpreter.
-Writes a dated Markdown/CSV table to benchmarks/results/.
+summed peak RSS of all ranks (the issue's bound: under 20 GB); ``--sampler`` runs another
+sampler (fan-out and batch size apply where the sampler has them). One ``commgnn train``
+in a fresh interpreter. Writes a dated Markdown/CSV table to benchmarks/results/.
 
-    python benchmarks/minibatch_scale.py [--topology replicated|partitioned] [--layers 3 --hidden 256
-        --fanout 15,10,5] [--work DIR --tag -wide]
+    python benchmarks/minibatch_scale.py [--topology replicated|partitioned] [--sampler saint-node]
+        [--layers 3 --hidden 256 --fanout 15,10,5] [--work DIR --tag -wide]
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ mode = "minibatch"
 epochs = 1
 patience = 0
 [minibatch]
-sampler = "neighbor"
+sampler = "{sampler}"
 fanout = [{fanout}]
 batch_size = 1024
 topology = "{topology}"
@@ -57,6 +58,7 @@ memory_limit_gb = {limit}
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--topology", default="replicated")
+    ap.add_argument("--sampler", default="neighbor", help="neighbor | vrgcn | cluster | saint-node | ...")
     ap.add_argument("--partitioner", default="metis")
     ap.add_argument("--cache", type=float, default=0.05)
     ap.add_argument("--nodes", type=int, default=1_000_000)
@@ -72,7 +74,7 @@ def main() -> None:
     work = Path(ns.work) if ns.work else Path(tempfile.mkdtemp(prefix="mb-scale-"))
     work.mkdir(parents=True, exist_ok=True)
     cfg = work / "scale.toml"
-    cfg.write_text(TOML.format(topology=ns.topology, partitioner=ns.partitioner, cache=ns.cache, nodes=ns.nodes,
+    cfg.write_text(TOML.format(topology=ns.topology, sampler=ns.sampler, partitioner=ns.partitioner, cache=ns.cache, nodes=ns.nodes,
                                features=ns.features, layers=ns.layers, hidden=ns.hidden,
                                fanout=", ".join(ns.fanout.split(",")), limit=ns.memory_limit_gb))
     t0 = time.time()
@@ -85,7 +87,7 @@ def main() -> None:
     out = {
         "nodes": manifest["dataset"]["num_nodes"], "edges": manifest["dataset"]["num_edges"],
         "features": manifest["dataset"]["num_features"], "layers": ns.layers, "hidden": ns.hidden,
-        "fanout": ns.fanout, "ranks": 4, "partitioner": ns.partitioner,
+        "sampler": ns.sampler, "fanout": ns.fanout, "ranks": 4, "partitioner": ns.partitioner,
         "topology": ns.topology, "cache_ratio": ns.cache,
         "steps": row["steps"], "epoch_s": round(row["epoch_s"], 1), "train_loop_s": round(row["train_loop_s"], 1),
         "sample_s": round(row["sample_s"], 1), "fetch_s": round(row["fetch_s"], 1),
