@@ -5,7 +5,7 @@ sampler (fan-out and batch size apply where the sampler has them). One ``commgnn
 in a fresh interpreter. Writes a dated Markdown/CSV table to benchmarks/results/.
 
     python benchmarks/minibatch_scale.py [--topology replicated|partitioned] [--sampler saint-node]
-        [--layers 3 --hidden 256 --fanout 15,10,5] [--work DIR --tag -wide]
+        [--layers 3 --hidden 256 --fanout 15,10,5] [--work DIR --tag=-wide]
 """
 
 from __future__ import annotations
