@@ -105,7 +105,9 @@ def main() -> None:
     stem = Path(__file__).resolve().parent / "results" / f"{day}-minibatch-scale-{ns.topology}{ns.tag}"
     write_table([out], stem, f"Mini-batch training at {out['nodes']:,} nodes / {out['edges']:,} edges ({day})",
                 [f"4 local gloo ranks; synthetic CSBM ({ns.features} features, 8 classes, 10% training nodes), GraphSAGE "
-                 f"{ns.layers}x{ns.hidden}, neighbour sampling {ns.fanout}, batch 1024, a {ns.cache:.0%} degree "
+                 f"{ns.layers}x{ns.hidden}, "
+                 + (f"neighbour sampling {ns.fanout}, batch 1024" if ns.sampler == "neighbor" else
+                    f"sampler {ns.sampler} (its defaults)") + f", a {ns.cache:.0%} degree "
                  "cache; one epoch. Peak RSS per rank is Linux's VmHWM."])
 
 if __name__ == "__main__":
