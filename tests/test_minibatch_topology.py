@@ -109,6 +109,13 @@ def test_graphsaint_on_a_partitioned_topology(tmp_path, kind):
     edges = set(map(tuple, data.edge_index.t().tolist()))
     deg = torch.bincount(data.edge_index[1], minlength=90)
     assert res[2]["partitioned"] and all(b[0].numel() == 0 for b in res[2]["partitioned"])
+    # global edge ids: one per edge of the graph, the same on every rank
+    edge_of: dict[int, tuple[int, int]] = {}
+    for r in res:
+        for nodes, *_, src, pos, eid in r["partitioned"]:
+            for e, u, v in zip(eid.tolist(), src.tolist(), nodes[pos].tolist()):
+                assert edge_of.setdefault(e, (u, v)) == (u, v)
+    assert len(set(edge_of.values())) == len(edge_of) and 0 <= min(edge_of) and max(edge_of) < len(edges)
     for r in res[:2]:
         c_v, c_e, c_e_ids, r_deg = r["partitioned_counts"]
         assert torch.equal(r_deg, deg)

@@ -133,7 +133,8 @@ def build_sampler(cfg: SamplerConfig, ctx: DistContext, hooks: Hooks, part: Loca
     if csr is None and name in ("neighbor", "vrgcn") and -1 in used:
         raise ConfigError(f"minibatch.fanout = {','.join(map(str, cfg.fanout))}: a partitioned topology (the "
                           f"whole CSR does not fit in minibatch.topology_share of memory, or topology = "
-                          f"'partitioned') needs a positive fan-out per sampled layer, not -1 (all)")
+                          f"'partitioned') needs a positive fan-out per sampled layer, not -1 (all): give one, "
+                          f"or raise topology_share / set topology = 'replicated' if the CSR fits")
     if csr is None and name != "cluster":  # the owners answer for their nodes
         own_csr = CSRTopology.from_edge_index(
             torch.stack([own_in_edges(part)[0], part.edge_index[1].cpu()]), part.num_owned)
