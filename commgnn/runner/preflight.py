@@ -268,8 +268,11 @@ def estimate_minibatch_memory(*, num_nodes: int, num_edges: int, num_features: i
     * topology: replicated ``TOPOLOGY_BYTES_PER_EDGE E + 8 N``, partitioned ``16 e_r``
       plus, for VR-GCN and GraphSAINT, ``32 N`` (every node's in-degree and list offset at
       its owner, and their gathering; Cluster-GCN ``8 N``, its CSR's row pointer);
-      GraphSAINT adds its pre-sampled normalisation: ``SAINT_EDGE_BYTES E`` on a replicated
-      topology, ``12 min(presample e, E)`` partitioned (the edges met); saint-edge ``24 e_r``
+      GraphSAINT's pre-sampled normalisation: on a replicated topology it peaks after the
+      CSR's build, so the edges cost ``max(TOPOLOGY_BYTES_PER_EDGE, 4 + SAINT_EDGE_BYTES) E``
+      (measured at 1M nodes and 20M edges: the replicated GraphSAINT run peaked where the
+      replicated neighbour run did); partitioned, ``12 min(presample e, E)`` (the edges
+      met); saint-edge ``24 e_r``
       (its draw table);
     * ``GLOBAL_NODE_BYTES N``;
     * the cache (ranks > 1): ``cache_mb``, or ``cache_ratio`` of the other ranks' nodes,
@@ -301,9 +304,11 @@ def estimate_minibatch_memory(*, num_nodes: int, num_edges: int, num_features: i
                               clusters_per_batch=clusters_per_batch, budget=budget, walk_length=walk_length,
                               replace=replace)
         if topology == "replicated":
-            topo = TOPOLOGY_BYTES_PER_EDGE * num_edges + 8 * num_nodes
-            if sampler.startswith("saint"):
-                topo += SAINT_EDGE_BYTES * num_edges
+            # GraphSAINT pre-samples once the CSR is built: its normalisation's peak (on top of
+            # the CSR's 4-byte indices) comes after the build's, not on top of it
+            per_edge = max(TOPOLOGY_BYTES_PER_EDGE, 4 + SAINT_EDGE_BYTES) if sampler.startswith("saint") \
+                else TOPOLOGY_BYTES_PER_EDGE
+            topo = per_edge * num_edges + 8 * num_nodes
         else:  # the own in-edges; Cluster-GCN's CSR of them has a row pointer over every node,
             # VR-GCN and GraphSAINT every node's in-degree and list offset at its owner (16 N
             # kept, about as much again while they are gathered), and GraphSAINT the ids and
