@@ -302,11 +302,11 @@ def _remote_parts(sampler: Any) -> list[Any]:
 def _remote_source(sampler: Any) -> RemoteNeighbors | None:
     """The owner-side neighbour source of a sampler over a partitioned topology (GraphSAINT's
     walk steps), if any: its stream serves the peers' requests."""
-    source = getattr(getattr(sampler, "inner", sampler), "source", None)
-    edges = getattr(sampler, "edges", None)
-    if isinstance(edges, PartitionedEdges):
-        source = edges.walker
-    return source if isinstance(source, RemoteNeighbors) else None
+    for part in _remote_parts(sampler):
+        source = part.walker if isinstance(part, PartitionedEdges) else part
+        if isinstance(source, RemoteNeighbors):
+            return source
+    return None
 
 
 def _remote_gen(sampler: Any) -> torch.Generator | None:
