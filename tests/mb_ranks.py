@@ -18,6 +18,7 @@ from commgnn.partition import build_local_partition
 from commgnn.sampling.config import SamplerConfig
 from commgnn.sampling.csr import CSRTopology
 from commgnn.sampling.remote import RemoteNeighbors
+from commgnn.sampling.saint import SaintSampler
 from commgnn.trainers import FullGraphTrainer, TrainConfig
 from commgnn.trainers.mb_setup import own_in_edges, owner_map
 from commgnn.trainers.minibatch import MiniBatchTrainer
@@ -135,7 +136,6 @@ def saint_both_topologies(ctx: DistContext, data: Any, parts: torch.Tensor, kind
     partitioned batch's global edge ids (one more round) and the normalisation counts.
     ``empty_rank`` gives its sampler no own node (its partition itself cannot be empty)."""
     from commgnn.sampling.remote_edges import PartitionedEdges
-    from commgnn.sampling.saint import SaintSampler
     from commgnn.trainers.mb_setup import remote_in_edges
 
     part = build_local_partition(data, parts, ctx.world_size, ctx.rank)
@@ -151,8 +151,8 @@ def saint_both_topologies(ctx: DistContext, data: Any, parts: torch.Tensor, kind
         own, train = own[:0], train[:0]
     out: dict[str, Any] = {"own": own}
     for name, topo in topologies.items():
-        s = SaintSampler(topo, own, train, kind=kind, num_layers=2, budget=8,
-                         walk_length=2, presample=10, seed=3)  # type: ignore[arg-type]
+        s = RecordingSaint(topo, own, train, kind=kind, num_layers=2, budget=8,
+                           walk_length=2, presample=10, seed=3)  # type: ignore[arg-type]
         g = torch.Generator().manual_seed(7)
         batches = []
         for b in s.epoch(draws, g):
@@ -163,7 +163,18 @@ def saint_both_topologies(ctx: DistContext, data: Any, parts: torch.Tensor, kind
             batches.append(batch)
         out[name] = batches
         out[name + "_counts"] = (s.node_count, s.edge_count, s.edge_count_ids, s.deg)
+        out[name + "_presampled"] = s.__dict__.get("drawn", [])[:10]  # the pre-sampling's draws, to recount from the graph
     return out
+
+
+class RecordingSaint(SaintSampler):
+    """A GraphSAINT sampler that keeps every draw's nodes (the constructor's pre-sampling
+    draws come first), so a test can recount ``C_v`` and ``C_e`` from the graph itself."""
+
+    def draw(self, generator: torch.Generator) -> torch.Tensor:
+        nodes = super().draw(generator)
+        self.__dict__.setdefault("drawn", []).append(nodes.clone())
+        return nodes
 
 
 def train_minibatch(ctx: DistContext, data: Any, parts: torch.Tensor, model_cfg: ModelConfig,
@@ -289,3 +300,23 @@ def fetch_adaptive_after_fill(ctx: DistContext, data: Any, parts: torch.Tensor, 
         fetcher.end_epoch()
         picked.append(list(fetcher.adaptive.bits))
     return picked
+
+
+def request_rounds(ctx: DistContext, m: int) -> dict[str, Any]:
+    """Ask random owners for random rows (``serve`` answers ``[row, 10 row + owner]``), once
+    in request order and once left in owner order."""
+    from commgnn.dist.request import request_reply, request_reply_sorted
+    hooks, events = _counting_hooks()
+    g = torch.Generator().manual_seed(7 + ctx.rank)
+    owners = torch.randint(0, ctx.world_size, (m,), generator=g)
+    reqs = torch.randint(0, 1000, (m,), generator=g)
+
+    def serve(got: torch.Tensor) -> torch.Tensor:
+        return torch.stack([got, 10 * got + ctx.rank], dim=1)
+
+    plain = request_reply(ctx, hooks, owners, reqs, serve, req_kind="fetch_ids", rep_kind="fetch_rows")
+    plain_bytes = sum(e.nbytes for e in events)
+    events.clear()
+    back, order = request_reply_sorted(ctx, hooks, owners, reqs, serve, req_kind="fetch_ids", rep_kind="fetch_rows")
+    return {"owners": owners, "reqs": reqs, "plain": plain, "back": back, "order": order,
+            "plain_bytes": plain_bytes, "sorted_bytes": sum(e.nbytes for e in events)}

@@ -150,3 +150,19 @@ def test_gradient_strategies_apply_once_a_step_in_minibatch_mode(tmp_path):
     for name in ("allreduce", "atc-full"):
         assert [r["sent"]["grad_sync"] for r in runs[name]] == [steps * n_params * 4] * 2, name
     assert runs["topk"][0]["sent"]["grad_sync"] < 0.5 * ref["sent"]["grad_sync"]
+
+
+@pytest.mark.timeout(120)
+def test_a_round_left_in_owner_order_answers_each_request(tmp_path):
+    # request_reply_sorted leaves the answers in owner order (the fetcher scatters them into
+    # its step buffer from there, saving a copy): back[i] must answer requests[order[i]],
+    # the owners must be sorted, and request_reply must be that same round put back in order.
+    res = run_on_ranks(mb_ranks.request_rounds, 3, tmp_path, 50)
+    for r in res:
+        owners, reqs, back, order = r["owners"], r["reqs"], r["back"], r["order"]
+        assert torch.equal(torch.sort(order).values, torch.arange(50))
+        assert bool((owners[order][1:] >= owners[order][:-1]).all())
+        want = torch.stack([reqs, 10 * reqs + owners], dim=1)
+        assert torch.equal(back, want[order])
+        assert torch.equal(r["plain"], want)
+        assert r["plain_bytes"] == r["sorted_bytes"] > 0

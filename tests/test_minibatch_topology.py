@@ -102,8 +102,10 @@ def test_graphsaint_on_a_partitioned_topology(tmp_path, kind):
     same seed their batches, pre-sampled normalisation included, equal the replicated CSR's
     exactly. The walks step through the owners' streams, so they are checked as GraphSAINT
     batches: the subgraph the visited nodes induce in the graph, every edge ``u -> v``
-    weighted ``max(C_v, 1) / (max(C_e, 1) deg_v)`` from the pre-sampled counts (``C_e`` found
-    by the edge's global id), every own training node ``presample / max(C_v, 1)``."""
+    weighted ``max(C_v, 1) / (max(C_e, 1) deg_v)``, every own training node
+    ``presample / max(C_v, 1)``. ``C_v`` and ``C_e`` are recounted here from the recorded
+    pre-sampling draws and the graph's own edge list (``C_e(u, v)`` = draws holding both
+    ends), and the sampler's counts, kept by global edge id, must equal them."""
     data = small_graph(n=90, m=400)
     res = run_on_ranks(mb_ranks.saint_both_topologies, 3, tmp_path, data, _parts(90, 3, 4), kind, 4, 2)
     edges = set(map(tuple, data.edge_index.t().tolist()))
@@ -119,7 +121,20 @@ def test_graphsaint_on_a_partitioned_topology(tmp_path, kind):
     for r in res[:2]:
         c_v, c_e, c_e_ids, r_deg = r["partitioned_counts"]
         assert torch.equal(r_deg, deg)
-        count_of = dict(zip(c_e_ids.tolist(), c_e.tolist()))
+        draws = [set(d.tolist()) for d in r["partitioned_presampled"]]
+        assert len(draws) == 10
+        true_c_v = torch.zeros(90, dtype=torch.int64)
+        for d in r["partitioned_presampled"]:
+            true_c_v[d] += 1
+        assert torch.equal(c_v, true_c_v)
+
+        def true_c_e(u: int, v: int) -> int:
+            return sum(u in d and v in d for d in draws)
+        met = {(u, v) for u, v in edges if true_c_e(u, v)}
+        assert c_e_ids.numel() == len(met) and int(c_e.sum()) == sum(true_c_e(u, v) for u, v in met)
+        for e, c in zip(c_e_ids.tolist(), c_e.tolist()):
+            if e in edge_of:  # the edges whose global id a batch showed
+                assert c == true_c_e(*edge_of[e])
         for rep, got in zip(r["replicated"], r["partitioned"]):
             nodes, ei, w, target, tw, src, pos, eid = got
             assert nodes.numel() > 0
@@ -134,7 +149,7 @@ def test_graphsaint_on_a_partitioned_topology(tmp_path, kind):
             assert len(batch_edges) == len(set(batch_edges))
             eid_of = {(int(s), int(nodes[p])): int(e) for s, p, e in zip(src, pos, eid)}
             for (u, v), weight in zip(batch_edges, w.tolist()):
-                want = max(int(c_v[v]), 1) / (max(count_of.get(eid_of[u, v], 0), 1) * int(deg[v]))
+                want = max(int(true_c_v[v]), 1) / (max(true_c_e(u, v), 1) * int(deg[v]))
                 assert weight == pytest.approx(want, rel=1e-12)
             own_train = set(r["own"][data.train_mask[r["own"]]].tolist())
             assert set(nodes[target].tolist()) == own_train & members

@@ -57,11 +57,30 @@ def request_reply(ctx: DistContext, hooks: Hooks, owners: Tensor, requests: Tens
     in request order; ``serve`` runs on the owner with the requests it received (rank
     order of the askers) and returns one answer row per request. Requests addressed to
     this rank itself are served too (locally, without bytes on the wire)."""
-    P = ctx.world_size
     if not ctx.is_distributed:
         return serve(requests)
+    back, order = request_reply_sorted(ctx, hooks, owners, requests, serve, req_kind=req_kind,
+                                       rep_kind=rep_kind, phase=phase, group=group)
+    out = torch.empty_like(back)
+    out[order] = back
+    return out
+
+
+def request_reply_sorted(ctx: DistContext, hooks: Hooks, owners: Tensor, requests: Tensor,
+                         serve: Callable[[Tensor], Tensor], *, req_kind: TrafficClass, rep_kind: TrafficClass,
+                         phase: Phase | None = None,
+                         group: dist.ProcessGroup | None = None) -> tuple[Tensor, Tensor]:
+    """:func:`request_reply`'s round, its answers left in owner order: ``(back [m, *shape],
+    order [m])`` with ``back[i]`` the answer to ``requests[order[i]]``. A caller that
+    scatters the answers into a buffer of its own (``buf[pos[order]] = back``) saves the
+    ``[m, *shape]`` copy that putting them back in request order costs; for a step's
+    feature rows, the largest tensor of the step. ``serve``'s answers are released before
+    this returns."""
+    P = ctx.world_size
     owners = owners.to(torch.int64)
     order = torch.sort(owners, stable=True).indices
+    if not ctx.is_distributed:
+        return serve(requests[order]), order
     counts = torch.bincount(owners, minlength=P)
     out_counts = counts.tolist()
     timed = hooks.timed(phase) if phase is not None else contextlib.nullcontext()
@@ -74,12 +93,11 @@ def request_reply(ctx: DistContext, hooks: Hooks, owners: Tensor, requests: Tens
             hooks.sent(req_kind, -1, q, 8 + out_counts[q] * _row_bytes(req))
     with hooks.timed(phase) if phase is not None else contextlib.nullcontext():
         got = all_to_all(ctx, group, req, out_counts, in_counts)
+    del req
     answers = serve(got)
     for q, n in enumerate(in_counts):
         if q != ctx.rank:
             hooks.sent(rep_kind, -1, q, n * _row_bytes(answers))
     with hooks.timed(phase) if phase is not None else contextlib.nullcontext():
         back = all_to_all(ctx, group, answers, in_counts, out_counts)
-    out = torch.empty_like(back)
-    out[order] = back
-    return out
+    return back, order

@@ -31,8 +31,8 @@ from commgnn.comm import quant
 from commgnn.comm.sparse_codec import block_bytes, decode_block, encode_block, exchange_blocks
 from commgnn.dist.context import DistContext
 from commgnn.dist.events import Hooks, TrafficClass
-from commgnn.fetch.cache import RowCache
-from commgnn.dist.request import all_to_all, request_reply
+from commgnn.fetch.cache import RowCache, StaticCache
+from commgnn.dist.request import all_to_all, request_reply_sorted
 from commgnn.fetch.adaptive import AdaptiveBits, decode_rows, encode_rows, row_bytes
 
 
@@ -70,7 +70,13 @@ class FeatureFetcher:
 
     def fetch(self, ids: Tensor, *, kind: TrafficClass = "fetch_rows", use_cache: bool = True) -> Tensor:
         """``[n, F]`` rows (table dtype) of the unique global ``ids [n]``. Every rank must
-        call it the same number of times (it runs one request-reply round when distributed)."""
+        call it the same number of times (it runs one request-reply round when distributed).
+
+        Memory: the round holds the rows this rank serves to the others and the rows it
+        receives; the ``[n, F]`` result is allocated only after it, and the received rows
+        are scattered into it straight from owner order. At most two step-sized row
+        buffers are alive at once (four before: the result, the served rows, the received
+        rows and their copy in request order)."""
         ids = ids.to(torch.int64)
         own = self.owner[ids] == self.ctx.rank
         if not self.ctx.is_distributed:
@@ -78,27 +84,37 @@ class FeatureFetcher:
         # A rank whose batch is all its own (or empty) still enters the round below with no
         # requests: the others' requests may be for its rows, and a skipped collective would
         # leave them waiting until the time-out.
-        out = self.table.new_empty((ids.numel(), self.width))
-        opos = own.nonzero().flatten()  # positions, not masks: index_copy_ beats masked assignment
-        out.index_copy_(0, opos, self.table[self.row[ids[opos]]])
-        rpos = (~own).nonzero().flatten()
+        rpos = (~own).nonzero().flatten()  # positions, not masks: index_copy_ beats masked assignment
         rids = ids[rpos]
         if self.record_trace and kind == "fetch_rows":
             self.trace.append(rids)
         self.rows_requested += int(rids.numel())
+        hpos, cached = None, None
         if self.cache is not None and use_cache:
             hit, cached = self.cache.lookup(rids)
-            out.index_copy_(0, rpos[hit], cached.to(out.dtype))
+            hpos = rpos[hit]
             self.bytes_saved += self._wire_bytes(rids[hit], cached)
             rpos, rids = rpos[~hit], rids[~hit]
         if self.adaptive is not None:
-            rows = self._remote_adaptive(rids, kind)
+            rows, order = self._remote_adaptive(rids, kind)
+        elif self.sparse:
+            rows, order = self._remote_sparse(rids, kind)
         else:
-            rows = self._remote_sparse(rids, kind) if self.sparse else self._remote(rids, kind)
-        out.index_copy_(0, rpos, rows.to(out.dtype))
+            rows, order = self._remote(rids, kind)
+        out = self.table.new_empty((ids.numel(), self.width))
+        opos = own.nonzero().flatten()
+        out.index_copy_(0, opos, self.table[self.row[ids[opos]]])
+        if hpos is not None and cached is not None:
+            out.index_copy_(0, hpos, cached.to(out.dtype))
+            del cached
+        out.index_copy_(0, rpos[order], rows.to(out.dtype))
         self.rows_fetched += int(rids.numel())
-        if self.cache is not None and use_cache:
-            self.cache.admit(rids, rows)
+        if self.cache is not None and use_cache and not isinstance(self.cache, StaticCache):
+            # a dynamic cache keeps the first rows offered when they do not all fit: offer
+            # them in request order, as they were asked for
+            inv = torch.empty_like(order)
+            inv[order] = torch.arange(order.numel())
+            self.cache.admit(rids, rows[inv])
         return out
 
     def _wire_bytes(self, rids: Tensor, rows: Tensor) -> int:
@@ -116,8 +132,9 @@ class FeatureFetcher:
         per_owner = torch.bincount(owners, minlength=self.ctx.world_size).tolist()
         return sum(c * (row_bytes(self.width, b, esz) + idb) for c, b in zip(per_owner, self.adaptive.bits) if c)
 
-    def _remote(self, rids: Tensor, kind: TrafficClass) -> Tensor:
-        """One request-reply round: owner-local rows of ``rids`` back, decoded."""
+    def _remote(self, rids: Tensor, kind: TrafficClass) -> tuple[Tensor, Tensor]:
+        """One request-reply round: ``(rows, order)``, ``rows[i]`` the decoded row of
+        ``rids[order[i]]`` (owner order, as received)."""
         small = torch.int32 if self.table.shape[0] < 2**31 else torch.int64  # 4-byte ids on the wire
         bits, width, dtype = self.bits, self.width, self.table.dtype
 
@@ -125,17 +142,18 @@ class FeatureFetcher:
             rows = self.table[req.to(torch.int64)]
             return rows if bits == 32 else quant.encode(rows, bits, self.gen)
 
-        got = request_reply(self.ctx, self.hooks, self.owner[rids], self.row[rids].to(small), serve,
-                            req_kind="fetch_ids", rep_kind=kind, group=self.group)
-        return got if bits == 32 else quant.decode(got, bits, width, dtype)
+        got, order = request_reply_sorted(self.ctx, self.hooks, self.owner[rids], self.row[rids].to(small), serve,
+                                          req_kind="fetch_ids", rep_kind=kind, group=self.group)
+        return (got if bits == 32 else quant.decode(got, bits, width, dtype)), order
 
-    def _remote_sparse(self, rids: Tensor, kind: TrafficClass) -> Tensor:
+    def _remote_sparse(self, rids: Tensor, kind: TrafficClass) -> tuple[Tensor, Tensor]:
         """One round whose replies are sparse-codec blocks, one per asker::
 
             counts -> ids -> (owner encodes each asker's rows) block sizes -> blocks
 
-        Four all-to-alls (the block sizes are the extra one); ``[len(rids), F]`` rows back,
-        bit for bit the owners' (a -0.0 arrives as 0.0: see :mod:`commgnn.comm.sparse_codec`)."""
+        Four all-to-alls (the block sizes are the extra one); ``(rows, order)`` back as
+        :meth:`_remote`'s, bit for bit the owners' (a -0.0 arrives as 0.0: see
+        :mod:`commgnn.comm.sparse_codec`)."""
         ctx, P, d, dtype = self.ctx, self.ctx.world_size, self.width, self.table.dtype
         owners = self.owner[rids].to(torch.int64)
         order = torch.sort(owners, stable=True).indices
@@ -153,14 +171,12 @@ class FeatureFetcher:
         back = exchange_blocks(blocks, [c > 0 for c in counts.tolist()],
                                lambda t, o, i: all_to_all(ctx, self.group, t, o, i), self.table.device)
         rows = [decode_block(seg, c, d, dtype) for seg, c in zip(back, counts.tolist()) if c]
-        out = torch.empty((rids.numel(), d), dtype=dtype, device=self.table.device)
-        if rows:
-            out[order] = torch.cat(rows)
-        return out
+        return (torch.cat(rows) if rows else torch.empty((0, d), dtype=dtype, device=self.table.device)), order
 
-    def _remote_adaptive(self, rids: Tensor, kind: TrafficClass) -> Tensor:
+    def _remote_adaptive(self, rids: Tensor, kind: TrafficClass) -> tuple[Tensor, Tensor]:
         """One round with per-owner widths: the counts go out with the widths this rank
-        wants from each owner, the replies come back as one byte buffer split by peer."""
+        wants from each owner, the replies come back as one byte buffer split by peer;
+        ``(rows, order)`` as :meth:`_remote`'s."""
         ctx, P, d, dtype = self.ctx, self.ctx.world_size, self.width, self.table.dtype
         assert self.adaptive is not None
         bits = self.adaptive.bits
@@ -188,9 +204,7 @@ class FeatureFetcher:
             if c and kind == "fetch_rows":  # a cache's one-time fill is not an epoch's traffic
                 self.adaptive.observe(o, r2)
             rows.append(r)
-        out = torch.empty((rids.numel(), d), dtype=dtype)
-        out[order] = torch.cat(rows)
-        return out
+        return torch.cat(rows), order
 
     def end_epoch(self) -> None:
         """Epoch boundary: an adaptive codec re-solves its widths."""
