@@ -6,8 +6,8 @@ so this sweep runs the mini-batch trainer's own input pipeline (sampler, fetcher
 exactly as training runs it) for ``--epochs`` epochs per setting without the forward and
 backward passes. Settings: no cache, and ``degree`` (PaGraph), ``presample`` (GNNLab, one
 pre-sampled epoch) and ``lru`` caches of 5%, 10% and 25% of each rank's remote rows
-(the other ranks' nodes within 2 hops of its training nodes), with fp32 rows, plus 4-bit
-rows without a cache and with 10% and 25% degree and LRU caches. GraphSAGE neighbour sampling,
+(the other ranks' nodes within 2 hops of its training nodes), each with fp32 and with 4-bit
+rows, and no cache at either width. GraphSAGE neighbour sampling,
 fan-out 15,10, batch 512, 4 ranks, METIS (the partition ``benchmarks/minibatch.py``
 saves), seed 0.
 
@@ -45,7 +45,7 @@ for _policy in ("degree", "presample", "lru"):
         SETTINGS.append((f"{_policy} {_ratio:.0%} fp32", {"cache_ratio": _ratio, "cache_policy": _policy}))
 SETTINGS += [("none 4-bit", {"bits": 4})]
 SETTINGS += [(f"{p} {r:.0%} 4-bit", {"cache_ratio": r, "cache_policy": p, "bits": 4})
-             for p in ("degree", "lru") for r in (0.10, 0.25)]
+             for p in ("degree", "presample", "lru") for r in (0.05, 0.10, 0.25)]
 
 
 def _rank(info: LaunchInfo, part_dir: str, epochs: int, out: str) -> None:
