@@ -73,8 +73,8 @@ def request_reply_sorted(ctx: DistContext, hooks: Hooks, owners: Tensor, request
     """:func:`request_reply`'s round, its answers left in owner order: ``(back [m, *shape],
     order [m])`` with ``back[i]`` the answer to ``requests[order[i]]``. A caller that
     scatters the answers into a buffer of its own (``buf[pos[order]] = back``) saves the
-    ``[m, *shape]`` copy that putting them back in request order costs; for a step's
-    feature rows, the largest tensor of the step. ``serve``'s answers are released before
+    ``[m, *shape]`` copy that putting them back in request order costs (for a step's
+    feature rows, a step-sized tensor). ``serve``'s answers are released before
     this returns."""
     P = ctx.world_size
     owners = owners.to(torch.int64)
