@@ -16,11 +16,15 @@ import argparse
 import datetime
 import os
 import platform
+import tempfile
 from pathlib import Path
 
 import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
+
+from commgnn.dist.context import LaunchInfo, RuntimeConfig, free_port, init_distributed, shutdown
+from commgnn.dist.events import Hooks
+from commgnn.dist.launch import spawn_ranks
+from commgnn.fetch.fetcher import FeatureFetcher
 
 
 def _status(key: str) -> float:
@@ -30,19 +34,14 @@ def _status(key: str) -> float:
     raise KeyError(key)
 
 
-def _rank(rank: int, P: int, N: int, F: int, port: int, out: str) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=P)
-    from commgnn.dist.context import DistContext
-    from commgnn.dist.events import Hooks
-    from commgnn.fetch.fetcher import FeatureFetcher
-    ctx = DistContext(rank=rank, world_size=P, local_rank=rank, local_world_size=P,
-                      device=torch.device("cpu"), backend="gloo", timeout_s=120.0)
+def _rank(info: LaunchInfo, N: int, F: int, out: str) -> None:
+    ctx = init_distributed(info, RuntimeConfig(parts=info.world_size, timeout_s=120, threads=1))
+    P, rank = ctx.world_size, ctx.rank
     owner, row = torch.arange(N) % P, torch.arange(N) // P
     table = torch.rand(((N - rank + P - 1) // P, F))
     fetcher = FeatureFetcher(ctx, Hooks(), table=table, owner=owner, row=row, record_trace=False)
     ids = torch.randperm(N, generator=torch.Generator().manual_seed(rank))[: N // 2]
-    dist.barrier()
+    ctx.barrier()
     base = _status("VmRSS")
     with open("/proc/self/clear_refs", "w") as f:  # resets VmHWM to the current RSS
         f.write("5")
@@ -50,8 +49,7 @@ def _rank(rank: int, P: int, N: int, F: int, port: int, out: str) -> None:
     peak = _status("VmHWM")
     torch.save({"extra_mb": peak - base, "result_mb": rows.numel() * 4 / 2**20,
                 "remote": float((owner[ids] != rank).float().mean())}, f"{out}/rank{rank}.pt")
-    dist.barrier()
-    dist.destroy_process_group()
+    shutdown(ctx)
 
 
 def main() -> None:
@@ -60,13 +58,11 @@ def main() -> None:
     ap.add_argument("--ranks", type=int, nargs="+", default=[2, 4])
     ap.add_argument("--nodes", type=int, default=20000)
     ap.add_argument("--features", type=int, default=4096)
-    ap.add_argument("--port", type=int, default=29533)
     ns = ap.parse_args()
-    import tempfile
     lines = []
     for P in ns.ranks:
         with tempfile.TemporaryDirectory() as tmp:
-            mp.spawn(_rank, args=(P, ns.nodes, ns.features, ns.port + P, tmp), nprocs=P)
+            spawn_ranks(_rank, (ns.nodes, ns.features, tmp), nprocs=P, master_addr="127.0.0.1", port=free_port())
             res = [torch.load(f"{tmp}/rank{r}.pt") for r in range(P)]
         worst = max(r["extra_mb"] / r["result_mb"] for r in res)
         lines.append(f"| {ns.label} | {P} | {ns.nodes} | {ns.features} | {res[0]['result_mb']:.0f} | "
