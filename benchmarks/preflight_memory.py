@@ -110,6 +110,17 @@ def from_run(run: Path) -> dict:
                    for r, (pk, e) in enumerate(zip(peaks, est.per_rank)))
         need = round(need, 2)
     ratios = [e / p for e, p in zip(est.per_rank, peaks)]
+    probed: dict[str, object] = {"rank_est_probed_mb_max": "—", "ranks_est_probed_mb_sum": "—",
+                                 "est_probed_over_peak_min_rank": "—", "est_probed_over_peak_max_rank": "—"}
+    if cfg.train.mode == "minibatch" and cfg.minibatch.sampler in ("neighbor", "vrgcn"):
+        # what the launcher now estimates: step sizes from a sampled probe of the partitions
+        from commgnn.runner.step_probe import probe_graph_from_dir
+        part_dir = cfg.partition.dir or str(run / "partitions")
+        pe = preflight.estimate_for_config(cfg, d, rep, probe=probe_graph_from_dir(part_dir, len(peaks)))
+        pr = [e / p for e, p in zip(pe.per_rank, peaks)]
+        probed = {"rank_est_probed_mb_max": round(max(pe.per_rank) / 2**20),
+                  "ranks_est_probed_mb_sum": round(sum(pe.per_rank) / 2**20),
+                  "est_probed_over_peak_min_rank": round(min(pr), 2), "est_probed_over_peak_max_rank": round(max(pr), 2)}
     mode = "minibatch " + cfg.minibatch.sampler if cfg.train.mode == "minibatch" else "full-graph"
     return {"run": f"{run.parent.name}/{run.name}", "nodes": d["num_nodes"], "mode": mode, "model": mc.name,
             "layers": mc.layers, "hidden": mc.hidden, "ranks": len(peaks),
@@ -117,7 +128,7 @@ def from_run(run: Path) -> dict:
             "ranks_est_mb_sum": round(sum(est.per_rank) / 2**20), "ranks_peak_mb_sum": round(sum(peaks) / 2**20),
             "est_over_peak_min_rank": round(min(ratios), 2), "est_over_peak_max_rank": round(max(ratios), 2),
             "est_over_peak_sum": round(sum(est.per_rank) / sum(peaks), 2),
-            "copies_needed": need, "copies_used": copies, "fullgraph_model_rank_est_mb_max": old_model}
+            "copies_needed": need, "copies_used": copies, "fullgraph_model_rank_est_mb_max": old_model, **probed}
 
 
 def main() -> None:

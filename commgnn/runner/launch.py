@@ -39,6 +39,7 @@ from commgnn.runner.preflight import (check_disk, check_memory, check_rank_count
 from commgnn.runner.own_model import (check_own_model, pack_model, read_own_model, unpack_model,
                                    write_own_model)
 from commgnn.runner.rank import run_rank
+from commgnn.runner.step_probe import probe_graph_from_data, probe_graph_from_dir
 from commgnn.dist.forkserver import prestart
 from commgnn.dist.launch import first_line, is_collective_failure, rank_failure, spawn_ranks
 from commgnn.errors import PartitionError, RankFailure, UserError
@@ -159,8 +160,16 @@ def _write_header(staging: Path, cfg: RunConfig, graph: dict[str, Any], report: 
     write_json(staging / "manifest.json", _manifest(cfg, graph, report, torchrun))
 
 
-def _preflight_memory(cfg: RunConfig, graph: dict[str, Any], report: dict[str, Any], *, own: bool) -> None:
-    est = estimate_for_config(cfg, graph, report, own=own)
+def _preflight_memory(cfg: RunConfig, graph: dict[str, Any], report: dict[str, Any], *, own: bool,
+                      data: Any = None, parts: torch.Tensor | None = None) -> None:
+    probe = None
+    if cfg.train.mode == "minibatch" and cfg.minibatch.sampler in ("neighbor", "vrgcn") and "nodes" in report:
+        # a sampled probe of the step's size (step_probe): the overlap-free bound counts
+        # every sampled neighbour as new, and refuses runs that fit several times over
+        P = cfg.runtime.parts
+        probe = probe_graph_from_data(data, parts, P) if parts is not None and data is not None \
+            else probe_graph_from_dir(cfg.partition.dir, P) if cfg.partition.dir else None
+    est = estimate_for_config(cfg, graph, report, own=own, probe=probe)
     if est is not None:
         check_memory(est, limit_gb=cfg.runtime.memory_limit_gb)
 
@@ -233,7 +242,7 @@ def train_local(cfg: RunConfig, *, resume: bool = False, graph: Any = None,
         _ended(out, "running", resumed=True, attempt=attempt)
     else:
         parts, report = partition_for_run(cfg, data, fp)
-        _preflight_memory(cfg, described, report, own=module is not None)
+        _preflight_memory(cfg, described, report, own=module is not None, data=data, parts=parts)
         _write_run_dir(cfg, out, data, described, fp, parts, report)
         part_dir = cfg.partition.dir or str(out / "partitions")
         attempt = 0

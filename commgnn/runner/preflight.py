@@ -15,7 +15,9 @@ Three checks, each a one-line :class:`~commgnn.errors.UserError` that gives the 
 Mini-batch runs (``train.mode = "minibatch"``) have their own model,
 :func:`estimate_minibatch_memory`: a rank's activations scale with the nodes one step
 samples, not with its partition, but it may hold the whole graph's adjacency (a replicated
-topology), a cache of remote rows, and a few arrays over every node of the graph.
+topology), a cache of remote rows, and a few arrays over every node of the graph. For
+neighbour sampling and VR-GCN, the step's size comes from a sampled probe of the graph
+(:mod:`commgnn.runner.step_probe`) where one can be built, capped by the overlap-free bound.
 
 The estimate is an upper-bound model, not a measurement; ``benchmarks/results`` compares it
 with the peak RSS that runs record (``peak_rss_mb_sum``).
@@ -28,11 +30,12 @@ import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 import psutil
 
 from commgnn.errors import UserError
+from commgnn.runner.step_probe import PROBE_MARGIN, probe_hops
 from commgnn.trainers.mb_setup import cache_capacity, choose_topology
 
 MAX_RANKS_PER_CORE = 8
@@ -210,7 +213,8 @@ def _partition_bytes(rows: int, edges: int, num_features: int, b: int) -> float:
 
 def sampled_per_step(*, sampler: str, batch_size: int, fanout: tuple[int, ...], layers: int, num_nodes: int,
                      num_edges: int, own_nodes: int, num_clusters: int = 40, clusters_per_batch: int = 4,
-                     budget: int = 2000, walk_length: int = 2, replace: bool = False) -> StepSize:
+                     budget: int = 2000, walk_length: int = 2, replace: bool = False,
+                     hops: Sequence[int] | None = None) -> StepSize:
     """Upper bounds on one step's batch on a rank with ``own_nodes`` (``d = 2 E / N``, twice
     the average degree, stands in where a degree is needed).
 
@@ -224,14 +228,19 @@ def sampled_per_step(*, sampler: str, batch_size: int, fanout: tuple[int, ...], 
     average degree gathers more). Subgraph samplers run every layer on one subgraph of ``S``
     nodes and at most ``S d`` edges: cluster takes ``clusters_per_batch`` METIS clusters of
     at most ``METIS_CLUSTER_SLACK n / k`` nodes, GraphSAINT its budget (node), twice it
-    (edge) or ``budget (walk_length + 1)`` (random walks)."""
+    (edge) or ``budget (walk_length + 1)`` (random walks).
+
+    ``hops``: the node counts ``c_1 .. c_K`` a sampled probe measured on the graph
+    (:func:`~commgnn.runner.step_probe.probe_hops`); each ``c_k`` is then
+    ``min(PROBE_MARGIN probed_k, the bound above)``."""
     d = 2.0 * num_edges / max(num_nodes, 1)
     if sampler in ("neighbor", "vrgcn"):
-        hops = fanout[: layers - 1] if sampler == "vrgcn" else fanout
-        fs = [d if f == -1 else float(f) for f in hops]
+        used = fanout[: layers - 1] if sampler == "vrgcn" else fanout
+        fs = [d if f == -1 else float(f) for f in used]
         c = [float(min(batch_size, num_nodes))]
-        for f in fs:
-            c.append(min(float(num_nodes), c[-1] * (1 + f)))
+        for k, f in enumerate(fs):
+            bound = min(float(num_nodes), c[-1] * (1 + f))
+            c.append(min(bound, PROBE_MARGIN * hops[k]) if hops is not None else bound)
         edges = [c[k] * fs[k] for k in range(len(fs))]
         K = len(fs)
         outs = [int(c[K - j]) for j in range(1, K + 1)]
@@ -258,7 +267,8 @@ def estimate_minibatch_memory(*, num_nodes: int, num_edges: int, num_features: i
                               prefetch: bool = False, num_clusters: int = 40, clusters_per_batch: int = 4,
                               budget: int = 2000, walk_length: int = 2, saint_steps: int = 0, presample: int = 50,
                               replace: bool = False, dtype_bytes: int = 4,
-                              partitions_built: bool = True) -> MemoryEstimate:
+                              partitions_built: bool = True,
+                              probed_hops: Sequence[Sequence[int]] | None = None) -> MemoryEstimate:
     """The mini-batch memory model (module docstring). Per rank ``r``, with the step's sizes
     from :func:`sampled_per_step` (``S`` input rows, ``o_j`` output rows of layer ``j``,
     ``e`` block edges), ``W = max(H, C)`` and ``F' = 2F`` for VR-GCN (its rows carry their
@@ -288,6 +298,9 @@ def estimate_minibatch_memory(*, num_nodes: int, num_edges: int, num_features: i
     * VR-GCN: the history, ``N H (L - 1) b``; the rank's ``[n_own, 2F]`` table; per step 24
       bytes per full in-edge and a ``[e_full, H]`` gather and its weighted copy for the
       largest layer's control variate.
+
+    ``probed_hops`` (neighbour sampling and VR-GCN): per rank, the hop node counts a sampled
+    probe measured (:mod:`commgnn.runner.step_probe`), in place of the overlap-free bound.
     """
     b = dtype_bytes
     vr = sampler == "vrgcn"
@@ -302,7 +315,7 @@ def estimate_minibatch_memory(*, num_nodes: int, num_edges: int, num_features: i
         st = sampled_per_step(sampler=sampler, batch_size=batch_size, fanout=fanout, layers=layers,
                               num_nodes=num_nodes, num_edges=num_edges, own_nodes=own, num_clusters=num_clusters,
                               clusters_per_batch=clusters_per_batch, budget=budget, walk_length=walk_length,
-                              replace=replace)
+                              replace=replace, hops=None if probed_hops is None else probed_hops[r])
         if topology == "replicated":
             # GraphSAINT pre-samples once the CSR is built: its normalisation's peak (on top of
             # the CSR's 4-byte indices) comes after the build's, not on top of it
@@ -339,16 +352,18 @@ def estimate_minibatch_memory(*, num_nodes: int, num_edges: int, num_features: i
 
 
 def estimate_for_config(cfg: Any, graph: dict[str, Any], report: dict[str, Any], *,
-                        own: bool = False) -> MemoryEstimate | None:
+                        own: bool = False, probe: Any = None) -> MemoryEstimate | None:
     """:func:`estimate_memory` for a run's resolved ``RunConfig`` (``own``: a user's module
     replaces ``[model]``'s), or ``None`` for a partition report without per-rank counts (a
-    partition directory from an older version)."""
+    partition directory from an older version). ``probe``: a
+    :class:`~commgnn.runner.step_probe.ProbeGraph`, with which neighbour sampling and VR-GCN
+    runs are estimated from sampled step sizes rather than the overlap-free bound."""
     needed = ("num_nodes", "num_edges", "num_features", "num_classes")
     if not all(k in report for k in ("nodes", "halo_in", "halo_out", "edges")) or not all(k in graph for k in needed):
         return None
     m = cfg.model
     if cfg.train.mode == "minibatch":
-        return _minibatch_for_config(cfg, graph, report)  # the built-in GraphSAGE (own models train full-graph)
+        return _minibatch_for_config(cfg, graph, report, probe)  # the built-in GraphSAGE (own models train full-graph)
     gat_rows = m.name == "gat" and (m.attn_dropout > 0 or cfg.train.resolved_kernel != "numba")
     return estimate_memory(num_nodes=int(graph["num_nodes"]), num_edges=int(graph["num_edges"]),
                            num_features=int(graph["num_features"]), num_classes=int(graph["num_classes"]),
@@ -359,7 +374,7 @@ def estimate_for_config(cfg: Any, graph: dict[str, Any], report: dict[str, Any],
                            partitions_built=not cfg.partition.dir)
 
 
-def _minibatch_for_config(cfg: Any, graph: dict[str, Any], report: dict[str, Any]) -> MemoryEstimate:
+def _minibatch_for_config(cfg: Any, graph: dict[str, Any], report: dict[str, Any], probe: Any) -> MemoryEstimate:
     """:func:`estimate_minibatch_memory` for a resolved ``RunConfig``, on the topology the
     ranks will choose and after the checks the ranks would fail (a cache over memory)."""
     mb, m = cfg.minibatch, cfg.model
@@ -373,6 +388,10 @@ def _minibatch_for_config(cfg: Any, graph: dict[str, Any], report: dict[str, Any
     if P > 1:  # a cache_mb over memory gets the ranks' own message rather than a total
         cache_capacity(cfg.fetch, 0, (2 if mb.sampler == "vrgcn" else 1) * F, b, local_ranks=P, available=available)
     topology = choose_topology(mb, N, E, P, available)
+    hops = None
+    if probe is not None and mb.sampler in ("neighbor", "vrgcn"):
+        used = mb.fanout[: m.layers - 1] if mb.sampler == "vrgcn" else mb.fanout
+        hops = probe_hops(probe, fanout=used, batch_size=mb.batch_size, replace=mb.replace) if used else None
     return estimate_minibatch_memory(
         num_nodes=N, num_edges=E, num_features=F, num_classes=int(graph["num_classes"]), report=report,
         layers=m.layers, hidden=m.hidden, sampler=mb.sampler, batch_size=mb.batch_size, fanout=tuple(mb.fanout),
@@ -381,7 +400,7 @@ def _minibatch_for_config(cfg: Any, graph: dict[str, Any], report: dict[str, Any
         clusters_per_batch=mb.cluster.clusters_per_batch, budget=mb.saint.budget,
         walk_length=mb.saint.walk_length, saint_steps=mb.saint.steps, presample=mb.saint.presample,
         replace=mb.replace, dtype_bytes=b,
-        partitions_built=not cfg.partition.dir)
+        partitions_built=not cfg.partition.dir, probed_hops=hops)
 
 
 def check_memory(est: MemoryEstimate, *, limit_gb: float) -> None:
