@@ -294,7 +294,7 @@ def test_a_users_own_module_is_estimated_as_one(tmp_path, monkeypatch):
     import commgnn.runner.launch as launch
     seen = {}
 
-    def record(cfg, graph, report, *, own):
+    def record(cfg, graph, report, *, own, **kwargs):
         seen["own"] = own
         raise SystemExit(0)
 
