@@ -126,7 +126,33 @@ def test_a_run_the_bound_refuses_passes_with_the_probe(tmp_path):
     cfg = replace(cfg, runtime=replace(cfg.runtime, memory_limit_gb=(bound.total + probed.total) / 2e9))
     with pytest.raises(UserError, match="estimated"):
         _preflight_memory(cfg, graph, report, own=False)
+    with pytest.raises(UserError, match="estimated"):  # a limit below both refuses either way
+        _preflight_memory(replace(cfg, runtime=replace(cfg.runtime, memory_limit_gb=0.99 * probed.total / 1e9)),
+                          graph, report, own=False, data=data, parts=parts)
     _preflight_memory(cfg, graph, report, own=False, data=data, parts=parts)
     save_partitions(tmp_path / "parts", build_local_partitions(data, parts, P), {"graph_fingerprint": "test"})
     _preflight_memory(replace(cfg, partition=replace(cfg.partition, dir=str(tmp_path / "parts"))), graph, report,
                       own=False)
+
+
+def test_the_launcher_probes_only_a_run_the_bound_refuses(monkeypatch):
+    import commgnn.runner.launch as launch
+    from commgnn.dist.context import RuntimeConfig
+    from commgnn.models.config import ModelConfig
+    from commgnn.partition import partition_report
+    from commgnn.runner.config import RunConfig
+    from commgnn.sampling.config import SamplerConfig
+    from commgnn.trainers.config import TrainConfig
+
+    built = []
+    real = launch.probe_graph_from_data
+    monkeypatch.setattr(launch, "probe_graph_from_data", lambda *a: built.append(1) or real(*a))
+    data, parts = community_graph()
+    graph = {"num_nodes": int(data.num_nodes), "num_edges": int(data.edge_index.shape[1]), "num_features": 8,
+             "num_classes": 3}
+    report = partition_report(data.edge_index, parts, P, data.train_mask).to_dict()
+    cfg = RunConfig(model=ModelConfig(name="sage", layers=2), train=TrainConfig(mode="minibatch"),
+                    minibatch=SamplerConfig(topology="partitioned", fanout=(6, 4), batch_size=48),
+                    runtime=RuntimeConfig(parts=P, memory_limit_gb=1000.0))
+    launch._preflight_memory(cfg, graph, report, own=False, data=data, parts=parts)
+    assert built == []

@@ -162,16 +162,27 @@ def _write_header(staging: Path, cfg: RunConfig, graph: dict[str, Any], report: 
 
 def _preflight_memory(cfg: RunConfig, graph: dict[str, Any], report: dict[str, Any], *, own: bool,
                       data: Any = None, parts: torch.Tensor | None = None) -> None:
-    probe = None
-    if cfg.train.mode == "minibatch" and cfg.minibatch.sampler in ("neighbor", "vrgcn") and "nodes" in report:
-        # a sampled probe of the step's size (step_probe): the overlap-free bound counts
-        # every sampled neighbour as new, and refuses runs that fit several times over
-        P = cfg.runtime.parts
-        probe = probe_graph_from_data(data, parts, P) if parts is not None and data is not None \
-            else probe_graph_from_dir(cfg.partition.dir, P) if cfg.partition.dir else None
-    est = estimate_for_config(cfg, graph, report, own=own, probe=probe)
-    if est is not None:
+    """Refuse a job whose estimate exceeds the memory cap. A neighbour-sampling or VR-GCN
+    run that the overlap-free bound refuses is estimated again from a sampled probe of its
+    steps (:mod:`~commgnn.runner.step_probe`): the bound counts every sampled neighbour as
+    new and refuses runs that fit several times over, and the probe costs a CSR of the
+    graph, so it runs only when the bound says no."""
+    est = estimate_for_config(cfg, graph, report, own=own)
+    if est is None:
+        return
+    try:
         check_memory(est, limit_gb=cfg.runtime.memory_limit_gb)
+    except UserError:
+        probe = None
+        if cfg.train.mode == "minibatch" and cfg.minibatch.sampler in ("neighbor", "vrgcn"):
+            P = cfg.runtime.parts
+            probe = probe_graph_from_data(data, parts, P) if parts is not None and data is not None \
+                else probe_graph_from_dir(cfg.partition.dir, P) if cfg.partition.dir else None
+        if probe is None:
+            raise
+        probed = estimate_for_config(cfg, graph, report, own=own, probe=probe)
+        assert probed is not None  # the same report and graph gave an estimate above
+        check_memory(probed, limit_gb=cfg.runtime.memory_limit_gb)
 
 
 def _write_run_dir(cfg: RunConfig, out: Path, data: Any, graph: dict[str, Any], fp: str,

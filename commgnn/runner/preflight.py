@@ -16,8 +16,9 @@ Mini-batch runs (``train.mode = "minibatch"``) have their own model,
 :func:`estimate_minibatch_memory`: a rank's activations scale with the nodes one step
 samples, not with its partition, but it may hold the whole graph's adjacency (a replicated
 topology), a cache of remote rows, and a few arrays over every node of the graph. For
-neighbour sampling and VR-GCN, the step's size comes from a sampled probe of the graph
-(:mod:`commgnn.runner.step_probe`) where one can be built, capped by the overlap-free bound.
+neighbour sampling and VR-GCN runs that this refuses, the launcher estimates again with the
+step's size from a sampled probe of the graph (:mod:`commgnn.runner.step_probe`), capped by
+the overlap-free bound.
 
 The estimate is an upper-bound model, not a measurement; ``benchmarks/results`` compares it
 with the peak RSS that runs record (``peak_rss_mb_sum``).
@@ -35,7 +36,7 @@ from typing import Any, Sequence
 import psutil
 
 from commgnn.errors import UserError
-from commgnn.runner.step_probe import PROBE_MARGIN, probe_hops
+from commgnn.runner.step_probe import PROBE_MARGIN, ProbeGraph, probe_hops
 from commgnn.trainers.mb_setup import cache_capacity, choose_topology
 
 MAX_RANKS_PER_CORE = 8
@@ -352,7 +353,7 @@ def estimate_minibatch_memory(*, num_nodes: int, num_edges: int, num_features: i
 
 
 def estimate_for_config(cfg: Any, graph: dict[str, Any], report: dict[str, Any], *,
-                        own: bool = False, probe: Any = None) -> MemoryEstimate | None:
+                        own: bool = False, probe: ProbeGraph | None = None) -> MemoryEstimate | None:
     """:func:`estimate_memory` for a run's resolved ``RunConfig`` (``own``: a user's module
     replaces ``[model]``'s), or ``None`` for a partition report without per-rank counts (a
     partition directory from an older version). ``probe``: a
@@ -374,7 +375,8 @@ def estimate_for_config(cfg: Any, graph: dict[str, Any], report: dict[str, Any],
                            partitions_built=not cfg.partition.dir)
 
 
-def _minibatch_for_config(cfg: Any, graph: dict[str, Any], report: dict[str, Any], probe: Any) -> MemoryEstimate:
+def _minibatch_for_config(cfg: Any, graph: dict[str, Any], report: dict[str, Any],
+                          probe: ProbeGraph | None) -> MemoryEstimate:
     """:func:`estimate_minibatch_memory` for a resolved ``RunConfig``, on the topology the
     ranks will choose and after the checks the ranks would fail (a cache over memory)."""
     mb, m = cfg.minibatch, cfg.model

@@ -13,6 +13,8 @@ launcher's copy of the topology for a few batches per rank, each of the size the
 will give that rank (its training nodes over the rank-wide step count, see
 :func:`~commgnn.sampling.base.split_evenly`), and returns each hop's largest node count.
 The pre-flight scales that by :data:`PROBE_MARGIN` and keeps the analytic bound as a cap.
+The launcher probes only a run that the bound refuses (building the probe's CSR costs
+about as much as the graph's edges).
 
 The topology comes from the graph the launcher loaded, or, for a saved partition
 directory (where the launcher may not load the graph at all), from the partition files'
