@@ -16,7 +16,8 @@ full-graph halo levers (transform-first + 4-bit rows) on 4 ranks; neighbour samp
 (fan-out 15,10, batch 512) on 4 ranks with fp32 fetch and no cache, with a 25% degree
 cache and 4-bit fetch, and in one process; VR-GCN at fan-out 2,2; Cluster-GCN; the three
 GraphSAINT samplers; full-graph exact and neighbour sampling (fan-out 15,10,5) with
-3 layers, and both on 8 ranks; every sampler on a partitioned topology. Columns: test
+3 layers, and both on 8 ranks (and every other sampler with them); every sampler on a
+partitioned topology. Columns: test
 accuracy at the best validation epoch, feature bytes per epoch, topology bytes per epoch
 and at set-up, the largest rank's peak RSS, cache hit rate (and the offline-optimal one),
 the epoch time split, and the time (cumulative epoch seconds of the slowest rank) until
@@ -72,6 +73,11 @@ ENTRIES: dict[str, tuple[int, list[str]]] = {
     "full-graph exact, 8 ranks": (8, FULL),
     "neighbor fp32, 8 ranks": (8, NEIGHBOR),
 }
+# Every other sampler at 3 layers (VR-GCN samples 2 per hop at each) and on 8 ranks too.
+for _name in ("vrgcn 2,2", "cluster", "saint-rw", "saint-node", "saint-edge"):
+    _deeper = ["--fanout", "2,2,2"] if _name.startswith("vrgcn") else []
+    ENTRIES[f"{_name}, 3 layers"] = (4, [*ENTRIES[_name][1], "--layers", "3", *_deeper])
+    ENTRIES[f"{_name}, 8 ranks"] = (8, ENTRIES[_name][1])
 # Every sampler on a partitioned topology (owners answer for their nodes' in-edges): the
 # entries above with ``--topology partitioned`` (on these graphs ``auto`` replicates).
 for _name in ("neighbor fp32", "vrgcn 2,2", "cluster", "saint-rw", "saint-node", "saint-edge"):
