@@ -3,6 +3,8 @@ pre-flight estimate built on it."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import torch
 from torch_geometric.data import Data
@@ -99,17 +101,13 @@ def test_probed_step_bounds_every_batch_of_an_epoch_and_is_below_the_overlap_fre
     assert tighter == P
 
 
-def test_a_run_the_bound_refuses_passes_with_the_probe(tmp_path):
-    """The launcher's wiring: a memory limit between the two estimates refuses the run when
-    no probe can be built (no graph, no partition directory) and admits it with a probe of
-    the graph or of a saved partition directory."""
-    from dataclasses import replace
-
+def launch_inputs(limit_gb: float = 0.0) -> tuple[Data, torch.Tensor, dict, dict, Any]:
+    """The community graph as the launcher sees it: data, parts, graph description,
+    partition report, and a neighbour-sampling run's config."""
     from commgnn.dist.context import RuntimeConfig
     from commgnn.models.config import ModelConfig
     from commgnn.partition import partition_report
     from commgnn.runner.config import RunConfig
-    from commgnn.runner.launch import _preflight_memory
     from commgnn.sampling.config import SamplerConfig
     from commgnn.trainers.config import TrainConfig
 
@@ -119,7 +117,19 @@ def test_a_run_the_bound_refuses_passes_with_the_probe(tmp_path):
     report = partition_report(data.edge_index, parts, P, data.train_mask).to_dict()
     cfg = RunConfig(model=ModelConfig(name="sage", layers=2), train=TrainConfig(mode="minibatch"),
                     minibatch=SamplerConfig(topology="partitioned", fanout=(6, 4), batch_size=48),
-                    runtime=RuntimeConfig(parts=P))
+                    runtime=RuntimeConfig(parts=P, memory_limit_gb=limit_gb))
+    return data, parts, graph, report, cfg
+
+
+def test_a_run_the_bound_refuses_passes_with_the_probe(tmp_path):
+    """The launcher's wiring: a memory limit between the two estimates refuses the run when
+    no probe can be built (no graph, no partition directory) and admits it with a probe of
+    the graph or of a saved partition directory."""
+    from dataclasses import replace
+
+    from commgnn.runner.launch import _preflight_memory
+
+    data, parts, graph, report, cfg = launch_inputs()
     bound = pf.estimate_for_config(cfg, graph, report)
     probed = pf.estimate_for_config(cfg, graph, report, probe=probe_graph_from_data(data, parts, P))
     assert probed.total < bound.total
@@ -137,22 +147,10 @@ def test_a_run_the_bound_refuses_passes_with_the_probe(tmp_path):
 
 def test_the_launcher_probes_only_a_run_the_bound_refuses(monkeypatch):
     import commgnn.runner.launch as launch
-    from commgnn.dist.context import RuntimeConfig
-    from commgnn.models.config import ModelConfig
-    from commgnn.partition import partition_report
-    from commgnn.runner.config import RunConfig
-    from commgnn.sampling.config import SamplerConfig
-    from commgnn.trainers.config import TrainConfig
 
     built = []
     real = launch.probe_graph_from_data
     monkeypatch.setattr(launch, "probe_graph_from_data", lambda *a: built.append(1) or real(*a))
-    data, parts = community_graph()
-    graph = {"num_nodes": int(data.num_nodes), "num_edges": int(data.edge_index.shape[1]), "num_features": 8,
-             "num_classes": 3}
-    report = partition_report(data.edge_index, parts, P, data.train_mask).to_dict()
-    cfg = RunConfig(model=ModelConfig(name="sage", layers=2), train=TrainConfig(mode="minibatch"),
-                    minibatch=SamplerConfig(topology="partitioned", fanout=(6, 4), batch_size=48),
-                    runtime=RuntimeConfig(parts=P, memory_limit_gb=1000.0))
+    data, parts, graph, report, cfg = launch_inputs(limit_gb=1000.0)
     launch._preflight_memory(cfg, graph, report, own=False, data=data, parts=parts)
     assert built == []
