@@ -4,9 +4,9 @@ pre-flight.
 :func:`~commgnn.runner.preflight.sampled_per_step` bounds hop ``k``'s nodes by
 ``c_k = min(N, c_{k-1} (1 + f_k))``: every sampled neighbour counted as new. On a graph
 whose batches overlap (a METIS partition's training nodes share most of their
-neighbourhoods) the real count is far smaller: on Coauthor Physics at batch 1024 and fan-out
-15,10 the bound is every one of the 34,493 nodes, a step gathers about 8.6k, and the
-pre-flight refused an 8-rank run (36.4 GB estimated) that peaked at 1.6 GB a rank.
+neighbourhoods) the real count is far smaller: on Coauthor Physics on 8 ranks at batch 512
+and fan-out 15,10 the bound is every one of the 34,493 nodes, a step gathers at most 10-11k,
+and the pre-flight refused the run (36.4 GB estimated) that peaked at 1.6 GB a rank.
 
 The probe runs the trainer's own :class:`~commgnn.sampling.neighbor.NeighborSampler` on the
 launcher's copy of the topology for a few batches per rank, each of the size the trainer
