@@ -32,6 +32,7 @@ from torch import Tensor
 from commgnn.partition import load_partition
 from commgnn.sampling.csr import CSRTopology
 from commgnn.sampling.neighbor import NeighborSampler, replicated_source
+from commgnn.trainers.mb_setup import own_in_edges
 
 PROBE_BATCHES = 4
 """Batches probed per rank: the largest hop count over them is kept (batches of one
@@ -70,11 +71,10 @@ def probe_graph_from_dir(part_dir: str, num_parts: int) -> ProbeGraph:
     edges, seeds, num_nodes = [], [], 0
     for r in range(num_parts):
         lp = load_partition(part_dir, r, expected_parts=num_parts)
-        glob = torch.cat([lp.global_ids, lp.halo_global_ids]).to(torch.int64)
-        edges.append(glob[lp.edge_index.to(torch.int64)])
+        edges.append(own_in_edges(lp))  # the in-edges the trainer's replicated topology gathers
         seeds.append(lp.global_ids[lp.train_mask].to(torch.int64))
         num_nodes = lp.num_nodes_global
-        del lp, glob
+        del lp
     return ProbeGraph(csr=CSRTopology.from_edge_index(torch.cat(edges, dim=1), num_nodes), seeds=seeds)
 
 
@@ -84,16 +84,16 @@ def probe_hops(graph: ProbeGraph, *, fanout: Sequence[int], batch_size: int, rep
     ``(c_1, ..., c_K)`` for ``K = len(fanout)`` (``c_0``, the batch, is known). A rank's
     batch has ``ceil(s_r / steps)`` seeds, where ``steps = ceil(max_r s_r / batch_size)``
     is the count every rank runs; a rank without seeds gets zeros."""
-    steps = max(-(-max((int(s.numel()) for s in graph.seeds), default=0) // batch_size), 1)
     source = replicated_source(graph.csr, replace)
+    samplers = [NeighborSampler(source, seeds, fanout, batch_size) for seeds in graph.seeds]
+    steps = max(max((s.num_batches() for s in samplers), default=0), 1)  # what every rank runs
     gen = torch.Generator().manual_seed(seed)
     out: list[tuple[int, ...]] = []
-    for seeds in graph.seeds:
+    for sampler, seeds in zip(samplers, graph.seeds):
         size = -(-int(seeds.numel()) // steps)
         if size == 0:
             out.append((0,) * len(fanout))
             continue
-        sampler = NeighborSampler(source, seeds, fanout, batch_size)
         best = [0] * len(fanout)
         for _ in range(batches):
             batch = seeds[torch.randperm(int(seeds.numel()), generator=gen)[:size]]
