@@ -44,7 +44,8 @@ from commgnn.runner.config import RunConfig
 from commgnn.config import dump_toml, from_dict, set_path, to_dict
 from commgnn.errors import UserError
 from commgnn.netmodel import ClusterModel
-from commgnn.netmodel.predict import overlapped_classes, per_epoch_traffic, pipelined, read_metrics_rows, residual_s
+from commgnn.netmodel.predict import (overlapped_classes, per_epoch_traffic, pipelined, read_metrics_rows, residual_s,
+                                      with_overhead)
 
 HALO_PLANS: dict[str, dict[str, Any]] = {
     "exact": {},
@@ -123,7 +124,7 @@ def _score(run_dir: Path, model: ClusterModel, compute_scale: float,
            overhead_s: float = 0.0) -> tuple[list[float], list[float], float, float, float]:
     """Per-epoch validation accuracies, predicted cumulative seconds (set-up first),
     predicted comm s/epoch, bytes per epoch and the predicted set-up seconds of a probe run;
-    ``overhead_s`` is added to every epoch."""
+    ``overhead_s`` joins every epoch's priced communication (``with_overhead``)."""
     rows = read_metrics_rows(run_dir)
     pairs, calls = per_epoch_traffic(run_dir)
     comm = model.predict_epoch(0.0, pairs, calls)["comm"]
@@ -136,7 +137,8 @@ def _score(run_dir: Path, model: ClusterModel, compute_scale: float,
         b = r["time_busiest_s"]
         compute = compute_scale * (b["compute"] + b.get("sample", 0.0))
         # a pipelined plan's stale epochs hide their halo exchange behind compute
-        t += model.predict_epoch(compute, pairs, calls, overlapped_classes(r, is_pipelined))["epoch"] + overhead_s
+        exposed = model.predict_epoch(compute, pairs, calls, overlapped_classes(r, is_pipelined))["epoch"] - compute
+        t += compute + with_overhead(exposed, overhead_s)
         cum.append(t)
     return [r["val_acc"] for r in rows], cum, comm, statistics.mean(r["total_bytes"] for r in rows), setup
 

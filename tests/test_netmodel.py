@@ -177,8 +177,9 @@ def test_a_pipelined_runs_stale_epochs_are_priced_with_their_overlap(tmp_path):
 
 def test_the_residual_of_a_reference_run_carries_to_another_link(tmp_path):
     """``residual_s`` is what the reference link's model leaves unexplained (measured epoch
-    less predicted, never below 0); ``predict_run(..., overhead_s=r)`` adds exactly r."""
-    from commgnn.netmodel.predict import predict_run, residual_s
+    less predicted, never below 0); ``predict_run(..., overhead_s=r)`` joins it to the
+    priced link time: added at overlap 0, the larger at 1, their midpoint by default."""
+    from commgnn.netmodel.predict import OVERLAP, predict_run, residual_s
 
     run = _run_dir(tmp_path)  # epochs of 1.0 s measured, 0.5 s of it compute
     fast = model(hosts=1, r=2)
@@ -187,12 +188,35 @@ def test_the_residual_of_a_reference_run_carries_to_another_link(tmp_path):
     assert r == pytest.approx(1.0 - plain["predicted_epoch_s"]) and r > 0
     slow = model(hosts=2, r=1)
     on_slow = predict_run(run, slow)
+    link = on_slow["predicted_epoch_s"] - on_slow["compute_s"]  # nothing pipelined: all exposed
+    assert link > 0 and on_slow["predicted_hidden_s"] == 0
+    added = predict_run(run, slow, overhead_s=r, overlap=0.0)
+    assert added["predicted_epoch_s"] == pytest.approx(on_slow["predicted_epoch_s"] + r)
+    larger = predict_run(run, slow, overhead_s=r, overlap=1.0)
+    assert larger["predicted_epoch_s"] == pytest.approx(on_slow["compute_s"] + max(link, r))
     with_r = predict_run(run, slow, overhead_s=r)
-    assert with_r["predicted_epoch_s"] == pytest.approx(on_slow["predicted_epoch_s"] + r)
+    assert OVERLAP == 0.5
+    assert with_r["predicted_epoch_s"] == pytest.approx(on_slow["predicted_epoch_s"] + r - 0.5 * min(link, r))
+    assert larger["predicted_epoch_s"] < with_r["predicted_epoch_s"] < added["predicted_epoch_s"]
     assert with_r["overhead_s"] == r and with_r["predicted_comm_s"] == on_slow["predicted_comm_s"]
+    for bad in (-0.1, 1.5, float("nan")):
+        with pytest.raises(ValueError):
+            predict_run(run, slow, overhead_s=r, overlap=bad)
     # a reference link priced above what the run measured leaves nothing to carry over
     dear = ClusterModel(hosts=1, ranks_per_host=2, intra=Link(alpha_s=1.0, beta_s=1e-3), inter=INTER)
     assert predict_run(run, dear)["predicted_epoch_s"] > 1.0 and residual_s(run, dear) == 0.0
     for bad in (-0.1, float("nan")):
         with pytest.raises(ValueError):
             predict_run(run, slow, overhead_s=bad)
+
+
+def test_with_overhead_lies_between_the_sum_and_the_larger():
+    """The overlap rule: 0 adds, 1 takes the larger, anything between interpolates; a
+    residual of 0 leaves the link time alone whatever the overlap."""
+    from commgnn.netmodel.predict import with_overhead
+
+    for link, res in ((3.0, 1.0), (0.2, 0.9), (0.5, 0.5), (0.0, 0.4)):
+        assert with_overhead(link, res, 0.0) == pytest.approx(link + res)
+        assert with_overhead(link, res, 1.0) == pytest.approx(max(link, res))
+        assert with_overhead(link, res, 0.5) == pytest.approx((link + res + max(link, res)) / 2)
+        assert with_overhead(link, 0.0, 0.7) == pytest.approx(link)
