@@ -168,7 +168,7 @@ def plan(base: RunConfig, model: ClusterModel, *, tolerance: float, probe_epochs
          probe_model: ClusterModel | None = None) -> list[PlanResult]:
     """Probe every candidate and rank them (best first). ``probe_epochs=None``: probe as long
     as the exact plan takes to stop improving for ``probe_patience`` epochs; ``probe_model``:
-    the probes' own link, calibrated, whose residual in each probe is added to its epochs
+    the probes' own link, calibrated, whose residual in each probe joins its epochs (``with_overhead``)
     (see the module docstring)."""
     if probe_epochs is not None and probe_epochs < 2:
         raise UserError(f"probes need at least 2 epochs, got {probe_epochs}")

@@ -43,7 +43,7 @@ def add_parser(sub: Any) -> None:
                         "shared, at most 1, else cores / ranks)")
     p.add_argument("--probe-net", dest="probe_net",
                    help="the probes' own link, calibrated (`commgnn calibrate --parts P` here): what it leaves "
-                        "unexplained in each probe is added to that plan's epochs")
+                        "unexplained in each probe joins that plan's priced communication, half overlapping it")
     p.add_argument("--plans", nargs="+", help="only these candidate names (exact is always probed)")
     p.add_argument("--workdir", help="keep the probe runs here (reruns reuse finished probes)")
     p.add_argument("--out", required=True, help="TOML file for the chosen plan")
