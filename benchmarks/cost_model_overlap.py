@@ -33,6 +33,7 @@ NOT_PIPELINED = {"exact", "tf+q4", "precompute+tf"}
 
 
 def _graph(path: Path) -> str:
+    """The graph a table measured: its rows do not say, its tag does (``-computers`` or CS)."""
     name = path.stem.lower()
     return "Computers" if "computers" in name else "CS"
 

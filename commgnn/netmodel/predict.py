@@ -23,7 +23,7 @@ machine) this dominates small exchanges: CS with transform-first and 4-bit rows 
 0.06 s that the calibrated links price its 35 MB at (spread over four hosts' 1 Gbit/s
 ports). :func:`residual_s` measures it once, on a reference run of the same configuration
 on a link with its own calibration (local ranks over loopback, say), as that run's
-measured epoch time less its predicted one; ``predict_run(..., overhead_s=residual)`` adds
+measured epoch time less its predicted one; ``predict_run(..., overhead_s=residual)`` joins
 it to the price on another link.
 
 How it adds (:func:`with_overhead`). The waiting and the transfers are not independent: on
