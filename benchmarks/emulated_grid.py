@@ -80,13 +80,23 @@ def _link(spec: str) -> tuple[str, str | None]:
 
 
 def _plan(ns: argparse.Namespace, out: Path, ds: str, link: str, net: Path) -> Path:
+    """The plan ``commgnn plan`` picks for this link: probes on P local ranks, priced on the
+    link calibrated inside the emulated cluster (``net``); with ``--probe-net`` the loopback
+    is calibrated too and what it leaves unexplained in each probe joins that plan's price."""
     plan = out / f"{ds}-{link}-plan.toml"
     if not plan.is_file():
         P = ns.hosts * ns.ranks_per_host
+        extra: list[str] = []
+        if ns.probe_net:
+            lo = out / f"loopback-parts{P}-net.json"
+            if not lo.is_file():
+                subprocess.run([sys.executable, "-m", "commgnn", "calibrate", "--parts", str(P), "--out", str(lo)],
+                               check=True, stdout=subprocess.DEVNULL)
+            extra = ["--probe-net", str(lo)]
         subprocess.run(["commgnn", "plan", "--dataset", ds, "--data-root", ns.root, "--model", "gcn", "--layers",
-                        str(ns.layers), "--hidden", str(ns.hidden), "--epochs", str(ns.epochs), "--hosts",
-                        str(ns.hosts), "--ranks-per-host", str(ns.ranks_per_host), "--net", str(net),
-                        "--tolerance", str(TOLERANCE), "--probe-epochs", str(ns.probe_epochs),
+                        str(ns.layers), "--hidden", str(ns.hidden), "--epochs", str(ns.plan_epochs or ns.epochs),
+                        "--hosts", str(ns.hosts), "--ranks-per-host", str(ns.ranks_per_host), "--net", str(net),
+                        "--tolerance", str(TOLERANCE), "--probe-epochs", str(ns.probe_epochs), *extra,
                         "--workdir", str(out / f"{ds}-probes-P{P}"), "--out", str(plan)], check=True)
     return plan
 
@@ -234,7 +244,11 @@ def main() -> None:
     ap.add_argument("--layers", type=int, default=3)
     ap.add_argument("--hidden", type=int, default=64)
     ap.add_argument("--epochs", type=int, default=40)
-    ap.add_argument("--probe-epochs", type=int, default=30)
+    ap.add_argument("--probe-epochs", default="30", help="epochs per plan probe, or 'auto' (`commgnn plan`)")
+    ap.add_argument("--plan-epochs", type=int, default=0,
+                    help="the planned run's epochs, which cap an auto probe (default: --epochs)")
+    ap.add_argument("--probe-net", action="store_true",
+                    help="calibrate the loopback too and pass it to `commgnn plan --probe-net`")
     ap.add_argument("--root", default=os.environ.get("COMMGNN_DATA_ROOT", "../shared/datasets"))
     ap.add_argument("--out", default="runs/bench-emulated")
     ap.add_argument("--stamp", help="date in the result file names (default: today)")
@@ -244,6 +258,8 @@ def main() -> None:
     ns = ap.parse_args()
     for e in [*ns.entries, *ns.one_seed]:
         _entry(e, ns.epochs)
+    if ns.probe_epochs != "auto" and not ns.probe_epochs.isdigit():
+        raise SystemExit(f"--probe-epochs: a number or 'auto', got {ns.probe_epochs!r}")
     ns.entry_seeds = {e: ns.seeds[:1] for e in ns.one_seed}
     out = Path(ns.out)
     out.mkdir(parents=True, exist_ok=True)
