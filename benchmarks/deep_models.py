@@ -133,11 +133,14 @@ def main() -> int:
     ap.add_argument("--out", default="runs/bench-deep-CS", help="bench output folder (runs are reused)")
     ap.add_argument("--results", default=str(HERE / "results"), help="where the dated tables go")
     ap.add_argument("--report-only", action="store_true", help="tabulate finished runs, run nothing")
+    ap.add_argument("--tag", default="", help="suffix of the table names (another grid on the same day)")
     ns = ap.parse_args()
     out = Path(ns.out)
     run_grid(ns.grid, out, report_only=ns.report_only)  # also writes commgnn bench's own tables in out
     rows, layer_rows, notes = tabulate(ns.grid, out)
     stem = Path(ns.results) / f"{datetime.date.today().isoformat()}-deep-models-{rows[0]['dataset'].lower()}"
+    if ns.tag:
+        stem = stem.with_name(f"{stem.name}-{ns.tag}")
     protocol = (f"Grid `{Path(ns.grid).name}` (protocol in the file), runs in `{out}`; gloo on CPU, the ranks "
                 f"share the cores. Halo bytes: training exchanges (rows forward, gradients backward) of all "
                 f"ranks per epoch; evaluation's exact exchanges are not included. `vs_L3_exact`: ratio to the "
