@@ -82,7 +82,12 @@ def _link(spec: str) -> tuple[str, str | None]:
 def _plan(ns: argparse.Namespace, out: Path, ds: str, link: str, net: Path) -> Path:
     """The plan ``commgnn plan`` picks for this link: probes on P local ranks, priced on the
     link calibrated inside the emulated cluster (``net``); with ``--probe-net`` the loopback
-    is calibrated too and what it leaves unexplained in each probe joins that plan's price."""
+    is calibrated too and what it leaves unexplained in each probe joins that plan's price.
+
+    The probes' compute is taken as measured (``--plan-compute-scale 1``, the default): the
+    emulated hosts share this machine's cores exactly as the probes' local ranks do, so the
+    planner's own default (the probe's compute alone over shared: hosts with their own cores)
+    would price a cluster that this grid does not run on."""
     plan = out / f"{ds}-{link}-plan.toml"
     if not plan.is_file():
         P = ns.hosts * ns.ranks_per_host
@@ -97,6 +102,7 @@ def _plan(ns: argparse.Namespace, out: Path, ds: str, link: str, net: Path) -> P
                         str(ns.layers), "--hidden", str(ns.hidden), "--epochs", str(ns.plan_epochs or ns.epochs),
                         "--hosts", str(ns.hosts), "--ranks-per-host", str(ns.ranks_per_host), "--net", str(net),
                         "--tolerance", str(TOLERANCE), "--probe-epochs", str(ns.probe_epochs), *extra,
+                        *(["--compute-scale", str(ns.plan_compute_scale)] if ns.plan_compute_scale else []),
                         "--workdir", str(out / f"{ds}-probes-P{P}"), "--out", str(plan)], check=True)
     return plan
 
@@ -247,6 +253,9 @@ def main() -> None:
     ap.add_argument("--probe-epochs", default="30", help="epochs per plan probe, or 'auto' (`commgnn plan`)")
     ap.add_argument("--plan-epochs", type=int, default=0,
                     help="the planned run's epochs, which cap an auto probe (default: --epochs)")
+    ap.add_argument("--plan-compute-scale", type=float, default=1.0,
+                    help="`commgnn plan --compute-scale` (default 1: the emulated hosts share the probes' "
+                         "cores; 0: the planner's default, compute alone)")
     ap.add_argument("--probe-net", action="store_true",
                     help="calibrate the loopback too and pass it to `commgnn plan --probe-net`")
     ap.add_argument("--root", default=os.environ.get("COMMGNN_DATA_ROOT", "../shared/datasets"))
