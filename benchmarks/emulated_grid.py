@@ -79,18 +79,34 @@ def _link(spec: str) -> tuple[str, str | None]:
     return rate, delay or None
 
 
+def _cluster_compute_scale(out: Path, ds: str, link: str, probes: Path) -> float:
+    """The exact run's compute on this cluster over the exact probe's on local ranks: the
+    factor that turns a probe's measured compute into the cluster's (mean over the grid's
+    finished exact runs of this dataset and link; busiest rank, seconds per epoch)."""
+    runs = sorted((out / ds / link / "exact").glob("s*/summary.json"))
+    if not runs:
+        raise SystemExit(f"--plan-compute-scale cluster needs an exact run on {ds} {link} first (list exact first)")
+    on_cluster = statistics.mean(json.loads(r.read_text())["time_split"]["compute"] for r in runs)
+    probe = json.loads((probes / "exact" / "summary.json").read_text())["time_split"]["compute"]
+    return on_cluster / probe
+
+
 def _plan(ns: argparse.Namespace, out: Path, ds: str, link: str, net: Path) -> Path:
     """The plan ``commgnn plan`` picks for this link: probes on P local ranks, priced on the
     link calibrated inside the emulated cluster (``net``); with ``--probe-net`` the loopback
     is calibrated too and what it leaves unexplained in each probe joins that plan's price.
 
-    The probes' compute is taken as measured (``--plan-compute-scale 1``, the default): the
-    emulated hosts share this machine's cores exactly as the probes' local ranks do, so the
-    planner's own default (the probe's compute alone over shared: hosts with their own cores)
-    would price a cluster that this grid does not run on."""
+    Compute: the emulated hosts share this machine's cores, but not as the probes' local
+    ranks do (over loopback the transfers themselves take the cores; behind a slow link the
+    ranks mostly wait). ``--plan-compute-scale cluster`` (the default) therefore scales the
+    probes' compute by the exact run's compute on this cluster over the exact probe's
+    (:func:`_cluster_compute_scale`; the exact probe runs first, alone, if it has not). The
+    planner's own default (``probe``: compute alone over shared) prices hosts with their own
+    cores, which this grid does not run on."""
     plan = out / f"{ds}-{link}-plan.toml"
     if not plan.is_file():
         P = ns.hosts * ns.ranks_per_host
+        probes = out / f"{ds}-probes-P{P}"
         extra: list[str] = []
         if ns.probe_net:
             lo = out / f"loopback-parts{P}-net.json"
@@ -98,12 +114,24 @@ def _plan(ns: argparse.Namespace, out: Path, ds: str, link: str, net: Path) -> P
                 subprocess.run([sys.executable, "-m", "commgnn", "calibrate", "--parts", str(P), "--out", str(lo)],
                                check=True, stdout=subprocess.DEVNULL)
             extra = ["--probe-net", str(lo)]
-        subprocess.run(["commgnn", "plan", "--dataset", ds, "--data-root", ns.root, "--model", "gcn", "--layers",
-                        str(ns.layers), "--hidden", str(ns.hidden), "--epochs", str(ns.plan_epochs or ns.epochs),
-                        "--hosts", str(ns.hosts), "--ranks-per-host", str(ns.ranks_per_host), "--net", str(net),
-                        "--tolerance", str(TOLERANCE), "--probe-epochs", str(ns.probe_epochs), *extra,
-                        *(["--compute-scale", str(ns.plan_compute_scale)] if ns.plan_compute_scale else []),
-                        "--workdir", str(out / f"{ds}-probes-P{P}"), "--out", str(plan)], check=True)
+        cmd = ["commgnn", "plan", "--dataset", ds, "--data-root", ns.root, "--model", "gcn", "--layers",
+               str(ns.layers), "--hidden", str(ns.hidden), "--epochs", str(ns.plan_epochs or ns.epochs),
+               "--hosts", str(ns.hosts), "--ranks-per-host", str(ns.ranks_per_host), "--net", str(net),
+               "--tolerance", str(TOLERANCE), "--probe-epochs", str(ns.probe_epochs), *extra,
+               "--workdir", str(probes)]
+        scale: float | None = None
+        if ns.plan_compute_scale == "cluster":
+            if not (probes / "exact" / "summary.json").is_file():  # the exact probe alone
+                subprocess.run([*cmd, "--plans", "exact", "--out", str(probes / "exact-only.toml")], check=True)
+            scale = _cluster_compute_scale(out, ds, link, probes)
+        elif ns.plan_compute_scale != "probe":
+            scale = float(ns.plan_compute_scale)
+        if scale is not None:
+            cmd += ["--compute-scale", f"{scale:.4f}"]
+            print(f"{ds} {link}: planning with compute scale {scale:.4f} ({ns.plan_compute_scale})", flush=True)
+        subprocess.run([*cmd, "--out", str(plan)], check=True)
+        (out / f"{ds}-{link}-plan-scale.json").write_text(json.dumps(
+            {"compute_scale": scale, "source": ns.plan_compute_scale}) + "\n")
     return plan
 
 
@@ -253,9 +281,9 @@ def main() -> None:
     ap.add_argument("--probe-epochs", default="30", help="epochs per plan probe, or 'auto' (`commgnn plan`)")
     ap.add_argument("--plan-epochs", type=int, default=0,
                     help="the planned run's epochs, which cap an auto probe (default: --epochs)")
-    ap.add_argument("--plan-compute-scale", type=float, default=1.0,
-                    help="`commgnn plan --compute-scale` (default 1: the emulated hosts share the probes' "
-                         "cores; 0: the planner's default, compute alone)")
+    ap.add_argument("--plan-compute-scale", default="cluster",
+                    help="`commgnn plan --compute-scale`: 'cluster' (default: exact's compute on this cluster over "
+                         "the exact probe's), 'probe' (the planner's default: compute alone) or a number")
     ap.add_argument("--probe-net", action="store_true",
                     help="calibrate the loopback too and pass it to `commgnn plan --probe-net`")
     ap.add_argument("--root", default=os.environ.get("COMMGNN_DATA_ROOT", "../shared/datasets"))
@@ -267,6 +295,11 @@ def main() -> None:
     ns = ap.parse_args()
     for e in [*ns.entries, *ns.one_seed]:
         _entry(e, ns.epochs)
+    if ns.plan_compute_scale not in ("cluster", "probe"):
+        try:
+            float(ns.plan_compute_scale)
+        except ValueError:
+            raise SystemExit(f"--plan-compute-scale: 'cluster', 'probe' or a number, got {ns.plan_compute_scale!r}")
     if ns.probe_epochs != "auto" and not ns.probe_epochs.isdigit():
         raise SystemExit(f"--probe-epochs: a number or 'auto', got {ns.probe_epochs!r}")
     ns.entry_seeds = {e: ns.seeds[:1] for e in ns.one_seed}
