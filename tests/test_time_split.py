@@ -98,11 +98,19 @@ def alone_rank(ctx, data, parts):
         grads.append(torch.cat([p.grad.flatten() for p in t.model.parameters()]))
         moves.append(calls)
         t.model.zero_grad(set_to_none=True)
+    # one alone step = the training forward and backward plus the evaluation forward
+    step_moves = []
+    silent = solo._Silent(real)
+    original = silent.move
+    silent.move = lambda *a: step_moves.append(a[3:]) or original(*a)
+    solo._step(t, silent)
+    t.model.train()
     before = torch.get_rng_state()
     alone = solo.compute_alone(t, repeats=2)
     # the silent exchange's blocks have exactly the real blocks' shapes: the same step, bit for bit
     return {"same": bool(torch.equal(grads[0], grads[1])) and moves[0] == moves[1], "moves": len(moves[0]),
-            "alone": alone,
+            "alone": alone, "step_moves": step_moves, "train_moves": moves[0],
+            "mode_kept": t.model.training,
             "rng_kept": bool(torch.equal(before, torch.get_rng_state())),
             "grads_cleared": all(p.grad is None for p in t.model.parameters())}
 
@@ -118,5 +126,7 @@ def test_compute_alone_replays_the_same_step_and_leaves_training_untouched(tmp_p
     res = run_on_ranks(alone_rank, 2, tmp_path, data, parts, timeout_s=90)
     for r in res:
         assert r["same"] and r["moves"] >= 3  # 2 forward exchanges and at least one backward
-        assert r["rng_kept"] and r["grads_cleared"]
+        assert r["rng_kept"] and r["grads_cleared"] and r["mode_kept"]
+        evals = [(layer, "halo_eval") for layer, kind in r["train_moves"] if kind == "halo_fwd"]
+        assert r["step_moves"] == r["train_moves"] + evals  # then the evaluation forward's exchanges
         assert len(r["alone"]) == 2 and all(a > 0 for a in r["alone"]) and r["alone"] == res[0]["alone"]

@@ -15,9 +15,10 @@ them, which kept every layer's forward and backward blocks at once and made this
 measurement the run's memory peak: at 1M nodes (GCN 3x128, 4 ranks) the peak per rank fell
 from 3.64 to 2.37 GB without it (`benchmarks/results/2026-12-03-fullgraph-scale.md`).
 
-What it measures is the exact model's forward and backward (what every lever's compute is
-built on); a lever's encode and decode, the optimiser step and the gradient sync are not in
-it. The model's gradients are cleared afterwards, so training is unaffected.
+What it measures is the exact model's training forward and backward and its evaluation
+forward (what every lever's compute is built on; every epoch evaluates, and until 2026-12-04
+the evaluation was left out, which the shared/alone ratio then counted as contention); a
+lever's encode and decode, the optimiser step and the gradient sync are not in it. The model's gradients are cleared afterwards, so training is unaffected.
 """
 
 from __future__ import annotations
@@ -45,20 +46,26 @@ class _Silent(Wrapper):
 
 
 def _step(trainer: FullGraphTrainer, halo: RowExchange) -> None:
+    """One epoch's model work: the training forward and backward, then the evaluation
+    forward (every epoch evaluates, and its time is in the epoch's compute)."""
     trainer.model.train()
     logits = trainer.model(trainer.x, trainer.graph, halo)
     mask = trainer.part.train_mask
     loss = F.cross_entropy(logits[mask], trainer.part.y[mask], reduction="sum") / trainer.split_sizes[0]
     loss.backward()
     trainer.model.zero_grad(set_to_none=True)
+    trainer.model.eval()
+    with torch.no_grad():
+        trainer.model(trainer.x, trainer.graph, halo)
 
 
 def compute_alone(trainer: FullGraphTrainer, repeats: int = 3) -> list[float]:
-    """Every rank's median seconds of one forward and backward with the machine to itself
+    """Every rank's median seconds of one epoch's model work (:func:`_step`) with the machine to itself
     (all ranks call it; every rank gets the list, in rank order)."""
     ctx = trainer.ctx
     silent = _Silent(AllToAllHalo(ctx, halo_plan(trainer.part), Hooks()))
     cpu_state = torch.get_rng_state()  # dropout draws here must not shift training's stream
+    was_training = trainer.model.training
     mine = 0.0
     for r in range(ctx.world_size):
         ctx.barrier()
@@ -72,6 +79,7 @@ def compute_alone(trainer: FullGraphTrainer, repeats: int = 3) -> list[float]:
             mine = statistics.median(times)
         ctx.barrier()
     torch.set_rng_state(cpu_state)
+    trainer.model.train(was_training)
     return ctx.all_gather(torch.tensor([mine], dtype=torch.float64))[:, 0].tolist()
 
 
