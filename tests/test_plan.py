@@ -173,3 +173,56 @@ def test_a_probe_still_rising_is_flagged(tmp_path):
 def test_bad_plan_requests_are_one_line(tmp_path, capsys, argv, message):
     code = main(["plan", "--out", str(tmp_path / "p.toml"), "--probe-epochs", "2", *argv])
     assert code == 2 and message in capsys.readouterr().err
+
+
+def test_an_auto_probe_cheaper_than_exacts_time_is_probed_again_longer(tmp_path, monkeypatch):
+    """A plan that has not reached the target in exact's probe length, but whose predicted
+    time there is still under exact's time to the target, is probed again (time-bounded) for
+    as many epochs as fit in exact's time (at most the run's); one whose time is already over
+    exact's is not. The probes are stand-ins: curves by folder, lengths from the config."""
+    import tomllib
+
+    import commgnn.planner as planner
+    from commgnn.config import dump_toml, to_dict
+
+    toml = tmp_path / "small.toml"
+    toml.write_text("[data.synthetic]\nnum_nodes = 200\n[train]\nepochs = 60\n")
+    base = resolve_config(str(toml), {}, {})
+    runs: list[tuple[str, int]] = []
+
+    def fake_run(cfg, env):
+        out = tmp_path / "wd" / cfg.output.out.rsplit("/", 1)[-1]
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "config.toml").write_text(dump_toml(to_dict(cfg)))
+        (out / "summary.json").write_text("{}")
+        runs.append((out.name, cfg.train.epochs))
+
+    # exact: 1 s an epoch, best 0.80 at epoch 10 (the patience ends its probe there)
+    # 8-bit: 0.1 s an epoch, climbing 0.01 an epoch from 0.50: 0.795 only at epoch 30
+    # 4-bit: 2 s an epoch, never above 0.70
+    def fake_score(out, model, compute_scale, overhead_s=0.0):
+        n = tomllib.loads((out / "config.toml").read_text())["train"]["epochs"]
+        if out.name == "exact":
+            n = 10
+            vals, step = [0.70 + 0.01 * i for i in range(1, n + 1)], 1.0
+        elif out.name.startswith("8-bit"):
+            vals, step = [min(0.85, 0.50 + 0.01 * i) for i in range(1, n + 1)], 0.1
+        else:
+            vals, step = [0.70] * n, 2.0
+        return vals, [step * (i + 1) for i in range(n)], 0.0, 1.0, 0.0
+
+    monkeypatch.setattr(planner, "run", fake_run)
+    monkeypatch.setattr(planner, "_score", fake_score)
+    lines: list[str] = []
+    kw = dict(tolerance=0.5, probe_epochs=None, compute_scale=1.0, workdir=tmp_path / "wd",
+              names=["8-bit halo", "4-bit halo"], log=lines.append)
+    ranked = plan(base, ClusterModel.written(2, 1, 1e9), **kw)
+    by = {r.name: r for r in ranked}
+    assert ranked[0].name == "8-bit halo" and by["8-bit halo"].probe_epochs == 60  # 10 s / 0.1 s, capped at 60
+    assert by["8-bit halo"].time_to_target_s == pytest.approx(3.0)  # 0.795 at epoch 30
+    assert by["4-bit halo"].time_to_target_s is None and by["4-bit halo"].probe_epochs == 10  # not extended
+    assert ("8-bit-halo-long", 60) in runs and not any(n == "4-bit-halo-long" for n, _ in runs)
+    assert any("probed again for 60 epochs" in line for line in lines)
+    runs.clear()
+    plan(base, ClusterModel.written(2, 1, 1e9), **kw)  # a rerun reuses the short and the long probe
+    assert runs == []
