@@ -222,19 +222,24 @@ def plan(base: RunConfig, model: ClusterModel, *, tolerance: float, probe_epochs
             if compute_scale is None:  # one contention factor, the exact probe's, for every plan
                 compute_scale = measured_compute_scale(out, P)
                 log(f"probe: compute scaled by {compute_scale:.3f} (exact probe's compute alone over shared)")
-            try:
-                overhead = compute_scale * residual_s(out, probe_model) if probe_model is not None else 0.0
-            except ValueError as exc:  # a probe of one epoch has nothing to compare
-                raise UserError(f"--probe-net: cannot price probe {name!r}: {exc}") from None
-            overheads[name] = overhead
-            curves[name] = (levers, *_score(out, model, compute_scale, overhead))
+            scale = compute_scale
+
+            def price(run_dir: Path) -> None:  # this probe's curve, predicted on the cluster
+                try:
+                    overheads[name] = scale * residual_s(run_dir, probe_model) if probe_model is not None else 0.0
+                except ValueError as exc:  # a probe of one epoch has nothing to compare
+                    raise UserError(f"--probe-net: cannot price probe {name!r}: {exc}") from None
+                curves[name] = (levers, *_score(run_dir, model, scale, overheads[name]))
+
+            price(out)
             if auto and name == "exact":
                 epochs = len(curves[name][1])
                 log(f"probe: exact stopped after {epochs} epochs; every other plan is probed for as many")
                 target = max(curves["exact"][1]) - tolerance / 100
                 exact_t = _reach(curves["exact"][1], curves["exact"][2], target)
-            elif probe_epochs is None and exact_t is not None and _reach(curves[name][1], curves[name][2], target) is None:
-                vals, cum, setup = curves[name][1], curves[name][2], curves[name][5]
+                continue
+            vals, cum, setup = curves[name][1], curves[name][2], curves[name][5]
+            if probe_epochs is None and exact_t is not None and _reach(vals, cum, target) is None:
                 per_epoch = (cum[-1] - setup) / len(cum)
                 longer = min(base.train.epochs, int((exact_t - setup) / per_epoch)) if per_epoch > 0 else 0
                 if longer > len(vals):  # it would still be sooner than exact: probe it that long
@@ -245,9 +250,7 @@ def plan(base: RunConfig, model: ClusterModel, *, tolerance: float, probe_epochs
                         log(f"probe: {name} has not reached the target in {len(vals)} epochs, {cum[-1]:.0f} s "
                             f"predicted, under exact's {exact_t:.0f} s: probed again for {longer} epochs")
                         run(_with(cfg, {}, **{**length, "output.out": str(out_long)}), env={})
-                    overheads[name] = (compute_scale * residual_s(out_long, probe_model)
-                                       if probe_model is not None else 0.0)
-                    curves[name] = (levers, *_score(out_long, model, compute_scale, overheads[name]))
+                    price(out_long)
         target = max(curves["exact"][1]) - tolerance / 100
         for name, (levers, vals, cum, comm, nbytes, setup) in curves.items():
             reach = _reach(vals, cum, target)

@@ -18,7 +18,8 @@ from 3.64 to 2.37 GB without it (`benchmarks/results/2026-12-03-fullgraph-scale.
 What it measures is the exact model's training forward and backward and its evaluation
 forward (what every lever's compute is built on; every epoch evaluates, and until 2026-12-04
 the evaluation was left out, which the shared/alone ratio then counted as contention); a
-lever's encode and decode, the optimiser step and the gradient sync are not in it. The model's gradients are cleared afterwards, so training is unaffected.
+lever's encode and decode, the optimiser step and the gradient sync are not in it. The
+model's gradients are cleared and its mode restored afterwards, so training is unaffected.
 """
 
 from __future__ import annotations
@@ -60,8 +61,8 @@ def _step(trainer: FullGraphTrainer, halo: RowExchange) -> None:
 
 
 def compute_alone(trainer: FullGraphTrainer, repeats: int = 3) -> list[float]:
-    """Every rank's median seconds of one epoch's model work (:func:`_step`) with the machine to itself
-    (all ranks call it; every rank gets the list, in rank order)."""
+    """Every rank's median seconds of one epoch's model work (:func:`_step`) with the machine
+    to itself (all ranks call it; every rank gets the list, in rank order)."""
     ctx = trainer.ctx
     silent = _Silent(AllToAllHalo(ctx, halo_plan(trainer.part), Hooks()))
     cpu_state = torch.get_rng_state()  # dropout draws here must not shift training's stream
