@@ -159,16 +159,24 @@ def still_rising(vals: list[float]) -> bool:
     return best_at + 1 > 0.8 * len(vals)
 
 
-def _probed(out: Path, length: Mapping[str, int], parts: int) -> bool:
+def _probed(out: Path, length: Mapping[str, int], parts: int, *, or_longer: bool = False) -> bool:
     """A finished probe in ``out`` with this length on ``parts`` ranks (a workdir may hold
-    probes of another length or cluster)."""
+    probes of another length or cluster). ``or_longer``: a fixed-length probe (patience 0)
+    with more epochs also serves, since its first epochs are the shorter probe's run (same
+    seed, no schedule tied to the length); a re-plan on a faster link, whose re-probes are
+    shorter, then reuses the slower link's."""
     try:
         cfg = tomllib.loads((out / "config.toml").read_text())
     except (OSError, tomllib.TOMLDecodeError):
         return False
     train = cfg.get("train", {})
+
+    def fits(key: str, want: int) -> bool:
+        got = train.get(key.split(".")[1])
+        return got == want or (or_longer and key == "train.epochs" and isinstance(got, int) and got > want)
+
     return ((out / "summary.json").is_file() and cfg.get("runtime", {}).get("parts") == parts
-            and all(train.get(k.split(".")[1]) == v for k, v in length.items()))
+            and all(fits(k, v) for k, v in length.items()))
 
 
 def _reach(vals: list[float], cum: list[float], target: float) -> float | None:
@@ -245,7 +253,7 @@ def plan(base: RunConfig, model: ClusterModel, *, tolerance: float, probe_epochs
                 if longer > len(vals):  # it would still be sooner than exact: probe it that long
                     out_long = out.with_name(out.name + "-long")
                     length = {"train.epochs": longer, "train.patience": 0}
-                    if not _probed(out_long, length, P):
+                    if not _probed(out_long, length, P, or_longer=True):  # beyond exact's time: no say
                         shutil.rmtree(out_long, ignore_errors=True)
                         log(f"probe: {name} has not reached the target in {len(vals)} epochs, {cum[-1]:.0f} s "
                             f"predicted, under exact's {exact_t:.0f} s: probed again for {longer} epochs")

@@ -197,6 +197,8 @@ def test_an_auto_probe_cheaper_than_exacts_time_is_probed_again_longer(tmp_path,
         (out / "summary.json").write_text("{}")
         runs.append((out.name, cfg.train.epochs))
 
+    exact_step = [1.0]
+
     # exact: 1 s an epoch, best 0.80 at epoch 10 (the patience ends its probe there)
     # 8-bit: 0.1 s an epoch, climbing 0.01 an epoch from 0.50: 0.795 only at epoch 30
     # 4-bit: 2 s an epoch, never above 0.70
@@ -204,7 +206,7 @@ def test_an_auto_probe_cheaper_than_exacts_time_is_probed_again_longer(tmp_path,
         n = tomllib.loads((out / "config.toml").read_text())["train"]["epochs"]
         if out.name == "exact":
             n = 10
-            vals, step = [0.70 + 0.01 * i for i in range(1, n + 1)], 1.0
+            vals, step = [0.70 + 0.01 * i for i in range(1, n + 1)], exact_step[0]
         elif out.name.startswith("8-bit"):
             vals, step = [min(0.85, 0.50 + 0.01 * i) for i in range(1, n + 1)], 0.1
         else:
@@ -226,3 +228,20 @@ def test_an_auto_probe_cheaper_than_exacts_time_is_probed_again_longer(tmp_path,
     runs.clear()
     plan(base, ClusterModel.written(2, 1, 1e9), **kw)  # a rerun reuses the short and the long probe
     assert runs == []
+    exact_step[0] = 0.5  # exact faster (a faster link): 8-bit needs only 50 epochs, and the 60 serve
+    ranked = plan(base, ClusterModel.written(2, 1, 1e9), **kw)
+    assert runs == [] and ranked[0].name == "8-bit halo" and ranked[0].probe_epochs == 60
+
+
+def test_a_longer_fixed_probe_serves_a_shorter_one_but_not_the_reverse(tmp_path):
+    """Only with ``or_longer``, only for the epochs, and only when the probe has more of them."""
+    from commgnn.planner import _probed
+
+    (tmp_path / "config.toml").write_text("[runtime]\nparts = 4\n[train]\nepochs = 60\npatience = 0\n")
+    (tmp_path / "summary.json").write_text("{}")
+    want = {"train.epochs": 50, "train.patience": 0}
+    assert _probed(tmp_path, want, 4, or_longer=True) and not _probed(tmp_path, want, 4)
+    assert not _probed(tmp_path, {**want, "train.epochs": 70}, 4, or_longer=True)
+    assert not _probed(tmp_path, {**want, "train.patience": 5}, 4, or_longer=True)
+    assert not _probed(tmp_path, want, 8, or_longer=True)
+    assert _probed(tmp_path, {**want, "train.epochs": 60}, 4)
