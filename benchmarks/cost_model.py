@@ -51,10 +51,24 @@ def _slug(entry: str) -> str:
 
 
 def run_on_cluster(hosts: int, r: int, rate: str, delay: str | None, job: list[str]) -> None:
-    """Run ``commgnn cluster ... -- JOB`` (hosts x r ranks at ``rate``, optional delay); raise on failure."""
+    """Run ``commgnn cluster ... -- JOB`` (hosts x r ranks at ``rate``, optional delay); raise on failure.
+
+    On Ctrl-C (which reaches the cluster too, as the terminal's process group) this waits
+    for the cluster to tear its namespaces down: ``subprocess.run`` would kill it after a
+    quarter of a second, in the middle of its clean-up, and leave them behind."""
     cmd = [sys.executable, "-m", "commgnn", "cluster", "--hosts", str(hosts), "--ranks-per-host", str(r),
            "--rate", rate, *(["--delay", delay] if delay else []), "--", *job]
-    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL)
+    try:
+        code = proc.wait()
+    except KeyboardInterrupt:
+        try:
+            proc.wait(timeout=60)  # its own clean-up: agents get 15 s, then the namespaces go
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        raise
+    if code:
+        raise subprocess.CalledProcessError(code, cmd)
 
 
 def main() -> None:

@@ -245,3 +245,24 @@ def test_a_longer_fixed_probe_serves_a_shorter_one_but_not_the_reverse(tmp_path)
     assert not _probed(tmp_path, {**want, "train.patience": 5}, 4, or_longer=True)
     assert not _probed(tmp_path, want, 8, or_longer=True)
     assert _probed(tmp_path, {**want, "train.epochs": 60}, 4)
+
+
+def test_a_plan_only_marginally_sooner_than_exact_gives_way_to_exact():
+    """``choose``: the leader unless it is predicted less than min_gain sooner than exact;
+    plans or an exact that never reach the target change nothing; bad fractions are errors."""
+    from commgnn.errors import UserError
+    from commgnn.planner import PlanResult, choose
+
+    def r(name: str, t: float | None) -> PlanResult:
+        return PlanResult(name, {}, 0.8, 1.0, 0.1, t, 1.0)
+
+    exact = r("exact", 100.0)
+    assert choose([r("8-bit halo", 98.5), exact]).name == "exact"  # 1.5% sooner: noise
+    assert choose([r("8-bit halo", 89.0), exact]).name == "8-bit halo"  # 11% sooner
+    assert choose([r("8-bit halo", 98.5), exact], min_gain=0.0).name == "8-bit halo"
+    assert choose([exact, r("4-bit halo", 120.0)]).name == "exact"
+    assert choose([r("4-bit halo", 50.0), r("exact", None)]).name == "4-bit halo"
+    assert choose([r("4-bit halo", 50.0)]).name == "4-bit halo"  # exact not among the plans
+    for bad in (-0.1, 1.0):
+        with pytest.raises(UserError, match="fraction"):
+            choose([exact], min_gain=bad)

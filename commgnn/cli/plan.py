@@ -44,6 +44,9 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--probe-net", dest="probe_net",
                    help="the probes' own link, calibrated (`commgnn calibrate --parts P` here): what it leaves "
                         "unexplained in each probe joins that plan's priced communication, half overlapping it")
+    p.add_argument("--min-gain", dest="min_gain", type=float, default=0.1,
+                   help="choose a plan over exact only if it is predicted at least this fraction sooner to the "
+                        "target (default 0.1: probes are one seed's curve)")
     p.add_argument("--plans", nargs="+", help="only these candidate names (exact is always probed)")
     p.add_argument("--workdir", help="keep the probe runs here (reruns reuse finished probes)")
     p.add_argument("--out", required=True, help="TOML file for the chosen plan")
@@ -62,7 +65,7 @@ def cmd_plan(ns: argparse.Namespace) -> int:
     from commgnn.runner.config import resolve_config
     from commgnn.cluster.config import parse_rate, parse_time
     from commgnn.netmodel import ClusterModel
-    from commgnn.planner import plan, plan_config
+    from commgnn.planner import choose, plan, plan_config
 
     if ns.tolerance < 0:
         raise UserError(f"--tolerance must be >= 0 points, got {ns.tolerance}")
@@ -77,6 +80,8 @@ def cmd_plan(ns: argparse.Namespace) -> int:
             raise UserError(f"--probe-epochs must be at least 2, got {probe_epochs}")
     if ns.probe_patience < 1:
         raise UserError(f"--probe-patience must be at least 1 epoch, got {ns.probe_patience}")
+    if not 0.0 <= ns.min_gain < 1.0:
+        raise UserError(f"--min-gain must be a fraction in [0, 1), got {ns.min_gain}")
     out = Path(ns.out)
     if not out.parent.is_dir():
         raise UserError(f"--out {out}: folder {out.parent} does not exist")
@@ -102,7 +107,10 @@ def cmd_plan(ns: argparse.Namespace) -> int:
         extra = f" {r.overhead_s:10.3f}" if probe_model is not None else ""
         print(f"{r.name:40s} {r.best_val:8.4f} {r.epoch_s:8.3f} {r.comm_s:8.3f} {r.bytes_per_epoch / 1e6:9.2f} "
               f"{reach:>10s}{extra}")
-    best = ranked[0]
+    best = choose(ranked, ns.min_gain)
+    if best is not ranked[0]:
+        print(f"{ranked[0].name} is predicted less than {ns.min_gain:.0%} sooner than exact (--min-gain): "
+              "within the probes' noise, so exact")
     out.write_text(plan_config(base, best, model))
     (out.with_suffix(".json")).write_text(json.dumps([r.__dict__ for r in ranked], indent=1) + "\n")
     print(f"chosen: {best.name} -> {out}")
