@@ -29,11 +29,15 @@ probe whose best came in its last fifth.
 A cheap plan can also climb more slowly than exact per epoch and still reach the target
 sooner in time (Computers at 100 Mbit/s: precompute + transform-first has 3.5x shorter
 epochs but needs about 1.4x exact's epochs). An auto probe that has not reached the target
-when its predicted time is still below the exact probe's predicted time to the target is
-therefore probed again, longer (time-bounded, as ``benchmarks/emulated_grid.py``'s
-``NAME@E`` entries): for as many epochs as fit in exact's time to the target at its
-predicted epoch time, at most the base run's epochs. The longer probe keeps its own folder
-(``<name>-long``), so a rerun reuses both.
+when its predicted time is still below ``1 - min_gain`` of the exact probe's predicted time
+to the target is therefore probed again, longer (time-bounded, as
+``benchmarks/emulated_grid.py``'s ``NAME@E`` entries): for as many epochs as fit in that
+time at its predicted epoch time, at most the base run's epochs. The longer probe keeps its
+own folder (``<name>-long``), so a rerun reuses both, and a longer one serves a shorter need.
+
+The chosen plan (:func:`choose`) is the first in that order unless it is predicted less than
+``min_gain`` (default 10%) sooner than exact: one seed's probe curve cannot tell such plans
+apart, and exact risks no accuracy.
 """
 
 from __future__ import annotations
@@ -187,11 +191,14 @@ def _reach(vals: list[float], cum: list[float], target: float) -> float | None:
 def plan(base: RunConfig, model: ClusterModel, *, tolerance: float, probe_epochs: int | None = 30,
          probe_patience: int = 20, compute_scale: float | None = None, workdir: Path | None = None,
          names: list[str] | None = None, log: Any = print,
-         probe_model: ClusterModel | None = None) -> list[PlanResult]:
+         probe_model: ClusterModel | None = None, min_gain: float = 0.1) -> list[PlanResult]:
     """Probe every candidate and rank them (best first). ``probe_epochs=None``: probe as long
     as the exact plan takes to stop improving for ``probe_patience`` epochs; ``probe_model``:
-    the probes' own link, calibrated, whose residual in each probe joins its epochs (``with_overhead``)
+    the probes' own link, calibrated, whose residual in each probe joins its epochs (``with_overhead``);
+    ``min_gain``: :func:`choose`'s, which bounds a re-probe to the time that could still win
     (see the module docstring)."""
+    if not 0.0 <= min_gain < 1.0:
+        raise UserError(f"the minimum gain over exact must be a fraction in [0, 1), got {min_gain}")
     if probe_epochs is not None and probe_epochs < 2:
         raise UserError(f"probes need at least 2 epochs, got {probe_epochs}")
     if probe_patience < 1:
@@ -249,14 +256,16 @@ def plan(base: RunConfig, model: ClusterModel, *, tolerance: float, probe_epochs
             vals, cum, setup = curves[name][1], curves[name][2], curves[name][5]
             if probe_epochs is None and exact_t is not None and _reach(vals, cum, target) is None:
                 per_epoch = (cum[-1] - setup) / len(cum)
-                longer = min(base.train.epochs, int((exact_t - setup) / per_epoch)) if per_epoch > 0 else 0
+                win_t = (1.0 - min_gain) * exact_t  # later than this, choose() keeps exact anyway
+                longer = min(base.train.epochs, int((win_t - setup) / per_epoch)) if per_epoch > 0 else 0
                 if longer > len(vals):  # it would still be sooner than exact: probe it that long
                     out_long = out.with_name(out.name + "-long")
                     length = {"train.epochs": longer, "train.patience": 0}
                     if not _probed(out_long, length, P, or_longer=True):  # beyond exact's time: no say
                         shutil.rmtree(out_long, ignore_errors=True)
                         log(f"probe: {name} has not reached the target in {len(vals)} epochs, {cum[-1]:.0f} s "
-                            f"predicted, under exact's {exact_t:.0f} s: probed again for {longer} epochs")
+                            f"predicted, under {1 - min_gain:.0%} of exact's {exact_t:.0f} s: probed again for "
+                            f"{longer} epochs")
                         run(_with(cfg, {}, **{**length, "output.out": str(out_long)}), env={})
                     price(out_long)
         target = max(curves["exact"][1]) - tolerance / 100

@@ -99,7 +99,8 @@ def cmd_plan(ns: argparse.Namespace) -> int:
     if workdir is not None:
         workdir.mkdir(parents=True, exist_ok=True)
     ranked = plan(base, model, tolerance=ns.tolerance, probe_epochs=probe_epochs, probe_patience=ns.probe_patience,
-                  compute_scale=ns.compute_scale, workdir=workdir, names=ns.plans, probe_model=probe_model)
+                  compute_scale=ns.compute_scale, workdir=workdir, names=ns.plans, probe_model=probe_model,
+                  min_gain=ns.min_gain)
     extra = f" {'residual s':>10s}" if probe_model is not None else ""
     print(f"{'plan':40s} {'best val':>8s} {'s/epoch':>8s} {'comm s':>8s} {'MB/epoch':>9s} {'to target':>10s}{extra}")
     for r in ranked:
