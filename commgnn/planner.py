@@ -197,8 +197,7 @@ def plan(base: RunConfig, model: ClusterModel, *, tolerance: float, probe_epochs
     the probes' own link, calibrated, whose residual in each probe joins its epochs (``with_overhead``);
     ``min_gain``: :func:`choose`'s, which bounds a re-probe to the time that could still win
     (see the module docstring)."""
-    if not 0.0 <= min_gain < 1.0:
-        raise UserError(f"the minimum gain over exact must be a fraction in [0, 1), got {min_gain}")
+    _check_min_gain(min_gain)
     if probe_epochs is not None and probe_epochs < 2:
         raise UserError(f"probes need at least 2 epochs, got {probe_epochs}")
     if probe_patience < 1:
@@ -261,7 +260,7 @@ def plan(base: RunConfig, model: ClusterModel, *, tolerance: float, probe_epochs
                 if longer > len(vals):  # it would still be sooner than exact: probe it that long
                     out_long = out.with_name(out.name + "-long")
                     length = {"train.epochs": longer, "train.patience": 0}
-                    if not _probed(out_long, length, P, or_longer=True):  # beyond exact's time: no say
+                    if not _probed(out_long, length, P, or_longer=True):  # later epochs cannot win
                         shutil.rmtree(out_long, ignore_errors=True)
                         log(f"probe: {name} has not reached the target in {len(vals)} epochs, {cum[-1]:.0f} s "
                             f"predicted, under {1 - min_gain:.0%} of exact's {exact_t:.0f} s: probed again for "
@@ -284,10 +283,14 @@ def plan(base: RunConfig, model: ClusterModel, *, tolerance: float, probe_epochs
     return sorted(results, key=lambda r: (r.time_to_target_s is None, r.time_to_target_s or 0.0, r.epoch_s))
 
 
+def _check_min_gain(min_gain: float) -> None:
+    if not 0.0 <= min_gain < 1.0:
+        raise UserError(f"the minimum gain over exact (--min-gain) must be a fraction in [0, 1), got {min_gain}")
+
+
 def choose(ranked: list[PlanResult], min_gain: float = 0.1) -> PlanResult:
-    """The plan to run: the first of ``ranked`` (:func:`plan`'s order), unless exact is
-    predicted to take less than ``1 / (1 - min_gain)`` times its time to the target, i.e. the
-    first is not predicted at least ``min_gain`` (a fraction) sooner than exact; then exact.
+    """The plan to run: the first of ``ranked`` (:func:`plan`'s order) if its predicted time
+    to the target is at most ``1 - min_gain`` of exact's, else exact.
 
     Why: a probe is one seed's curve, and the epochs it needs to reach the target vary by tens
     of percent between seeds and between near-lossless plans (Computers on 8 ranks at
@@ -295,8 +298,7 @@ def choose(ranked: list[PlanResult], min_gain: float = 0.1) -> PlanResult:
     while a predicted epoch errs by 10-30% where ranks share cores. A lossy plan predicted
     only marginally sooner is within that noise (that 8-bit plan, predicted 1.5% sooner than
     exact, measured 0.66x exact's speed), and exact carries no accuracy risk."""
-    if not 0.0 <= min_gain < 1.0:
-        raise UserError(f"the minimum gain over exact must be a fraction in [0, 1), got {min_gain}")
+    _check_min_gain(min_gain)
     best = ranked[0]
     exact = next((r for r in ranked if r.name == "exact"), None)
     if best.name == "exact" or exact is None or exact.time_to_target_s is None or best.time_to_target_s is None:
