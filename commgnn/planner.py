@@ -257,7 +257,7 @@ def plan(base: RunConfig, model: ClusterModel, *, tolerance: float, probe_epochs
                 per_epoch = (cum[-1] - setup) / len(cum)
                 win_t = (1.0 - min_gain) * exact_t  # later than this, choose() keeps exact anyway
                 longer = min(base.train.epochs, int((win_t - setup) / per_epoch)) if per_epoch > 0 else 0
-                if longer > len(vals):  # it would still be sooner than exact: probe it that long
+                if longer > len(vals):  # it could still win: probe it that long
                     out_long = out.with_name(out.name + "-long")
                     length = {"train.epochs": longer, "train.patience": 0}
                     if not _probed(out_long, length, P, or_longer=True):  # later epochs cannot win

@@ -80,8 +80,6 @@ def cmd_plan(ns: argparse.Namespace) -> int:
             raise UserError(f"--probe-epochs must be at least 2, got {probe_epochs}")
     if ns.probe_patience < 1:
         raise UserError(f"--probe-patience must be at least 1 epoch, got {ns.probe_patience}")
-    if not 0.0 <= ns.min_gain < 1.0:
-        raise UserError(f"--min-gain must be a fraction in [0, 1), got {ns.min_gain}")
     out = Path(ns.out)
     if not out.parent.is_dir():
         raise UserError(f"--out {out}: folder {out.parent} does not exist")
@@ -113,6 +111,7 @@ def cmd_plan(ns: argparse.Namespace) -> int:
         print(f"{ranked[0].name} is predicted less than {ns.min_gain:.0%} sooner than exact (--min-gain): "
               "within the probes' noise, so exact")
     out.write_text(plan_config(base, best, model))
-    (out.with_suffix(".json")).write_text(json.dumps([r.__dict__ for r in ranked], indent=1) + "\n")
+    (out.with_suffix(".json")).write_text(
+        json.dumps([{**r.__dict__, "chosen": r is best} for r in ranked], indent=1) + "\n")
     print(f"chosen: {best.name} -> {out}")
     return 0
