@@ -184,21 +184,22 @@ def pyg_epoch_s(data: Any, device: torch.device, epochs: int, model_name: str, l
 
 
 def fullgraph_bench(device: torch.device, nodes: int, epochs: int, parts: int, features: int,
-                    cpu_baseline: bool, model: str = "gcn") -> dict[str, Any]:
+                    cpu_baseline: bool, model: str = "gcn", avg_degree: float = 10.0, hidden: int = 64,
+                    settings: list[str] | None = None, pyg: bool = True) -> dict[str, Any]:
     import commgnn
     from commgnn.runner.config import RunConfig
     from commgnn.comm.config import CommConfig, HaloConfig
     from commgnn.data import SyntheticConfig, make_csbm
     from commgnn.dist.context import RuntimeConfig
 
-    layers, hidden = 3, 64
+    layers = 3
     t0 = time.perf_counter()
-    data = make_csbm(SyntheticConfig(num_nodes=nodes, num_classes=10, feature_dim=features, avg_degree=10.0,
+    data = make_csbm(SyntheticConfig(num_nodes=nodes, num_classes=10, feature_dim=features, avg_degree=avg_degree,
                                      homophily=0.7, seed=0))
     data.num_classes_total = 10
     gen_s = time.perf_counter() - t0
     work = Path(tempfile.mkdtemp(prefix="commgnn-gpu-bench-"))
-    runs = [(name, device.type, parts, halo) for name, halo in SETTINGS.items()]
+    runs = [(name, device.type, parts, halo) for name, halo in SETTINGS.items() if not settings or name in settings]
     if cpu_baseline and device.type == "cuda":
         runs.append(("exact (CPU)", "cpu", 1, {}))
     rows = []
@@ -214,7 +215,8 @@ def fullgraph_bench(device: torch.device, nodes: int, epochs: int, parts: int, f
             s = res.summary
             row.update(halo_mb=s["halo_bytes_per_epoch"] / 1e6, grad_mb=s["grad_bytes_per_epoch"] / 1e6,
                        epoch_ms=s["epoch_time_s"] * 1e3, test_acc=s["test_acc"],
-                       compute_ms=s["time_split"]["compute"] * 1e3, comm_ms=s["time_split"]["comm"] * 1e3)
+                       compute_ms=s["time_split"]["compute"] * 1e3, comm_ms=s["time_split"]["comm"] * 1e3,
+                       peak_rss_mb=s["peak_rss_mb"], peak_device_mb=max(s.get("peak_device_mb_by_rank") or [0.0]) or None)
         except Exception as exc:
             row["error"] = _err(exc)
             traceback.print_exc()
@@ -222,8 +224,14 @@ def fullgraph_bench(device: torch.device, nodes: int, epochs: int, parts: int, f
         print(f"  full graph {name:18s} {dev} P={P}: " + (row.get("error") or
               f"epoch {row['epoch_ms']:.1f} ms, halo {row['halo_mb']:.3f} MB"), flush=True)
     try:
-        rows.append({"setting": "PyG, 1 process", "device": device.type, "parts": 1, "halo_mb": 0.0,
-                     "epoch_ms": pyg_epoch_s(data, device, epochs, model, layers, hidden) * 1e3})
+        if pyg:
+            if device.type == "cuda":
+                torch.cuda.reset_peak_memory_stats(device)
+            row = {"setting": "PyG, 1 process", "device": device.type, "parts": 1, "halo_mb": 0.0,
+                   "epoch_ms": pyg_epoch_s(data, device, epochs, model, layers, hidden) * 1e3}
+            if device.type == "cuda":
+                row["peak_device_mb"] = torch.cuda.max_memory_allocated(device) / 2**20
+            rows.append(row)
     except Exception as exc:
         rows.append({"setting": "PyG, 1 process", "device": device.type, "parts": 1, "error": _err(exc)})
     shutil.rmtree(work, ignore_errors=True)
@@ -288,7 +296,8 @@ def markdown(info: dict[str, str], kern: dict[str, Any] | None, fulls: list[dict
         return (f"| {r['setting']} | {r['device']} | {r['parts']} | {_f(r.get('halo_mb'), '.3f')} | "
                 f"{_f(red, '.1f') + 'x' if red is not None else '—'} | {r['epoch_ms']:.1f} | "
                 f"{_f(r.get('time_ratio'), '.2f')} | {_f(r.get('compute_ms'), '.1f')} | "
-                f"{_f(r.get('comm_ms'), '.1f')} | {_f(r.get('test_acc'), '.4f')} |")
+                f"{_f(r.get('comm_ms'), '.1f')} | {_f(r.get('peak_device_mb'), ',.0f')} | "
+                f"{_f(r.get('test_acc'), '.4f')} |")
 
     lines = [f"# GPU benchmark ({today}){' — smoke run, tiny sizes' if smoke else ''}", "",
              f"Device: **{info['device']}**. " + ", ".join(f"{k} {v}" for k, v in info.items()
@@ -313,7 +322,7 @@ def markdown(info: dict[str, str], kern: dict[str, Any] | None, fulls: list[dict
                      "precompute and transform-first still change the compute. " if full["parts"] == 1 else "")
                   + "Halo MB per epoch is summed over ranks.", "",
                   *table(("setting", "device", "P", "halo MB/epoch", "halo reduction", "epoch ms", "time vs exact",
-                          "compute ms (busiest rank, mean)", "comm ms", "test acc"),
+                          "compute ms (busiest rank, mean)", "comm ms", "peak GPU MB (max rank)", "test acc"),
                          ("setting", "device", "parts"), full["rows"], full_row), ""]
     return "\n".join(lines)
 
@@ -334,6 +343,12 @@ def main() -> None:
                     help="full-graph models, one table each (default gcn; the CPU baseline runs for the first)")
     ap.add_argument("--skip", choices=("spmm", "fullgraph"), action="append", default=[])
     ap.add_argument("--no-cpu-baseline", action="store_true", help="skip the exact run on the CPU")
+    ap.add_argument("--no-pyg", action="store_true", help="skip the single-process PyG row")
+    ap.add_argument("--avg-degree", type=float, default=10.0, help="full-graph CSBM average degree (default 10)")
+    ap.add_argument("--hidden", type=int, default=64, help="full-graph hidden width (default 64)")
+    ap.add_argument("--settings", nargs="+", choices=list(SETTINGS), default=None,
+                    help="full-graph settings (default: all)")
+    ap.add_argument("--tag", default="", help="appended to the report's file name (gpu-bench-<date>-<tag>)")
     args = ap.parse_args()
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
@@ -351,7 +366,7 @@ def main() -> None:
     today = dt.date.today().isoformat()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    stem = f"gpu-bench-{today}{'-smoke' if s else ''}"
+    stem = f"gpu-bench-{today}{'-smoke' if s else ''}{'-' + args.tag if args.tag else ''}"
     kern: dict[str, Any] | None = None
     fulls: list[dict[str, Any]] = []
 
@@ -373,7 +388,9 @@ def main() -> None:
         for i, model in enumerate(args.models):
             print(f"full graph: {model}, {graph_nodes} nodes, {epochs} epochs, P={parts} on {device}", flush=True)
             fulls.append(fullgraph_bench(device, graph_nodes, epochs, parts, 16 if s else 128,
-                                         cpu_baseline=i == 0 and not args.no_cpu_baseline, model=model))
+                                         cpu_baseline=i == 0 and not args.no_cpu_baseline, model=model,
+                                         avg_degree=args.avg_degree, hidden=args.hidden, settings=args.settings,
+                                         pyg=not args.no_pyg))
             write()
     print(write())
     print(f"wrote {out / stem}.md and .json", flush=True)

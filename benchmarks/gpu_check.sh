@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU check of issue #15 (section 5), as one short prepared script (about 8 minutes at
+# The GPU check of issue #15 (section 5), as one short prepared script (about 10 minutes at
 # most) for a machine with an NVIDIA GPU, such as the device machine a task is sometimes lent.
 #
 # It prints the GPU, driver, torch, CUDA and NCCL versions; makes the project importable
@@ -19,7 +19,8 @@
 # timeout_s 540. On any other GPU machine: bash benchmarks/gpu_check.sh (wheels optional; a
 # missing package is then tried with pip install --no-deps).
 #
-# Budgets (seconds, environment): PYTEST_BUDGET_S (270) and BENCH_BUDGET_S (170); a test
+# Budgets (seconds, environment): PYTEST_BUDGET_S (270), BENCH_BUDGET_S (170) and SCALE_BUDGET_S
+# (130: the last step, a 1M-node graph on one GPU, SCALE_NODES and SCALE_HIDDEN); a test
 # gets at most TEST_TIMEOUT_S (200). BENCH_ARGS replaces the benchmark's extra arguments
 # (default "--models gcn gat": GAT aggregates without the CSR kernel).
 set -uo pipefail
@@ -97,6 +98,13 @@ stamp "benchmark: benchmarks/gpu_bench.py --device cuda (budget ${BENCH_BUDGET_S
 # shellcheck disable=SC2086
 timeout -k 10 "${BENCH_BUDGET_S:-170}" "$PY" benchmarks/gpu_bench.py --device cuda --out "$OUT" ${BENCH_ARGS:---models gcn gat}
 echo "gpu_bench exit status: $?"
+
+stamp "scale: a 1M-node, 20M-edge CSBM, GCN 3 x ${SCALE_HIDDEN:-128}, exact and lossless, peak GPU memory (budget ${SCALE_BUDGET_S:-130} s)"
+# shellcheck disable=SC2086
+timeout -k 10 "${SCALE_BUDGET_S:-130}" "$PY" benchmarks/gpu_bench.py --device cuda --out "$OUT" --tag scale --skip spmm \
+    --graph-nodes "${SCALE_NODES:-1000000}" --avg-degree 20 --hidden "${SCALE_HIDDEN:-128}" --epochs 5 \
+    --settings exact lossless --no-cpu-baseline --models gcn
+echo "gpu_bench (scale) exit status: $?"
 
 stamp "done; files in $OUT:"
 ls -la "$OUT"

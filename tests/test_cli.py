@@ -50,6 +50,7 @@ def test_train_writes_records_and_counts_exact_bytes(tmp_path):
                 "comm_time_frac", "peak_rss_mb", "partition"):
         assert key in summary, key
     assert summary["parts"] == 2 and summary["epochs_run"] == 6
+    assert summary["peak_device_mb_by_rank"] is None  # CUDA runs only
     # Exact exchange, 2 layers (16 -> 12 -> 4), fp32: forward sends C*(16+12) values,
     # backward returns C*12 gradients (layer-0 input needs none).
     C = summary["partition"]["comm_volume"]

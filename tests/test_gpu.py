@@ -259,5 +259,8 @@ def test_commgnn_train_on_cuda_reproduces_the_cpu_run(tmp_path, model, parts):
     assert all(torch.isfinite(torch.tensor(gpu_losses)))
     torch.testing.assert_close(torch.tensor(gpu_losses), torch.tensor(cpu_losses), atol=1e-4, rtol=1e-4)
     assert gpu.predictions.shape == (120, 3) and gpu.predictions.device.type == "cpu"
+    # the allocator's peak is recorded per rank on CUDA (the model and graph live there), not on the CPU
+    assert cpu.summary["peak_device_mb_by_rank"] is None
+    assert len(gpu.summary["peak_device_mb_by_rank"]) == parts and min(gpu.summary["peak_device_mb_by_rank"]) > 0
     if gpu.summary["best_epoch"] == cpu.summary["best_epoch"]:  # a near-tie could pick another epoch
         torch.testing.assert_close(gpu.predictions, cpu.predictions, atol=1e-4, rtol=1e-4)

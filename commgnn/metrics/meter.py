@@ -44,6 +44,15 @@ PHASES = ("comm", "wait", "sample", "fetch")
 TIMES = (*PHASES, "compute", "epoch", "overlap")
 
 
+def peak_device_mb(device: torch.device) -> float:
+    """Peak memory torch's caching allocator handed out on ``device`` in MiB
+    (``torch.cuda.max_memory_allocated``: tensors, not the allocator's reserve or the CUDA
+    context); 0 off CUDA."""
+    if device.type != "cuda":
+        return 0.0
+    return torch.cuda.max_memory_allocated(device) / 2**20
+
+
 def peak_rss_mb() -> float:
     """Peak resident set size of this process's own memory image in MiB.
 
@@ -169,6 +178,7 @@ class Meter:
         pairs = self.ctx.all_gather(self._by_peer).transpose(0, 1)  # [class, sender, receiver]
         layers = self.ctx.all_gather(self._by_layer).sum(0)
         rss = self.ctx.all_gather(torch.tensor([peak_rss_mb()], dtype=torch.float64))[:, 0]
+        dev = self.ctx.all_gather(torch.tensor([peak_device_mb(self.ctx.device)], dtype=torch.float64))[:, 0]
         layer_names = [str(i) for i in range(self.num_layers)] + ["other"]
         return {
             "bytes_by_pair": {c: pairs[i].long().tolist() for i, c in enumerate(CLASSES)},
@@ -178,6 +188,7 @@ class Meter:
             "setup_s": self.setup_s,
             "peak_rss_mb": float(rss.max()),
             "peak_rss_mb_by_rank": rss.tolist(),
+            "peak_device_mb_by_rank": dev.tolist() if self.ctx.device.type == "cuda" else None,
         }
 
     def state_dict(self) -> dict[str, Any]:
