@@ -88,6 +88,17 @@ def timed(fn: Callable[[], Any], device: torch.device, warmup: int, reps: int) -
 
 
 # ---------------------------------------------------------------- (i) SpMM
+def triad_gbs(device: torch.device, n: int, warmup: int, reps: int) -> float:
+    """STREAM triad ``a = b + s c`` on ``n``-element fp32 vectors, in GB/s counting 12 bytes
+    per element (two reads, one write): the memory-bandwidth yardstick, measured in the same
+    run as the kernels."""
+    b = torch.rand(n, device=device)
+    c = torch.rand(n, device=device)
+    a = torch.empty_like(b)
+    secs = timed(lambda: torch.add(b, c, alpha=3.0, out=a), device, warmup, reps)
+    return 12 * n / secs / 1e9
+
+
 def spmm_bench(device: torch.device, n: int, e: int, f: int, warmup: int, reps: int) -> dict[str, Any]:
     from commgnn.models.graph import CSRPair, spmm
 
@@ -142,10 +153,20 @@ def spmm_bench(device: torch.device, n: int, e: int, f: int, warmup: int, reps: 
         rows.append(row)
         if device.type == "cuda":
             torch.cuda.empty_cache()
+    # vectors 4x the L2-resident sizes of the product (or 2^20 at least): DRAM, not cache
+    triad_n = max(1 << 20, 4 * n * f)
+    try:
+        triad = triad_gbs(device, triad_n, warmup, reps)
+    except Exception as exc:
+        triad = None
+        print(f"  triad failed: {_err(exc)}", flush=True)
     for row in rows:
         if base and "fwd_bwd_ms" in row:
             row["vs_cusparse"] = base / row["fwd_bwd_ms"]
-    return {"n": n, "e": e, "nnz": nnz, "f": f, "bytes_per_product": one, "build_s": build_s, "rows": rows}
+        if triad and "fwd_bwd_gbs" in row:
+            row["of_triad"] = row["fwd_bwd_gbs"] / triad
+    return {"n": n, "e": e, "nnz": nnz, "f": f, "bytes_per_product": one, "build_s": build_s, "rows": rows,
+            "triad_gbs": triad, "triad_n": triad_n}
 
 
 # ---------------------------------------------------------------- (ii) full graph
@@ -289,7 +310,8 @@ def markdown(info: dict[str, str], kern: dict[str, Any] | None, fulls: list[dict
 
     def kernel_row(r: dict[str, Any]) -> str:
         return (f"| {r['kernel']} | {r['fwd_ms']:.3f} | {r['fwd_gbs']:.0f} | {r['fwd_bwd_ms']:.3f} | "
-                f"{r['fwd_bwd_gbs']:.0f} | {_f(r.get('vs_cusparse'), '.2f')}x | {r['max_abs_diff']:.2e} |")
+                f"{r['fwd_bwd_gbs']:.0f} | {_f(r.get('of_triad'), '.0%')} | {_f(r.get('vs_cusparse'), '.2f')}x | "
+                f"{r['max_abs_diff']:.2e} |")
 
     def full_row(r: dict[str, Any]) -> str:
         red = r.get("halo_reduction")
@@ -308,8 +330,11 @@ def markdown(info: dict[str, str], kern: dict[str, Any] | None, fulls: list[dict
                   f"F = {kern['f']}, fp32", "",
                   f"Effective traffic of one product: nnz·F·4 + nnz·12 + (N+1)·8 = "
                   f"{kern['bytes_per_product'] / 1e9:.3f} GB (forward + backward: twice). CSR build (A and A^T): "
-                  f"{kern['build_s']:.2f} s. Median of the timed runs.", "",
-                  *table(("kernel", "fwd ms", "fwd GB/s", "fwd+bwd ms", "fwd+bwd GB/s",
+                  f"{kern['build_s']:.2f} s. Median of the timed runs. STREAM triad (a = b + 3c, "
+                  f"{kern.get('triad_n', 0):,} fp32 elements, 12 bytes each) in the same run: "
+                  f"{_f(kern.get('triad_gbs'), ',.0f')} GB/s. Effective GB/s can pass it where gathered "
+                  f"rows hit in cache.", "",
+                  *table(("kernel", "fwd ms", "fwd GB/s", "fwd+bwd ms", "fwd+bwd GB/s", "fwd+bwd / triad",
                           "speed vs cuSPARSE (A^T kept), fwd+bwd", "max abs diff vs torch.sparse.mm"),
                          ("kernel",), kern["rows"], kernel_row), ""]
     for full in fulls:

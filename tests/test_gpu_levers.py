@@ -433,6 +433,11 @@ RESUME_CASES: dict[str, CommConfig] = {
     "q8": CommConfig(halo=HaloConfig(bits=8)),
     "powersgd": CommConfig(grad=GradConfig(strategy="powersgd", rank=2, start_iter=2)),
     "topk": CommConfig(grad=GradConfig(strategy="topk", ratio=0.05)),
+    # host-side state (the compressors and the bit solver keep theirs on the CPU): the resume
+    # must put it back there, not where the trainer moves device state (seen failing on an H200)
+    "topk-dgc": CommConfig(grad=GradConfig(strategy="topk", ratio=0.05, momentum=0.9)),
+    "cltk": CommConfig(grad=GradConfig(strategy="cltk", ratio=0.05, momentum=0.9)),
+    "adaptive": CommConfig(halo=HaloConfig(bits="adaptive", budget_mb=0.001, adapt_every=2)),
     "tracking": CommConfig(gossip=GossipConfig(topology="exponential", method="tracking")),
     "dpsgd-qgm": CommConfig(gossip=GossipConfig(topology="exponential", momentum=0.9)),
 }

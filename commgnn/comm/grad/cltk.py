@@ -57,7 +57,7 @@ import torch.distributed as dist
 from torch import Tensor, nn
 
 from commgnn.comm.collectives import counted_all_reduce
-from commgnn.comm.grad.compressed import CompressedSync
+from commgnn.comm.grad.compressed import CompressedSync, host_copy
 from commgnn.comm.grad_sync import flat_grads, set_grads
 from commgnn.dist.context import DistContext
 from commgnn.dist.events import Hooks
@@ -136,4 +136,4 @@ class CyclicTopKSync(CompressedSync):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         super().load_state_dict(state)
-        self.u = None if state["u"] is None else state["u"].clone()
+        self.u = host_copy(state["u"])

@@ -87,9 +87,17 @@ class CompressedSync(GradSyncBase):
                 "gen": self.gen.get_state(), "step": self.step}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.residual = None if state["residual"] is None else state["residual"].clone()
+        # host_copy: the compressors run on the host (sync moves g to the CPU), so their state
+        # lives there whatever device the trainer moved the loaded state to
+        self.residual = host_copy(state["residual"])
         self.gen.set_state(state["gen"])
         self.step = state["step"]
+
+
+def host_copy(t: Tensor | None) -> Tensor | None:
+    """A CPU copy of a state tensor (``None`` stays ``None``): the host-side state of the
+    compressors, restored from a checkpoint, whichever device it was loaded onto."""
+    return None if t is None else t.to("cpu", copy=True)
 
 
 def as_bytes(t: Tensor) -> Tensor:

@@ -21,7 +21,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from commgnn.comm.grad.compressed import CompressedSync, as_bytes
+from commgnn.comm.grad.compressed import CompressedSync, as_bytes, host_copy
 from commgnn.dist.context import DistContext
 from commgnn.dist.events import Hooks
 
@@ -88,5 +88,4 @@ class TopKSync(CompressedSync):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         super().load_state_dict(state)
-        self.u = None if state["u"] is None else state["u"].clone()
-        self.v = None if state["v"] is None else state["v"].clone()
+        self.u, self.v = host_copy(state["u"]), host_copy(state["v"])

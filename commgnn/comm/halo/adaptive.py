@@ -181,8 +181,8 @@ class AdaptiveQuantized(Wrapper):
             name: getattr(self, name) for name in _TIMING}
 
     def load_own_state(self, state: dict[str, Any]) -> None:
-        for name in _STATE:
-            setattr(self, name, state[name].clone())
+        for name in _STATE:  # host-side bookkeeping: back on the CPU, wherever the state was loaded to
+            setattr(self, name, state[name].to("cpu", copy=True))
         self.epochs_seen = state["epochs_seen"]
         self.gen.set_state(state["gen"])
         for name in _TIMING:
