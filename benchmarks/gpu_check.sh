@@ -99,7 +99,7 @@ stamp "benchmark: benchmarks/gpu_bench.py --device cuda (budget ${BENCH_BUDGET_S
 timeout -k 10 "${BENCH_BUDGET_S:-170}" "$PY" benchmarks/gpu_bench.py --device cuda --out "$OUT" ${BENCH_ARGS:---models gcn gat}
 echo "gpu_bench exit status: $?"
 
-stamp "scale: a 1M-node, 20M-edge CSBM, GCN 3 x ${SCALE_HIDDEN:-128}, exact and lossless, peak GPU memory (budget ${SCALE_BUDGET_S:-130} s)"
+stamp "scale: a ${SCALE_NODES:-1000000}-node CSBM of average degree 20, GCN 3 x ${SCALE_HIDDEN:-128}, exact and lossless, peak GPU memory (budget ${SCALE_BUDGET_S:-130} s)"
 # shellcheck disable=SC2086
 timeout -k 10 "${SCALE_BUDGET_S:-130}" "$PY" benchmarks/gpu_bench.py --device cuda --out "$OUT" --tag scale --skip spmm \
     --graph-nodes "${SCALE_NODES:-1000000}" --avg-degree 20 --hidden "${SCALE_HIDDEN:-128}" --epochs 5 \
