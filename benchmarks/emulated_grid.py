@@ -47,7 +47,7 @@ from pathlib import Path
 from typing import Any
 
 from commgnn.netmodel import ClusterModel
-from commgnn.netmodel.predict import predict_run, read_metrics_rows
+from commgnn.netmodel.predict import predict_run, read_metrics_rows, residual_s
 from cost_model import run_on_cluster
 from tables import time_to, write_table
 
@@ -91,6 +91,17 @@ def _cluster_compute_scale(out: Path, ds: str, link: str, probes: Path) -> float
     return on_cluster / probe
 
 
+def _loopback_net(ns: argparse.Namespace, out: Path) -> Path:
+    """The loopback link of P local ranks, calibrated once (``commgnn calibrate``): the
+    probes' link for ``--probe-net``, and the twins' for ``--residual``."""
+    P = ns.hosts * ns.ranks_per_host
+    lo = out / f"loopback-parts{P}-net.json"
+    if not lo.is_file():
+        subprocess.run([sys.executable, "-m", "commgnn", "calibrate", "--parts", str(P), "--out", str(lo)],
+                       check=True, stdout=subprocess.DEVNULL)
+    return lo
+
+
 def _plan(ns: argparse.Namespace, out: Path, ds: str, link: str, net: Path) -> Path:
     """The plan ``commgnn plan`` picks for this link: probes on P local ranks, priced on the
     link calibrated inside the emulated cluster (``net``); with ``--probe-net`` the loopback
@@ -109,11 +120,7 @@ def _plan(ns: argparse.Namespace, out: Path, ds: str, link: str, net: Path) -> P
         probes = out / f"{ds}-probes-P{P}"
         extra: list[str] = []
         if ns.probe_net:
-            lo = out / f"loopback-parts{P}-net.json"
-            if not lo.is_file():
-                subprocess.run([sys.executable, "-m", "commgnn", "calibrate", "--parts", str(P), "--out", str(lo)],
-                               check=True, stdout=subprocess.DEVNULL)
-            extra = ["--probe-net", str(lo)]
+            extra = ["--probe-net", str(_loopback_net(ns, out))]
         cmd = ["commgnn", "plan", "--dataset", ds, "--data-root", ns.root, "--model", "gcn", "--layers",
                str(ns.layers), "--hidden", str(ns.hidden), "--epochs", str(ns.plan_epochs or ns.epochs),
                "--hosts", str(ns.hosts), "--ranks-per-host", str(ns.ranks_per_host), "--net", str(net),
@@ -133,6 +140,33 @@ def _plan(ns: argparse.Namespace, out: Path, ds: str, link: str, net: Path) -> P
         (out / f"{ds}-{link}-plan-scale.json").write_text(json.dumps(
             {"compute_scale": scale, "source": ns.plan_compute_scale}) + "\n")
     return plan
+
+
+TWIN_EPOCHS = 6
+
+
+
+
+def _residual(ns: argparse.Namespace, out: Path, ds: str, link: str, name: str, lo_model: ClusterModel) -> float:
+    """Seconds per epoch the calibrated links leave unexplained for this entry's
+    configuration: its loopback twin (the same flags on P local ranks, TWIN_EPOCHS epochs,
+    trained once and kept) measured less predicted (:func:`commgnn.netmodel.predict.residual_s`),
+    as ``benchmarks/cost_model.py --reference loopback`` validates it. A plan's twin runs
+    the plan file that link chose."""
+    P = ns.hosts * ns.ranks_per_host
+    base, _ = _entry(name, ns.epochs)
+    extra, slug = ENTRIES[base], re.sub(r"[^A-Za-z0-9]+", "-", base)
+    if base == "plan":
+        extra, slug = ["--config", str(out / f"{ds}-{link}-plan.toml")], f"plan-{link.replace('+', '-')}"
+    twin = out / f"loopback-P{P}-{ds}-L{ns.layers}x{ns.hidden}-e{TWIN_EPOCHS}-{slug}-twin"
+    if not (twin / "summary.json").is_file():
+        subprocess.run(["rm", "-rf", str(twin)], check=True)
+        subprocess.run([sys.executable, "-m", "commgnn", "train", *extra, "--dataset", ds, "--data-root", ns.root,
+                        "--partition-dir", str(out / f"{ds}-parts{P}"), "--model", "gcn", "--layers",
+                        str(ns.layers), "--hidden", str(ns.hidden), "--epochs", str(TWIN_EPOCHS), "--patience", "0",
+                        "--seed", "0", "--quiet", "--no-energy", "--out", str(twin)], check=True,
+                       stdout=subprocess.DEVNULL)
+    return residual_s(twin, lo_model)
 
 
 def run_grid(ns: argparse.Namespace, out: Path) -> None:
@@ -178,6 +212,7 @@ def _fmt(xs: list[float], nd: int = 1) -> str:
 
 def report(ns: argparse.Namespace, out: Path) -> None:
     rows = []
+    lo_model = ClusterModel.from_dict(json.loads(_loopback_net(ns, out).read_text())) if ns.residual else None
     for ds in ns.datasets:
         for link in ns.links:
             exact: dict[int, list[dict[str, Any]]] = {}
@@ -225,6 +260,8 @@ def report(ns: argparse.Namespace, out: Path) -> None:
                 net = out / f"{ds}-{link}-net.json"
                 model = ClusterModel.from_dict(json.loads(net.read_text())) if net.is_file() else None
                 preds = [predict_run(p, model) for p in runs.values()] if model is not None else []
+                res = _residual(ns, out, ds, link, name, lo_model) if lo_model is not None and model else None
+                preds_res = [predict_run(p, model, overhead_s=res) for p in runs.values()] if res is not None else []
                 sp = {k: statistics.mean(x[k] for x in split) for k in ("compute", "comm", "idle")}
                 plan_name = ""
                 if name.partition("@")[0] == "plan":
@@ -239,6 +276,10 @@ def report(ns: argparse.Namespace, out: Path) -> None:
                     "model epoch s (error)": (f"{_fmt([q['predicted_epoch_s'] for q in preds], 2)} "
                                               f"({statistics.mean(100 * q['error'] for q in preds):+.1f}%)")
                     if preds else "—",
+                    **({"model + loopback residual epoch s (error)":
+                        f"{_fmt([q['predicted_epoch_s'] for q in preds_res], 2)} "
+                        f"({statistics.mean(100 * q['error'] for q in preds_res):+.1f}%; residual {res:.2f})"
+                        if preds_res else "—"} if ns.residual else {}),
                     "split compute/comm/idle s": f"{sp['compute']:.2f} / {sp['comm']:.2f} / {sp['idle']:.2f}",
                     "s to exact best val": f"{_fmt(t_best, 0)} ({reached}/{n})",
                     "speed-up": f"{_fmt(speed, 2)}x" if speed else "—",
@@ -258,7 +299,12 @@ def report(ns: argparse.Namespace, out: Path) -> None:
         "accuracy / the entry's, per seed, then averaged. (k/n) = seeds that reached it within the epochs.",
         "Model epoch s: the cost model's prediction from the run's recorded per-pair bytes and its busiest rank's "
         "measured compute, with the link calibrated on the same emulated cluster (`commgnn calibrate`); error = "
-        "(predicted - measured) / measured, mean over seeds.",
+        "(predicted - measured) / measured, mean over seeds."
+        + (" Model + loopback residual: the library's whole prediction, as `benchmarks/cost_model.py --reference "
+           "loopback` validates it: the seconds per epoch the calibrated loopback leaves unexplained in the entry's "
+           f"loopback twin (the same configuration on {ns.hosts * ns.ranks_per_host} local ranks, {TWIN_EPOCHS} "
+           "epochs, seed 0), joined to the links' price by `commgnn.netmodel.predict.with_overhead`."
+           if ns.residual else ""),
         "MB/epoch counts every payload handed to a collective (halo forward, backward, evaluation, gradients). "
         "Energy: CodeCarbon offline (CPU + RAM, all ranks) plus network bytes x 2.34e-5 J/byte.", *ns.note])
     print(stem.with_suffix(".md").read_text())
@@ -291,6 +337,9 @@ def main() -> None:
     ap.add_argument("--stamp", help="date in the result file names (default: today)")
     ap.add_argument("--tag", default="", help="suffix of the result file names (e.g. the dataset)")
     ap.add_argument("--report-only", action="store_true")
+    ap.add_argument("--residual", action="store_true",
+                    help="also report the model with each entry's loopback residual (trains a short loopback twin "
+                         "per configuration, once: run it with nothing else on the machine)")
     ap.add_argument("--note", action="append", default=[], help="a note on this run for the table")
     ns = ap.parse_args()
     for e in [*ns.entries, *ns.one_seed]:
