@@ -113,7 +113,10 @@ def _plan(ns: argparse.Namespace, out: Path, ds: str, link: str, net: Path) -> P
     probes' compute by the exact run's compute on this cluster over the exact probe's
     (:func:`_cluster_compute_scale`; the exact probe runs first, alone, if it has not). The
     planner's own default (``probe``: compute alone over shared) prices hosts with their own
-    cores, which this grid does not run on."""
+    cores, which this grid does not run on. ``--shared-cores`` (plans made from 2026-12-04's
+    100 Mbit/s + 5 ms grid on) keeps every predicted epoch at least its probe's own compute,
+    since the emulated hosts share the cores the probes ran on; the scale alone priced a
+    codec's compute as if each host had its own."""
     plan = out / f"{ds}-{link}-plan.toml"
     if not plan.is_file():
         P = ns.hosts * ns.ranks_per_host
@@ -124,7 +127,7 @@ def _plan(ns: argparse.Namespace, out: Path, ds: str, link: str, net: Path) -> P
         cmd = ["commgnn", "plan", "--dataset", ds, "--data-root", ns.root, "--model", "gcn", "--layers",
                str(ns.layers), "--hidden", str(ns.hidden), "--epochs", str(ns.plan_epochs or ns.epochs),
                "--hosts", str(ns.hosts), "--ranks-per-host", str(ns.ranks_per_host), "--net", str(net),
-               "--tolerance", str(TOLERANCE), "--probe-epochs", str(ns.probe_epochs), *extra,
+               "--tolerance", str(TOLERANCE), "--probe-epochs", str(ns.probe_epochs), "--shared-cores", *extra,
                "--workdir", str(probes)]
         scale: float | None = None
         if ns.plan_compute_scale == "cluster":

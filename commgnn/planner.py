@@ -133,11 +133,12 @@ def measured_compute_scale(run_dir: Path, P: int) -> float:
     return min(1.0, (os.cpu_count() or 1) / P)
 
 
-def _score(run_dir: Path, model: ClusterModel, compute_scale: float,
-           overhead_s: float = 0.0) -> tuple[list[float], list[float], float, float, float]:
+def _score(run_dir: Path, model: ClusterModel, compute_scale: float, overhead_s: float = 0.0,
+           shared_cores: bool = False) -> tuple[list[float], list[float], float, float, float]:
     """Per-epoch validation accuracies, predicted cumulative seconds (set-up first),
     predicted comm s/epoch, bytes per epoch and the predicted set-up seconds of a probe run;
-    ``overhead_s`` joins every epoch's priced communication (``with_overhead``)."""
+    ``overhead_s`` joins every epoch's priced communication (``with_overhead``);
+    ``shared_cores``: no epoch is shorter than the probe's own (see :func:`plan`)."""
     rows = read_metrics_rows(run_dir)
     pairs, calls = per_epoch_traffic(run_dir)
     comm = model.predict_epoch(0.0, pairs, calls)["comm"]
@@ -151,7 +152,10 @@ def _score(run_dir: Path, model: ClusterModel, compute_scale: float,
         compute = compute_scale * (b["compute"] + b.get("sample", 0.0))
         # a pipelined plan's stale epochs hide their halo exchange behind compute
         exposed = model.predict_epoch(compute, pairs, calls, overlapped_classes(r, is_pipelined))["epoch"] - compute
-        t += compute + with_overhead(exposed, overhead_s)
+        epoch = compute + with_overhead(exposed, overhead_s)
+        if shared_cores:  # all ranks' work on the same cores, as in the probe
+            epoch = max(epoch, b["compute"] + b.get("sample", 0.0))
+        t += epoch
         cum.append(t)
     return [r["val_acc"] for r in rows], cum, comm, statistics.mean(r["total_bytes"] for r in rows), setup
 
@@ -191,12 +195,23 @@ def _reach(vals: list[float], cum: list[float], target: float) -> float | None:
 def plan(base: RunConfig, model: ClusterModel, *, tolerance: float, probe_epochs: int | None = 30,
          probe_patience: int = 20, compute_scale: float | None = None, workdir: Path | None = None,
          names: list[str] | None = None, log: Any = print,
-         probe_model: ClusterModel | None = None, min_gain: float = 0.1) -> list[PlanResult]:
+         probe_model: ClusterModel | None = None, min_gain: float = 0.1,
+         shared_cores: bool = False) -> list[PlanResult]:
     """Probe every candidate and rank them (best first). ``probe_epochs=None``: probe as long
     as the exact plan takes to stop improving for ``probe_patience`` epochs; ``probe_model``:
     the probes' own link, calibrated, whose residual in each probe joins its epochs (``with_overhead``);
     ``min_gain``: :func:`choose`'s, which bounds a re-probe to the time that could still win
-    (see the module docstring)."""
+    (see the module docstring).
+
+    ``shared_cores``: the cluster's hosts share the cores the probes ran on (a cluster
+    emulated on this machine, ``commgnn cluster``). Then no epoch is shorter than the
+    probe's own busiest-rank compute, unscaled: in a probe every rank computes at once on
+    these cores, and on the emulated cluster the same work meets the same cores, whatever
+    the link hides. Without it a lever whose codec costs compute is priced as if each host
+    had its own cores (Computers, 8 ranks on 2 cores: the probes' compute of 1.54 s for
+    precompute + transform-first and 2.17 s with 4-bit rows, against 1.47 and 1.96 s
+    epochs measured at 100 Mbit/s + 5 ms, where compute scaled by exact's cluster-over-probe
+    factor priced them at 1.24 and 1.13 s)."""
     _check_min_gain(min_gain)
     if probe_epochs is not None and probe_epochs < 2:
         raise UserError(f"probes need at least 2 epochs, got {probe_epochs}")
@@ -243,7 +258,7 @@ def plan(base: RunConfig, model: ClusterModel, *, tolerance: float, probe_epochs
                     overheads[name] = scale * residual_s(run_dir, probe_model) if probe_model is not None else 0.0
                 except ValueError as exc:  # a probe of one epoch has nothing to compare
                     raise UserError(f"--probe-net: cannot price probe {name!r}: {exc}") from None
-                curves[name] = (levers, *_score(run_dir, model, scale, overheads[name]))
+                curves[name] = (levers, *_score(run_dir, model, scale, overheads[name], shared_cores))
 
             price(out)
             if auto and name == "exact":

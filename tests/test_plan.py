@@ -52,6 +52,12 @@ def test_a_probe_is_scored_with_the_measured_compute_scale_and_its_set_up(tmp_pa
     step = with_overhead(comm, 0.3) - comm
     assert step == pytest.approx(0.3 - comm / 2)
     assert joined[0] == pytest.approx(cum[0] + step) and joined[1] == pytest.approx(cum[1] + 2 * step)
+    # hosts that share the probes' cores: no epoch is shorter than the probe's own compute
+    # (0.8 s here, against 0.25 x 0.8 + comm priced with scaled compute)
+    floored = _score(tmp_path, m, scale, shared_cores=True)[1]
+    assert 0.25 * 0.8 + comm < 0.8
+    assert floored[0] == pytest.approx(setup + 0.8) and floored[1] - floored[0] == pytest.approx(0.8)
+    assert _score(tmp_path, m, 1.0, shared_cores=True)[1] == pytest.approx(_score(tmp_path, m, 1.0)[1])
     summary = json.loads((tmp_path / "summary.json").read_text())
     summary["compute_shared_over_alone"] = 0.5  # alone slower than shared (noise): never scaled up
     (tmp_path / "summary.json").write_text(json.dumps(summary))

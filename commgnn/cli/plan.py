@@ -47,6 +47,9 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--min-gain", dest="min_gain", type=float, default=0.1,
                    help="choose a plan over exact only if it is predicted at least this fraction sooner to the "
                         "target (default 0.1: probes are one seed's curve)")
+    p.add_argument("--shared-cores", dest="shared_cores", action="store_true",
+                   help="the cluster's hosts share this machine's cores (a `commgnn cluster` emulation): no "
+                        "epoch is predicted shorter than its probe's own compute")
     p.add_argument("--plans", nargs="+", help="only these candidate names (exact is always probed)")
     p.add_argument("--workdir", help="keep the probe runs here (reruns reuse finished probes)")
     p.add_argument("--out", required=True, help="TOML file for the chosen plan")
@@ -98,7 +101,7 @@ def cmd_plan(ns: argparse.Namespace) -> int:
         workdir.mkdir(parents=True, exist_ok=True)
     ranked = plan(base, model, tolerance=ns.tolerance, probe_epochs=probe_epochs, probe_patience=ns.probe_patience,
                   compute_scale=ns.compute_scale, workdir=workdir, names=ns.plans, probe_model=probe_model,
-                  min_gain=ns.min_gain)
+                  min_gain=ns.min_gain, shared_cores=ns.shared_cores)
     extra = f" {'residual s':>10s}" if probe_model is not None else ""
     print(f"{'plan':40s} {'best val':>8s} {'s/epoch':>8s} {'comm s':>8s} {'MB/epoch':>9s} {'to target':>10s}{extra}")
     for r in ranked:
