@@ -178,7 +178,9 @@ class Meter:
         pairs = self.ctx.all_gather(self._by_peer).transpose(0, 1)  # [class, sender, receiver]
         layers = self.ctx.all_gather(self._by_layer).sum(0)
         rss = self.ctx.all_gather(torch.tensor([peak_rss_mb()], dtype=torch.float64))[:, 0]
-        dev = self.ctx.all_gather(torch.tensor([peak_device_mb(self.ctx.device)], dtype=torch.float64))[:, 0]
+        on_cuda = self.ctx.device.type == "cuda"  # every rank's device is of one type
+        dev = self.ctx.all_gather(torch.tensor([peak_device_mb(self.ctx.device)], dtype=torch.float64))[:, 0] \
+            if on_cuda else None
         layer_names = [str(i) for i in range(self.num_layers)] + ["other"]
         return {
             "bytes_by_pair": {c: pairs[i].long().tolist() for i, c in enumerate(CLASSES)},
@@ -188,7 +190,7 @@ class Meter:
             "setup_s": self.setup_s,
             "peak_rss_mb": float(rss.max()),
             "peak_rss_mb_by_rank": rss.tolist(),
-            "peak_device_mb_by_rank": dev.tolist() if self.ctx.device.type == "cuda" else None,
+            "peak_device_mb_by_rank": dev.tolist() if dev is not None else None,
         }
 
     def state_dict(self) -> dict[str, Any]:
