@@ -210,7 +210,7 @@ def test_an_auto_probe_cheaper_than_exacts_time_is_probed_again_longer(tmp_path,
     # exact: 1 s an epoch, best 0.80 at epoch 10 (the patience ends its probe there)
     # 8-bit: 0.1 s an epoch, climbing 0.01 an epoch from 0.50: 0.795 only at epoch 30
     # 4-bit: 2 s an epoch, never above 0.70
-    def fake_score(out, model, compute_scale, overhead_s=0.0):
+    def fake_score(out, model, compute_scale, overhead_s=0.0, shared_cores=False):
         n = tomllib.loads((out / "config.toml").read_text())["train"]["epochs"]
         if out.name == "exact":
             n = 10
