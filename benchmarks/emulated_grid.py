@@ -146,8 +146,7 @@ def _plan(ns: argparse.Namespace, out: Path, ds: str, link: str, net: Path) -> P
 
 
 TWIN_EPOCHS = 6
-
-
+"""Epochs of a loopback twin (``--residual``): the first is left out, as in every comparison."""
 
 
 def _residual(ns: argparse.Namespace, out: Path, ds: str, link: str, name: str, lo_model: ClusterModel) -> float:
@@ -165,8 +164,8 @@ def _residual(ns: argparse.Namespace, out: Path, ds: str, link: str, name: str, 
     if not (twin / "summary.json").is_file():
         subprocess.run(["rm", "-rf", str(twin)], check=True)
         subprocess.run([sys.executable, "-m", "commgnn", "train", *extra, "--dataset", ds, "--data-root", ns.root,
-                        "--partition-dir", str(out / f"{ds}-parts{P}"), "--parts", str(P), "--model", "gcn", "--layers",
-                        str(ns.layers), "--hidden", str(ns.hidden), "--epochs", str(TWIN_EPOCHS), "--patience", "0",
+                        "--partition-dir", str(out / f"{ds}-parts{P}"), "--parts", str(P), "--model", "gcn",
+                        "--layers", str(ns.layers), "--hidden", str(ns.hidden), "--epochs", str(TWIN_EPOCHS), "--patience", "0",
                         "--seed", "0", "--quiet", "--no-energy", "--out", str(twin)], check=True,
                        stdout=subprocess.DEVNULL)
     return residual_s(twin, lo_model)

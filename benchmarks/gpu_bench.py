@@ -153,7 +153,8 @@ def spmm_bench(device: torch.device, n: int, e: int, f: int, warmup: int, reps: 
         rows.append(row)
         if device.type == "cuda":
             torch.cuda.empty_cache()
-    # vectors 4x the L2-resident sizes of the product (or 2^20 at least): DRAM, not cache
+    # vectors of 4 N F elements, four times x's size (410 MB each at the default shape; at least
+    # 2^20), so that the triad streams from DRAM rather than cache
     triad_n = max(1 << 20, 4 * n * f)
     try:
         triad = triad_gbs(device, triad_n, warmup, reps)
@@ -237,7 +238,8 @@ def fullgraph_bench(device: torch.device, nodes: int, epochs: int, parts: int, f
             row.update(halo_mb=s["halo_bytes_per_epoch"] / 1e6, grad_mb=s["grad_bytes_per_epoch"] / 1e6,
                        epoch_ms=s["epoch_time_s"] * 1e3, test_acc=s["test_acc"],
                        compute_ms=s["time_split"]["compute"] * 1e3, comm_ms=s["time_split"]["comm"] * 1e3,
-                       peak_rss_mb=s["peak_rss_mb"], peak_device_mb=max(s.get("peak_device_mb_by_rank") or [0.0]) or None)
+                       peak_rss_mb=s["peak_rss_mb"],
+                       peak_device_mb=max(s["peak_device_mb_by_rank"]) if s.get("peak_device_mb_by_rank") else None)
         except Exception as exc:
             row["error"] = _err(exc)
             traceback.print_exc()
