@@ -209,9 +209,9 @@ def plan(base: RunConfig, model: ClusterModel, *, tolerance: float, probe_epochs
     these cores, and on the emulated cluster the same work meets the same cores, whatever
     the link hides. Without it a lever whose codec costs compute is priced as if each host
     had its own cores (Computers, 8 ranks on 2 cores: the probes' compute of 1.54 s for
-    precompute + transform-first and 2.17 s with 4-bit rows, against 1.47 and 1.96 s
-    epochs measured at 100 Mbit/s + 5 ms, where compute scaled by exact's cluster-over-probe
-    factor priced them at 1.24 and 1.13 s)."""
+    precompute + transform-first and 2.23 s with 4-bit rows, against 1.49 and 1.95 s
+    epochs measured at 100 Mbit/s + 5 ms, means of 3 seeds, where compute scaled by exact's
+    cluster-over-probe factor priced them at 1.24 and 1.13 s)."""
     _check_min_gain(min_gain)
     if probe_epochs is not None and probe_epochs < 2:
         raise UserError(f"probes need at least 2 epochs, got {probe_epochs}")

@@ -172,6 +172,22 @@ def test_a_probe_still_rising_is_flagged(tmp_path):
     assert exact.still_rising
 
 
+def test_plan_shared_cores_flag_reaches_the_planner(tmp_path, monkeypatch):
+    """``--shared-cores`` is passed to :func:`commgnn.planner.plan` (off unless asked)."""
+    import commgnn.planner
+
+    seen = []
+
+    def fake_plan(*args, **kwargs):
+        seen.append(kwargs["shared_cores"])
+        raise commgnn.planner.UserError("stop here")
+
+    monkeypatch.setattr(commgnn.planner, "plan", fake_plan)
+    for extra in ([], ["--shared-cores"]):
+        assert main(["plan", "--out", str(tmp_path / "p.toml"), "--probe-epochs", "2", *extra]) == 2
+    assert seen == [False, True]
+
+
 @pytest.mark.parametrize("argv, message", [
     (["--tolerance", "-1"], "--tolerance"), (["--probe-epochs", "1"], "--probe-epochs"),
     (["--probe-epochs", "soon"], "'auto'"), (["--probe-patience", "0"], "--probe-patience"),

@@ -97,10 +97,12 @@ def state_to_device(state: Any, device: torch.device) -> Any:
     """``state`` (nested dicts, lists and tuples of tensors) with its tensors on ``device``.
 
     Checkpoints load onto the CPU (:func:`load_rank`), but a run on a GPU keeps the levers'
-    state (error-feedback residuals, stale rows, gradient-tracking vectors, PowerSGD's
-    memories) where the tensors it meets live. Generator states (values under
-    :data:`GENERATOR_KEY`) stay on the CPU: ``Generator.set_state`` of the CPU generators
-    the levers draw from takes a CPU byte tensor."""
+    state (stale rows, gradient-tracking vectors, PowerSGD's memories) where the tensors it
+    meets live. Generator states (values under :data:`GENERATOR_KEY`) stay on the CPU:
+    ``Generator.set_state`` of the CPU generators the levers draw from takes a CPU byte
+    tensor. Levers that work on the host (the gradient compressors' error-feedback
+    residuals, the adaptive-bits solver's statistics) copy their state back to the CPU in
+    their own ``load_state_dict``: where a lever's state lives is the lever's to know."""
     if isinstance(state, torch.Tensor):
         return state.to(device)
     if isinstance(state, dict):
