@@ -22,7 +22,8 @@
 # Budgets (seconds, environment): PYTEST_BUDGET_S (270), BENCH_BUDGET_S (170) and SCALE_BUDGET_S
 # (130: the last step, a 1M-node graph on one GPU, SCALE_NODES and SCALE_HIDDEN); a test
 # gets at most TEST_TIMEOUT_S (200). BENCH_ARGS replaces the benchmark's extra arguments
-# (default "--models gcn gat": GAT aggregates without the CSR kernel).
+# (default "--models gcn gat": GAT aggregates without the CSR kernel). STEPS picks the steps
+# (default "tests bench scale"; STEPS=tests re-checks a change with the gpu tests alone).
 set -uo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -87,17 +88,27 @@ if [ -n "$missing" ]; then
 fi
 "$PY" -c "import commgnn, commgnn.trainers, commgnn.comm.build; print('commgnn', commgnn.__version__, 'from', commgnn.__file__)"
 
+STEPS=" ${STEPS:-tests bench scale} "
+want() { [[ "$STEPS" == *" $1 "* ]]; }
+
+if want tests; then
 stamp "gpu tests: pytest -m gpu tests/test_gpu*.py (budget ${PYTEST_BUDGET_S:-270} s)"
 timeout_flag=()
 "$PY" -c "import pytest_timeout" 2>/dev/null && timeout_flag=(--timeout "${TEST_TIMEOUT_S:-200}")
 timeout -k 10 "${PYTEST_BUDGET_S:-270}" "$PY" -m pytest -m gpu tests/test_gpu.py tests/test_gpu_levers.py -rs -q -p no:cacheprovider \
     ${timeout_flag[@]+"${timeout_flag[@]}"} --junitxml="$OUT/pytest_gpu.xml" -o junit_family=xunit1
 echo "pytest exit status: $?"
+fi
+
+if want bench; then
 
 stamp "benchmark: benchmarks/gpu_bench.py --device cuda (budget ${BENCH_BUDGET_S:-170} s)"
 # shellcheck disable=SC2086
 timeout -k 10 "${BENCH_BUDGET_S:-170}" "$PY" benchmarks/gpu_bench.py --device cuda --out "$OUT" ${BENCH_ARGS:---models gcn gat}
 echo "gpu_bench exit status: $?"
+fi
+
+if want scale; then
 
 stamp "scale: a ${SCALE_NODES:-1000000}-node CSBM of average degree 20, GCN 3 x ${SCALE_HIDDEN:-128}, exact and lossless, peak GPU memory (budget ${SCALE_BUDGET_S:-130} s)"
 # shellcheck disable=SC2086
@@ -105,6 +116,7 @@ timeout -k 10 "${SCALE_BUDGET_S:-130}" "$PY" benchmarks/gpu_bench.py --device cu
     --graph-nodes "${SCALE_NODES:-1000000}" --avg-degree 20 --hidden "${SCALE_HIDDEN:-128}" --epochs 5 \
     --settings exact lossless --no-cpu-baseline --models gcn
 echo "gpu_bench (scale) exit status: $?"
+fi
 
 stamp "done; files in $OUT:"
 ls -la "$OUT"
