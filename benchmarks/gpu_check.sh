@@ -23,7 +23,9 @@
 # (130: the last step, a 1M-node graph on one GPU, SCALE_NODES and SCALE_HIDDEN); a test
 # gets at most TEST_TIMEOUT_S (200). BENCH_ARGS replaces the benchmark's extra arguments
 # (default "--models gcn gat": GAT aggregates without the CSR kernel). STEPS picks the steps
-# (default "tests bench scale"; STEPS=tests re-checks a change with the gpu tests alone).
+# (default "tests bench scale"; STEPS=tests re-checks a change with the gpu tests alone; "maxk"
+# runs the MaxK grid on Computers beside the others, see benchmarks/maxk_gpu.sh). PYTEST_K
+# selects gpu tests by name (pytest -k).
 set -uo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -91,12 +93,19 @@ fi
 STEPS=" ${STEPS:-tests bench scale} "
 want() { [[ "$STEPS" == *" $1 "* ]]; }
 
+if want maxk; then  # in the background while the other steps run; gathered at the end
+stamp "maxk: benchmarks/maxk_computers_gpu.toml, one bench per seed, 8 gloo ranks each on GPU 0 (deadline ${DEADLINE_S:-400} s)"
+bash benchmarks/maxk_gpu.sh run &
+MAXK_PID=$!
+fi
+
 if want tests; then
 stamp "gpu tests: pytest -m gpu tests/test_gpu*.py (budget ${PYTEST_BUDGET_S:-270} s)"
-timeout_flag=()
-"$PY" -c "import pytest_timeout" 2>/dev/null && timeout_flag=(--timeout "${TEST_TIMEOUT_S:-200}")
+pytest_flags=()
+"$PY" -c "import pytest_timeout" 2>/dev/null && pytest_flags=(--timeout "${TEST_TIMEOUT_S:-200}")
+[ -n "${PYTEST_K:-}" ] && pytest_flags+=(-k "$PYTEST_K")
 timeout -k 10 "${PYTEST_BUDGET_S:-270}" "$PY" -m pytest -m gpu tests/test_gpu.py tests/test_gpu_levers.py -rs -q -p no:cacheprovider \
-    ${timeout_flag[@]+"${timeout_flag[@]}"} --junitxml="$OUT/pytest_gpu.xml" -o junit_family=xunit1
+    ${pytest_flags[@]+"${pytest_flags[@]}"} --junitxml="$OUT/pytest_gpu.xml" -o junit_family=xunit1
 echo "pytest exit status: $?"
 fi
 
@@ -116,6 +125,12 @@ timeout -k 10 "${SCALE_BUDGET_S:-130}" "$PY" benchmarks/gpu_bench.py --device cu
     --graph-nodes "${SCALE_NODES:-1000000}" --avg-degree 20 --hidden "${SCALE_HIDDEN:-128}" --epochs 5 \
     --settings exact lossless --no-cpu-baseline --models gcn
 echo "gpu_bench (scale) exit status: $?"
+fi
+
+if want maxk; then
+stamp "maxk: waiting for the grid, then gathering its finished runs"
+wait "$MAXK_PID"
+bash benchmarks/maxk_gpu.sh gather
 fi
 
 stamp "done; files in $OUT:"

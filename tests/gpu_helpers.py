@@ -9,7 +9,10 @@ One GPU still runs NCCL: :func:`run_ranks` at world size 1 starts one rank on a 
 communicator of world size 1 whose context says it is distributed (:class:`SelfContext`),
 so every collective the code issues really runs (the halo all-to-all sending rows to
 itself, DDP with its comm hooks, all-reduces, broadcasts), which a world of one never does
-otherwise. Traffic between GPUs needs the two-GPU cases.
+otherwise. Traffic between GPUs needs the two-GPU cases. Traffic between ranks on one GPU
+runs on gloo (:data:`SHARED_GPU`): two ranks share the GPU, and gloo moves their device
+tensors through the host, so the multi-rank code paths (MaxK's (index, value) messages,
+uneven splits, the ranks' differing halos) run on CUDA tensors with one GPU.
 
 The rank functions are device-agnostic: on a CPU machine the same cases run on gloo
 (``backend="gloo"``), which is how their tolerances were set without a GPU.
@@ -41,6 +44,12 @@ two_gpus = pytest.mark.skipif(CUDA and NGPU < 2, reason=f"multi-rank NCCL needs 
                                                          f"ranks on one GPU); {NGPU} visible")
 
 
+#: Keyword arguments of :func:`run_ranks` for ranks that share one GPU over gloo
+#: (``runtime.device = "cuda"``, ``runtime.backend = "gloo"``): their device tensors really
+#: travel between processes, staged through the host by gloo, which needs only one GPU.
+SHARED_GPU = {"backend": "gloo", "device": "cuda"}
+
+
 class SelfContext(DistContext):
     """One rank that takes the distributed code paths: its collectives run on a real
     process group of world size 1 (each exchange sends the rank's rows to itself)."""
@@ -61,15 +70,16 @@ def to_cpu(obj: Any) -> Any:
     return obj
 
 
-def _self_entry(info: LaunchInfo, fn: Callable[..., Any], out_dir: str, backend: str, args: tuple) -> None:
+def _self_entry(info: LaunchInfo, fn: Callable[..., Any], out_dir: str, backend: str, args: tuple,
+                device: str) -> None:
     timeout = _dt.timedelta(seconds=120)
-    device = torch.device("cuda", 0) if backend == "nccl" else torch.device("cpu")
-    if device.type == "cuda":
-        torch.cuda.set_device(device)
+    dev = torch.device("cuda", 0) if device == "cuda" else torch.device("cpu")
+    if dev.type == "cuda":
+        torch.cuda.set_device(dev)
     torch.set_num_threads(1)
     store = dist.TCPStore(info.master_addr, info.port, None, False, timeout=timeout)
     dist.init_process_group(backend, store=dist.PrefixStore("pg/", store), rank=0, world_size=1, timeout=timeout)
-    ctx = SelfContext(rank=0, world_size=1, local_rank=0, local_world_size=1, device=device, backend=backend,
+    ctx = SelfContext(rank=0, world_size=1, local_rank=0, local_world_size=1, device=dev, backend=backend,
                       timeout_s=120.0, group=dist.group.WORLD)
     result = fn(ctx, *args)
     torch.save(to_cpu(result), Path(out_dir) / "rank0.pt")
@@ -77,8 +87,8 @@ def _self_entry(info: LaunchInfo, fn: Callable[..., Any], out_dir: str, backend:
     dist.destroy_process_group()
 
 
-def _dist_entry(info: LaunchInfo, fn: Callable[..., Any], out_dir: str, backend: str, args: tuple) -> None:
-    device = "cuda" if backend == "nccl" else "cpu"
+def _dist_entry(info: LaunchInfo, fn: Callable[..., Any], out_dir: str, backend: str, args: tuple,
+                device: str) -> None:
     ctx = init_distributed(info, RuntimeConfig(parts=info.world_size, backend=backend, device=device,
                                                timeout_s=120.0, threads=1))
     assert ctx.backend == backend and ctx.device.type == device, (ctx.backend, ctx.device)
@@ -88,11 +98,13 @@ def _dist_entry(info: LaunchInfo, fn: Callable[..., Any], out_dir: str, backend:
 
 
 def run_ranks(fn: Callable[..., Any], world_size: int, tmp_path: Path, *args: Any,
-              backend: str = "nccl") -> list[Any]:
-    """``fn(ctx, *args)`` on ``world_size`` spawned ranks (one GPU each under NCCL); world
-    size 1 runs one :class:`SelfContext` rank. Returns each rank's result, on the CPU."""
+              backend: str = "nccl", device: str | None = None) -> list[Any]:
+    """``fn(ctx, *args)`` on ``world_size`` spawned ranks (one GPU each under NCCL; under
+    gloo on the CPU, or with ``device="cuda"`` all on the one GPU, see :data:`SHARED_GPU`);
+    world size 1 runs one :class:`SelfContext` rank. Returns each rank's result, on the CPU."""
     entry = _self_entry if world_size == 1 else _dist_entry
-    spawn_ranks(entry, (fn, str(tmp_path), backend, args), nprocs=world_size, master_addr="127.0.0.1",
+    device = device or ("cuda" if backend == "nccl" else "cpu")
+    spawn_ranks(entry, (fn, str(tmp_path), backend, args, device), nprocs=world_size, master_addr="127.0.0.1",
                 port=free_port())
     return [torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in range(world_size)]
 

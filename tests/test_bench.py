@@ -10,7 +10,7 @@ import pytest
 
 from commgnn.cli.bench import load_grid, pareto_front, traffic_axis
 from commgnn.cli.main import main
-from commgnn.errors import ConfigError
+from commgnn.errors import ConfigError, UserError
 
 GRID = """
 [base]
@@ -100,6 +100,22 @@ def test_grid_entries_change_model_keys(tmp_path):
     grid.write_text('[[halo]]\nname = "relu"\nmodel = { activation = "relu" }\n')
     with pytest.raises(ConfigError, match="needs an exact entry"):
         load_grid(str(grid))
+
+
+def test_an_entrys_model_keys_apply_together(tmp_path, monkeypatch):
+    """``activation = "maxk"`` alone would be checked against the default ``maxk_k`` (32),
+    above this base's hidden (16): the entry's keys are applied, and validated, at once."""
+    import commgnn.runner.launch as launch
+    from commgnn.cli.bench import run_grid
+
+    ran = []
+    monkeypatch.setattr(launch, "train_local", lambda cfg: ran.append(cfg.model))
+    grid = tmp_path / "g.toml"
+    grid.write_text(GRID.replace("hidden = 8", "hidden = 16").split("[[halo]]")[0] + '[[halo]]\nname = "exact"\n'
+                    '[[halo]]\nname = "maxk8"\nmodel = { activation = "maxk", maxk_k = 8 }\nbits = 4\n')
+    with pytest.raises(UserError, match="not a finished commgnn run"):  # nothing trained, nothing to tabulate
+        run_grid(str(grid), tmp_path / "bench")
+    assert [(m.activation, m.maxk_k, m.hidden) for m in ran] == [("auto", 32, 16)] * 2 + [("maxk", 8, 16)] * 2
 
 
 def test_pareto_plots_the_traffic_the_grid_varies(tmp_path):

@@ -21,7 +21,8 @@ What is checked:
   run on the CPU (the loss of every epoch, the predictions).
 
 Ranks run as :mod:`gpu_helpers` describes (one GPU runs a real NCCL communicator of world
-size 1; the rank functions are device-agnostic and run on gloo on a CPU machine).
+size 1, and two gloo ranks sharing it; the rank functions are device-agnostic and run on
+gloo on a CPU machine).
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ from commgnn.models.graph import CSRPair, LocalGraph, spmm
 from commgnn.models.sparse import SparseRows
 from commgnn.partition import PartitionConfig, build_local_partition, partition_graph
 from commgnn.trainers import FullGraphTrainer, TrainConfig
-from gpu_helpers import GPU_MARKS, error_text, run_ranks, to_cpu, two_gpus
+from gpu_helpers import GPU_MARKS, SHARED_GPU, error_text, run_ranks, to_cpu, two_gpus
 from helpers import pyg_reference, small_graph, trainer_steps
 
 pytestmark = GPU_MARKS
@@ -216,6 +217,13 @@ def parity_two_gpus(parity_graph, tmp_path_factory):
     return per_rank
 
 
+@pytest.fixture(scope="module")
+def parity_shared_gpu(parity_graph, tmp_path_factory):
+    data, refs = parity_graph
+    parts = partition_graph(data.edge_index, data.num_nodes, 2, PartitionConfig(method="random", seed=1))
+    return run_ranks(parity_fn, 2, tmp_path_factory.mktemp("parity-shared"), data, parts, refs, **SHARED_GPU)
+
+
 PARITY_IDS = [(dtype, name) for dtype in PARITY_TOL for name in MODELS]
 
 
@@ -230,10 +238,16 @@ def test_full_graph_model_on_two_nccl_ranks_equals_pyg_on_the_cpu(parity_graph, 
     check_parity(parity_graph[1][dtype][name], parity_two_gpus, dtype, name)
 
 
-def _api_train(data: Data, model: str, device: str, parts: int, out: Path) -> commgnn.TrainResult:
+@pytest.mark.parametrize("dtype,name", PARITY_IDS, ids=[f"{d}-{n}" for d, n in PARITY_IDS])
+def test_full_graph_model_on_two_gloo_ranks_sharing_one_gpu_equals_pyg_on_the_cpu(parity_graph, parity_shared_gpu,
+                                                                                  dtype, name):
+    check_parity(parity_graph[1][dtype][name], parity_shared_gpu, dtype, name)
+
+
+def _api_train(data: Data, model: str, device: str, parts: int, out: Path, backend: str = "nccl") -> commgnn.TrainResult:
     from commgnn.runner.config import RunConfig
 
-    runtime = RuntimeConfig(parts=parts, device=device, backend="nccl" if device == "cuda" else "gloo", threads=2)
+    runtime = RuntimeConfig(parts=parts, device=device, backend=backend if device == "cuda" else "gloo", threads=2)
     res = commgnn.train(data, model=model, parts=parts, config=RunConfig(runtime=runtime), epochs=8, hidden=16,
                         layers=2, dropout=0.0, optimizer="sgd", lr=0.05, patience=0, quiet=True, out=out)
     assert res is not None
@@ -244,15 +258,17 @@ def _losses(run_dir: Path) -> list[float]:
     return [json.loads(line)["loss"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
-@pytest.mark.parametrize("parts", [1, pytest.param(2, marks=two_gpus)])
+@pytest.mark.parametrize("parts,backend", [(1, "nccl"), pytest.param(2, "nccl", marks=two_gpus), (2, "gloo")],
+                         ids=["1-nccl", "2-nccl", "2-gloo-one-gpu"])
 @pytest.mark.parametrize("model", ["sage", "gat"])  # GAT aggregates without the CSR kernel
 @pytest.mark.timeout(240)
-def test_commgnn_train_on_cuda_reproduces_the_cpu_run(tmp_path, model, parts):
-    """The whole CLI path (launch, rank loop, meter, export) on CUDA, against the CPU."""
+def test_commgnn_train_on_cuda_reproduces_the_cpu_run(tmp_path, model, parts, backend):
+    """The whole CLI path (launch, rank loop, meter, export) on CUDA, against the CPU; under
+    gloo both ranks share GPU 0 (``runtime.backend = "gloo"``)."""
     g = small_graph(n=120, m=500, f=6, c=3, seed=1)
     data = Data(x=g.x, edge_index=g.edge_index, y=g.y, train_mask=g.train_mask, val_mask=g.val_mask,
                 test_mask=g.test_mask)
-    gpu = _api_train(data, model, "cuda", parts, tmp_path / "cuda")
+    gpu = _api_train(data, model, "cuda", parts, tmp_path / "cuda", backend)
     cpu = _api_train(data, model, "cpu", parts, tmp_path / "cpu")
     gpu_losses, cpu_losses = _losses(gpu.run_dir), _losses(cpu.run_dir)
     assert len(gpu_losses) == len(cpu_losses) == 8

@@ -15,7 +15,10 @@ equal to the uninterrupted run, for the levers and strategies that keep state.
 
 Ranks run as :mod:`gpu_helpers` describes: the ``self`` cases start one rank on a real NCCL
 communicator of world size 1 (:class:`gpu_helpers.SelfContext`), so every collective the
-code issues really runs; traffic between GPUs needs the two-GPU cases. The rank functions
+code issues really runs; traffic between GPUs needs the two-GPU cases. The ``shared`` cases
+run two gloo ranks on the one GPU (``runtime.backend = "gloo"``), so that rows, gradients,
+MaxK's (index, value) messages, compressed gradients and gossip really travel between
+ranks as device tensors with one GPU (bf16 skips: torch's hook for it needs NCCL). The rank functions
 are device-agnostic: on a CPU machine the same cases run on gloo (and the same checks hold),
 which is how their tolerances were set without a GPU.
 """
@@ -42,7 +45,7 @@ from commgnn.models import ModelConfig
 from commgnn.models.maxk import maxk
 from commgnn.partition import PartitionConfig, build_local_partition, partition_graph
 from commgnn.trainers import FullGraphTrainer, TrainConfig, halo_plan
-from gpu_helpers import GPU_MARKS, error_text, run_ranks, two_gpus
+from gpu_helpers import GPU_MARKS, SHARED_GPU, error_text, run_ranks, two_gpus
 from helpers import small_graph
 
 pytestmark = GPU_MARKS
@@ -211,6 +214,14 @@ def exchange_two(tmp_path_factory):
                      list(EXCHANGE_LEVERS))
 
 
+@pytest.fixture(scope="module")
+def exchange_shared(tmp_path_factory):
+    data = small_graph(n=80, m=400)
+    parts = partition_graph(data.edge_index, data.num_nodes, 2, PartitionConfig(method="random", seed=2))
+    return run_ranks(lever_exchange_fn, 2, tmp_path_factory.mktemp("exchange-shared"), data, parts,
+                     list(EXCHANGE_LEVERS), **SHARED_GPU)
+
+
 @pytest.mark.parametrize("name", list(EXCHANGE_LEVERS))
 def test_halo_lever_exchanges_device_rows_through_nccl_on_one_gpu(exchange_self, name):
     assert exchange_self[name].get("device", "").startswith("cuda"), exchange_self[name]
@@ -221,6 +232,13 @@ def test_halo_lever_exchanges_device_rows_through_nccl_on_one_gpu(exchange_self,
 @pytest.mark.parametrize("name", list(EXCHANGE_LEVERS))
 def test_halo_lever_exchanges_device_rows_between_two_gpus(exchange_two, name):
     for r in exchange_two:
+        assert r[name].get("device", "").startswith("cuda"), r[name]
+        check_exchange(name, r[name])
+
+
+@pytest.mark.parametrize("name", list(EXCHANGE_LEVERS))
+def test_halo_lever_exchanges_device_rows_between_two_gloo_ranks_sharing_one_gpu(exchange_shared, name):
+    for r in exchange_shared:
         assert r[name].get("device", "").startswith("cuda"), r[name]
         check_exchange(name, r[name])
 
@@ -295,6 +313,7 @@ STRATEGY_TRAIN = {  # QG-DSGDm replaces the optimiser's momentum: it is meant fo
 STRATEGY_IDS = [(m, n) for m in TRAIN_MODELS for n in STRATEGIES]
 STRATEGY_TOL = 0.15
 DDP_STRATEGIES = ("fp16", "fp16-noprescale", "bf16", "powersgd", "powersgd-half", "localsgd")
+NCCL_ONLY = "bf16"  # torch has no gloo hook for it
 MAXK_ALONE = ("one rank has no halo to exchange, so MaxK's (index, value) messages are not built at world size 1; "
               "they are checked on NCCL by the two-GPU test and the loopback exchange test")
 
@@ -391,6 +410,20 @@ def strategies_two(tmp_path_factory, csbm_graph):
     return run_ranks(train_cases_fn, 2, tmp_path_factory.mktemp("grad-two"), data, parts[2], strategy_cases())
 
 
+@pytest.fixture(scope="module")
+def levers_shared(tmp_path_factory, csbm_graph):
+    data, parts = csbm_graph
+    return run_ranks(train_cases_fn, 2, tmp_path_factory.mktemp("levers-shared"), data, parts[2], lever_cases(2),
+                     **SHARED_GPU)
+
+
+@pytest.fixture(scope="module")
+def strategies_shared(tmp_path_factory, csbm_graph):
+    data, parts = csbm_graph
+    cases = {k: v for k, v in strategy_cases().items() if not k.startswith(NCCL_ONLY + "@")}
+    return run_ranks(train_cases_fn, 2, tmp_path_factory.mktemp("grad-shared"), data, parts[2], cases, **SHARED_GPU)
+
+
 def _ids(pairs: list[tuple[str, str]]) -> list[str]:
     return [f"{model}-{name}" for model, name in pairs]
 
@@ -409,6 +442,12 @@ def test_halo_lever_trains_on_two_nccl_ranks(levers_two, model, name):
         check_lever_training(r, model, name, world_size=2)
 
 
+@pytest.mark.parametrize("model,name", LEVER_IDS, ids=_ids(LEVER_IDS))
+def test_halo_lever_trains_on_two_gloo_ranks_sharing_one_gpu(levers_shared, model, name):
+    for r in levers_shared:
+        check_lever_training(r, model, name, world_size=2)
+
+
 @pytest.mark.parametrize("model,name", STRATEGY_IDS, ids=_ids(STRATEGY_IDS))
 def test_gradient_strategy_trains_on_nccl_on_one_gpu(strategies_self, model, name):
     check_strategy_training(strategies_self, model, name)
@@ -418,6 +457,14 @@ def test_gradient_strategy_trains_on_nccl_on_one_gpu(strategies_self, model, nam
 @pytest.mark.parametrize("model,name", STRATEGY_IDS, ids=_ids(STRATEGY_IDS))
 def test_gradient_strategy_trains_on_two_nccl_ranks(strategies_two, model, name):
     for r in strategies_two:
+        check_strategy_training(r, model, name)
+
+
+@pytest.mark.parametrize("model,name", STRATEGY_IDS, ids=_ids(STRATEGY_IDS))
+def test_gradient_strategy_trains_on_two_gloo_ranks_sharing_one_gpu(strategies_shared, model, name):
+    if name == NCCL_ONLY:
+        pytest.skip("torch's bf16 comm hook needs NCCL (commgnn refuses it on gloo)")
+    for r in strategies_shared:
         check_strategy_training(r, model, name)
 
 
@@ -505,6 +552,13 @@ def resume_two(tmp_path_factory, csbm_graph):
     return run_ranks(resume_fn, 2, tmp, data, parts[2], str(tmp))
 
 
+@pytest.fixture(scope="module")
+def resume_shared(tmp_path_factory, csbm_graph):
+    data, parts = csbm_graph
+    tmp = tmp_path_factory.mktemp("resume-shared")
+    return run_ranks(resume_fn, 2, tmp, data, parts[2], str(tmp), **SHARED_GPU)
+
+
 @pytest.mark.parametrize("name", list(RESUME_CASES))
 def test_checkpoint_resumes_on_nccl_on_one_gpu(resume_self, name):
     check_resume(resume_self, name)
@@ -514,4 +568,10 @@ def test_checkpoint_resumes_on_nccl_on_one_gpu(resume_self, name):
 @pytest.mark.parametrize("name", list(RESUME_CASES))
 def test_checkpoint_resumes_on_two_nccl_ranks(resume_two, name):
     for r in resume_two:
+        check_resume(r, name)
+
+
+@pytest.mark.parametrize("name", list(RESUME_CASES))
+def test_checkpoint_resumes_on_two_gloo_ranks_sharing_one_gpu(resume_shared, name):
+    for r in resume_shared:
         check_resume(r, name)

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from commgnn.dist.context import (LaunchInfo, RuntimeConfig, check_port_free, free_port, init_distributed,
-                                  launch_info_from_env, shutdown, threads_per_rank)
+                                  launch_info_from_env, pick_device, shutdown, threads_per_rank)
 from commgnn.dist.launch import spawn_ranks
 from commgnn.dist.watchdog import _parent_of
 from commgnn.errors import RankFailure, UserError
@@ -79,6 +79,34 @@ def test_threads_share_the_cores():
     assert threads_per_rank(RuntimeConfig(), 1) == cores
     assert threads_per_rank(RuntimeConfig(), 2 * cores) == 1
     assert threads_per_rank(RuntimeConfig(threads=3), 4) == 3
+
+
+@pytest.mark.parametrize("gpus", [0, 1, 2, 4])
+def test_ranks_get_their_own_gpu_share_one_only_under_gloo_or_run_on_the_cpu(monkeypatch, gpus):
+    """Which device each of 4 local ranks gets, for every device/backend setting, with
+    ``gpus`` GPUs visible (torch.cuda's answers patched: this machine may have none)."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: gpus > 0)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: gpus)
+
+    def devices(**kw: str) -> list[str]:
+        return [str(pick_device(RuntimeConfig(parts=4, **kw), r, 4)) for r in range(4)]
+
+    assert devices(device="cpu") == ["cpu"] * 4
+    # auto: CUDA only when every local rank has a GPU of its own, never shared
+    assert devices() == (["cuda:0", "cuda:1", "cuda:2", "cuda:3"] if gpus >= 4 else ["cpu"] * 4)
+    if gpus >= 4:
+        for backend in ("auto", "nccl", "gloo"):
+            assert devices(device="cuda", backend=backend) == ["cuda:0", "cuda:1", "cuda:2", "cuda:3"]
+    elif gpus:
+        # gloo lets the ranks share the GPUs round-robin; NCCL (and auto, which would pick it) refuses
+        assert devices(device="cuda", backend="gloo") == [f"cuda:{r % gpus}" for r in range(4)]
+        for backend in ("auto", "nccl"):
+            with pytest.raises(UserError, match=f"4 local ranks and {gpus} GPU.*runtime.backend = 'gloo'"):
+                devices(device="cuda", backend=backend)
+    else:
+        for backend in ("auto", "gloo", "nccl"):
+            with pytest.raises(UserError, match="torch sees no GPU"):
+                devices(device="cuda", backend=backend)
 
 
 def many_tensors_rank(info: LaunchInfo, tensors: dict[str, torch.Tensor], out_dir: str) -> None:

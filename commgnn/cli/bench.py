@@ -178,8 +178,10 @@ def run_grid(grid_path: str, out: Path, *, report_only: bool = False) -> list[di
                     for seed in axes.seeds:
                         run_dir = out / "runs" / f"{Path(dataset).stem}-{model}-p{P}-{_slug(name)}-s{seed}"
                         cfg = replace_path(replace_path(cfg0, "model.name", model), "train.seed", seed)
-                        for key, value in setting.model.items():
-                            cfg = replace_path(cfg, f"model.{key}", value)
+                        # the entry's model keys at once: each alone may not validate (maxk_k
+                        # checked against the base's hidden before the entry's hidden applies)
+                        cfg = replace(cfg, model=from_dict(ModelConfig, {**to_dict(cfg.model), **setting.model},
+                                                           path=f"{name}.model"))
                         cfg = replace(cfg, comm=setting.comm, output=replace(cfg.output, out=str(run_dir), quiet=True))
                         if report_only:
                             if not (run_dir / "summary.json").exists():

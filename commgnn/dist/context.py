@@ -33,7 +33,11 @@ class RuntimeConfig:
     backend: Literal["auto", "gloo", "nccl"] = "auto"
     """Collective backend; ``auto`` picks NCCL when every local rank has its own GPU, else gloo."""
     device: Literal["auto", "cpu", "cuda"] = "auto"
-    """Where tensors live; ``auto`` = CUDA when available for every local rank, else CPU."""
+    """Where tensors live; ``auto`` = CUDA when available for every local rank, else CPU.
+    ``cuda`` with ``backend = "gloo"`` also runs more local ranks than GPUs: rank ``r`` uses
+    GPU ``r mod #GPUs``, and gloo stages the device tensors of each collective through the
+    host (NCCL refuses two ranks on one GPU). It is for running many ranks' compute on a few
+    GPUs (tests, benchmarks of accuracy and bytes), not for speed: every message crosses PCIe."""
     timeout_s: float = 120.0
     """Collective time-out in seconds: a dead or stuck peer makes the others fail after at most this."""
     heartbeat_s: float = 0.0
@@ -222,14 +226,20 @@ def launch_info_from_env(env: Mapping[str, str]) -> LaunchInfo | None:
 
 
 def pick_device(cfg: RuntimeConfig, local_rank: int, local_world_size: int) -> torch.device:
-    """The device of a local rank: its own GPU when there is one per rank, else CPU."""
-    enough_gpus = torch.cuda.is_available() and torch.cuda.device_count() >= local_world_size
+    """The device of a local rank: its own GPU when there is one per rank, a shared GPU
+    (``local_rank mod #GPUs``) when ``device = "cuda"`` and ``backend = "gloo"`` ask for it,
+    else the CPU."""
+    have = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    enough_gpus = have >= local_world_size
     if cfg.device == "cuda":
-        if not enough_gpus:
-            have = torch.cuda.device_count() if torch.cuda.is_available() else 0
-            raise UserError(f"runtime.device = 'cuda' needs one GPU per local rank: "
-                            f"{local_world_size} ranks, {have} GPUs")
-        return torch.device("cuda", local_rank)
+        if enough_gpus:
+            return torch.device("cuda", local_rank)
+        if have and cfg.backend == "gloo":  # ranks share GPUs; gloo stages device tensors through the host
+            return torch.device("cuda", local_rank % have)
+        if not have:
+            raise UserError("runtime.device = 'cuda' but torch sees no GPU (torch.cuda.is_available() is False)")
+        raise UserError(f"runtime.device = 'cuda' with {local_world_size} local ranks and {have} GPU(s): NCCL "
+                        f"needs one GPU per rank; set runtime.backend = 'gloo' to let ranks share GPUs")
     if cfg.device == "auto" and enough_gpus:
         return torch.device("cuda", local_rank)
     return torch.device("cpu")
