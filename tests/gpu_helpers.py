@@ -21,6 +21,7 @@ The rank functions are device-agnostic: on a CPU machine the same cases run on g
 from __future__ import annotations
 
 import datetime as _dt
+import os
 from pathlib import Path
 from typing import Any, Callable
 
@@ -33,6 +34,9 @@ from commgnn.dist.context import (DistContext, LaunchInfo, RuntimeConfig, free_p
 from commgnn.dist.launch import first_line, spawn_ranks
 
 CUDA = torch.cuda.is_available()
+#: A stuck collective fails after this many seconds, naming itself (GPU_TEST_COLLECTIVE_TIMEOUT_S
+#: shortens it where a device check has little time).
+COLLECTIVE_TIMEOUT_S = float(os.environ.get("GPU_TEST_COLLECTIVE_TIMEOUT_S", "120"))
 NGPU = torch.cuda.device_count() if CUDA else 0
 
 GPU_MARKS = [
@@ -90,7 +94,7 @@ def _self_entry(info: LaunchInfo, fn: Callable[..., Any], out_dir: str, backend:
 def _dist_entry(info: LaunchInfo, fn: Callable[..., Any], out_dir: str, backend: str, args: tuple,
                 device: str) -> None:
     ctx = init_distributed(info, RuntimeConfig(parts=info.world_size, backend=backend, device=device,
-                                               timeout_s=120.0, threads=1))
+                                               timeout_s=COLLECTIVE_TIMEOUT_S, threads=1))
     assert ctx.backend == backend and ctx.device.type == device, (ctx.backend, ctx.device)
     result = fn(ctx, *args)
     torch.save(to_cpu(result), Path(out_dir) / f"rank{ctx.rank}.pt")
