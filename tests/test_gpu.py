@@ -280,3 +280,33 @@ def test_commgnn_train_on_cuda_reproduces_the_cpu_run(tmp_path, model, parts, ba
     assert len(gpu.summary["peak_device_mb_by_rank"]) == parts and min(gpu.summary["peak_device_mb_by_rank"]) > 0
     if gpu.summary["best_epoch"] == cpu.summary["best_epoch"]:  # a near-tie could pick another epoch
         torch.testing.assert_close(gpu.predictions, cpu.predictions, atol=1e-4, rtol=1e-4)
+
+
+# ---------------------------------------------------------------- the link calibration on GPU ranks
+def calibrate_fn(ctx: DistContext) -> dict:
+    """``commgnn calibrate``'s microbenchmark on these ranks (device buffers under NCCL, host
+    buffers under gloo), or the error it raised."""
+    from commgnn.netmodel.calibrate import calibrate
+
+    try:
+        m = calibrate(ctx, 2, sizes=(1_000, 100_000, 1_000_000), a2a_sizes=(10_000, 1_000_000))
+    except Exception as exc:
+        return {"error": error_text(exc)}
+    return {"device": str(ctx.device), "one_way_s": m.fits["intra"]["one_way_s"],
+            "a2a_s": m.fits["all_to_all"]["measured_s"], "beta_s": m.intra.beta_s}
+
+
+@pytest.mark.parametrize("mode", [pytest.param("nccl", marks=two_gpus), "gloo-one-gpu"])
+@pytest.mark.timeout(180)
+def test_calibration_runs_on_gpu_ranks(tmp_path, mode):
+    """Two ranks on GPUs measure their link (under NCCL with device buffers: host buffers
+    there would be refused), and every rank gets rank 0's figures. Times are not compared
+    across sizes: on a busy loopback a 1 MB round trip can take as long as a 1 kB one."""
+    kw = {"backend": "nccl"} if mode == "nccl" else dict(SHARED_GPU)
+    got = run_ranks(calibrate_fn, 2, tmp_path, **kw)
+    for r in got:
+        assert "error" not in r, r["error"]
+        assert r["device"].startswith("cuda")
+        assert len(r["one_way_s"]) == 3 and all(0 < t < 10 for t in r["one_way_s"]), r
+        assert len(r["a2a_s"]) == 2 and all(0 < t < 10 for t in r["a2a_s"]) and r["beta_s"] > 0, r
+    assert got[0]["one_way_s"] == got[1]["one_way_s"]

@@ -7,7 +7,9 @@ time of ``n`` bytes is half the median round trip. Each link class is fitted to
 ``alpha + n * beta`` (:func:`commgnn.netmodel.model.fit_link`). Then every rank sends
 ``n`` bytes to every other rank in one ``all_to_all_single`` (slowest rank's median time),
 the largest size calibrates ``collective_factor`` (measured over the links' prediction);
-every size's measurement and prediction are kept in ``fits`` for the record.
+every size's measurement and prediction are kept in ``fits`` for the record. Under NCCL
+the buffers are device tensors and every timing waits for the device; under gloo they are
+host tensors.
 """
 
 from __future__ import annotations
@@ -31,22 +33,38 @@ def _reps(nbytes: int) -> int:
     return 20 if nbytes <= 10_000 else 10 if nbytes <= 100_000 else 3
 
 
+def _buffer_device(ctx: DistContext) -> torch.device:
+    """Where the probe's buffers live: the device under NCCL (which moves device tensors
+    only), else the host (gloo's point-to-point reads host memory, also for ranks that
+    compute on a GPU)."""
+    return ctx.device if ctx.backend == "nccl" else torch.device("cpu")
+
+
+def _settle(dev: torch.device) -> None:
+    """Wait for the device: NCCL returns before its transfer is done, so a timer stopped
+    without this would measure only the launch."""
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)
+
+
 def _pingpong(ctx: DistContext, partner: int, sizes: Sequence[int]) -> list[float]:
     """One-way seconds per size between rank 0 and ``partner`` (meaningful on rank 0)."""
-    out = []
+    out, dev = [], _buffer_device(ctx)
     for n in sizes:
-        buf = torch.zeros(n, dtype=torch.uint8)
+        buf = torch.zeros(n, dtype=torch.uint8, device=dev)
         times = []
         for rep in range(_reps(n) + 1):  # the first round trip opens the connection: dropped
             if ctx.rank == 0:
                 t0 = time.perf_counter()
                 dist.send(buf, partner, group=ctx.group)
                 dist.recv(buf, partner, group=ctx.group)
+                _settle(dev)
                 if rep:
                     times.append((time.perf_counter() - t0) / 2)
             elif ctx.rank == partner:
                 dist.recv(buf, 0, group=ctx.group)
                 dist.send(buf, 0, group=ctx.group)
+                _settle(dev)
         out.append(statistics.median(times) if times else 0.0)
     ctx.barrier()
     return out
@@ -54,15 +72,16 @@ def _pingpong(ctx: DistContext, partner: int, sizes: Sequence[int]) -> list[floa
 
 def _all_to_all(ctx: DistContext, sizes: Sequence[int]) -> list[float]:
     """Slowest rank's median seconds of one all-to-all with ``n`` bytes to every peer."""
-    P, out = ctx.world_size, []
+    P, out, dev = ctx.world_size, [], _buffer_device(ctx)
     for n in sizes:
-        send = torch.zeros(n * P, dtype=torch.uint8)
+        send = torch.zeros(n * P, dtype=torch.uint8, device=dev)
         recv = torch.empty_like(send)
         times = []
         for rep in range(_reps(n) + 1):
             ctx.barrier()
             t0 = time.perf_counter()
             dist.all_to_all_single(recv, send, group=ctx.group)
+            _settle(dev)
             if rep:
                 times.append(time.perf_counter() - t0)
         t = torch.tensor([statistics.median(times)], dtype=torch.float64)
