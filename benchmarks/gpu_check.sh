@@ -23,9 +23,10 @@
 # (130: the last step, a 1M-node graph on one GPU, SCALE_NODES and SCALE_HIDDEN); a test
 # gets at most TEST_TIMEOUT_S (200). BENCH_ARGS replaces the benchmark's extra arguments
 # (default "--models gcn gat": GAT aggregates without the CSR kernel). STEPS picks the steps
-# (default "tests bench scale"; STEPS=tests re-checks a change with the gpu tests alone; "maxk"
-# runs the MaxK grid on Computers beside the others, see benchmarks/maxk_gpu.sh). PYTEST_K
-# selects gpu tests by name (pytest -k).
+# (default "tests bench scale"; STEPS=tests re-checks a change with the gpu tests alone;
+# STEPS="tests maxk" also runs the MaxK grid on Computers, see benchmarks/maxk_gpu.sh, in the
+# background beside the other steps, which saves device time but slows them: its 24 ranks
+# share the machine's cores). PYTEST_K selects gpu tests by name (pytest -k).
 set -uo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -92,6 +93,9 @@ fi
 
 STEPS=" ${STEPS:-tests bench scale} "
 want() { [[ "$STEPS" == *" $1 "* ]]; }
+for step in $STEPS; do
+    case "$step" in tests | bench | scale | maxk) ;; *) echo "STEPS: unknown step '$step' (tests bench scale maxk)" ;; esac
+done
 
 if want maxk; then  # in the background while the other steps run; gathered at the end
 stamp "maxk: benchmarks/maxk_computers_gpu.toml, one bench per seed, 8 gloo ranks each on GPU 0 (deadline ${DEADLINE_S:-400} s)"
@@ -130,6 +134,7 @@ fi
 if want maxk; then
 stamp "maxk: waiting for the grid, then gathering its finished runs"
 wait "$MAXK_PID"
+echo "maxk grid exit status: $? (124: stopped at the deadline)"
 bash benchmarks/maxk_gpu.sh gather
 fi
 

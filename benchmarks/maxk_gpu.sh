@@ -11,7 +11,9 @@
 # DATA_ROOT: the folder holding Computers/raw/amazon_electronics_computers.npz (the device
 # machine has no ../shared/datasets: copy the file into an ignored folder of the checkout,
 # such as .devdata, and name it in the device tool's carry). An interrupted run is dropped;
-# `commgnn bench` reruns it from the start next time.
+# `commgnn bench` reruns it from the start next time. To continue a grid, bring the finished
+# runs back as $MAXK_WORK/s<seed>/runs/<run> (gather's archive holds them as all/runs/<run>)
+# and name that folder in carry: each seed's bench skips the runs it finds there.
 set -uo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$ROOT" || exit 1
@@ -22,25 +24,36 @@ DATA_ROOT=${DATA_ROOT:-$ROOT/.devdata}
 WORK=${MAXK_WORK:-$ROOT/runs/maxk-gpu}
 mkdir -p "$WORK" "$OUT"
 
+SEED_LIST=$(echo ${SEEDS:-0 1 2})  # word splitting trims and squeezes the spaces
+ROOT_SED=$(printf '%s' "$DATA_ROOT" | sed 's/[&#\\]/\\&/g')  # a literal sed replacement
+
 grid_for() {  # grid_for SEEDS-LIST FILE: the grid with these seeds and the data root
-    sed -e "s/^seeds = .*/seeds = [$1]/" -e "s#^data = .*#data = { root = \"$DATA_ROOT\" }#" "$GRID" >"$2"
+    sed -e "s/^seeds = .*/seeds = [$1]/" -e "s#^data = .*#data = { root = \"$ROOT_SED\" }#" "$GRID" >"$2"
 }
 
 case "${1:-}" in
 run)
-    for s in ${SEEDS:-0 1 2}; do
+    pids=()
+    for s in $SEED_LIST; do
         grid_for "$s" "$WORK/grid-s$s.toml"
         timeout -k 15 "${DEADLINE_S:-400}" "$PY" -m commgnn bench --grid "$WORK/grid-s$s.toml" --out "$WORK/s$s" \
             >"$OUT/maxk-s$s.log" 2>&1 &
+        pids+=($!)
     done
-    wait
+    status=0
+    for i in "${!pids[@]}"; do  # 124: stopped at the deadline
+        wait "${pids[$i]}"; rc=$?
+        echo "maxk bench of seed $(echo $SEED_LIST | cut -d' ' -f$((i + 1))): exit status $rc"
+        [ "$rc" -ne 0 ] && status=$rc
+    done
+    exit "$status"
     ;;
 gather)
     mkdir -p "$WORK/all/runs"
     for d in "$WORK"/s*/runs/*/; do
         [ -f "$d/summary.json" ] && cp -r "$d" "$WORK/all/runs/"
     done
-    grid_for "$(echo "${SEEDS:-0 1 2}" | sed 's/ \+/, /g')" "$WORK/all/grid.toml"
+    grid_for "${SEED_LIST// /, }" "$WORK/all/grid.toml"
     "$PY" -m commgnn bench --grid "$WORK/all/grid.toml" --out "$WORK/all" --report-only >"$OUT/maxk-report.log" 2>&1
     echo "finished runs: $(ls "$WORK/all/runs" | wc -l)"
     tar czf "$OUT/maxk-gpu-runs.tgz" --exclude=model.pt --exclude=predictions.pt -C "$WORK" all

@@ -20,10 +20,11 @@ The rank functions are device-agnostic: on a CPU machine the same cases run on g
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import os
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import pytest
 import torch
@@ -49,8 +50,9 @@ two_gpus = pytest.mark.skipif(CUDA and NGPU < 2, reason=f"multi-rank NCCL needs 
 
 
 #: Keyword arguments of :func:`run_ranks` for ranks that share one GPU over gloo
-#: (``runtime.device = "cuda"``, ``runtime.backend = "gloo"``): their device tensors really
-#: travel between processes, staged through the host by gloo, which needs only one GPU.
+#: (``runtime.device = "cuda"``, ``runtime.backend = "gloo"``; only the first visible GPU is
+#: shown to them): their device tensors really travel between processes, staged through the
+#: host by gloo, which needs only one GPU.
 SHARED_GPU = {"backend": "gloo", "device": "cuda"}
 
 
@@ -76,7 +78,7 @@ def to_cpu(obj: Any) -> Any:
 
 def _self_entry(info: LaunchInfo, fn: Callable[..., Any], out_dir: str, backend: str, args: tuple,
                 device: str) -> None:
-    timeout = _dt.timedelta(seconds=120)
+    timeout = _dt.timedelta(seconds=COLLECTIVE_TIMEOUT_S)
     dev = torch.device("cuda", 0) if device == "cuda" else torch.device("cpu")
     if dev.type == "cuda":
         torch.cuda.set_device(dev)
@@ -84,7 +86,7 @@ def _self_entry(info: LaunchInfo, fn: Callable[..., Any], out_dir: str, backend:
     store = dist.TCPStore(info.master_addr, info.port, None, False, timeout=timeout)
     dist.init_process_group(backend, store=dist.PrefixStore("pg/", store), rank=0, world_size=1, timeout=timeout)
     ctx = SelfContext(rank=0, world_size=1, local_rank=0, local_world_size=1, device=dev, backend=backend,
-                      timeout_s=120.0, group=dist.group.WORLD)
+                      timeout_s=COLLECTIVE_TIMEOUT_S, group=dist.group.WORLD)
     result = fn(ctx, *args)
     torch.save(to_cpu(result), Path(out_dir) / "rank0.pt")
     dist.barrier()
@@ -101,6 +103,21 @@ def _dist_entry(info: LaunchInfo, fn: Callable[..., Any], out_dir: str, backend:
     shutdown(ctx)
 
 
+@contextlib.contextmanager
+def _one_gpu_visible() -> Iterator[None]:
+    """Ranks spawned in the block see only the first visible GPU, so that gloo ranks share
+    it also on a machine with several (``pick_device`` would give each its own)."""
+    old = os.environ.get("CUDA_VISIBLE_DEVICES")
+    os.environ["CUDA_VISIBLE_DEVICES"] = (old or "0").split(",")[0]
+    try:
+        yield
+    finally:
+        if old is None:
+            del os.environ["CUDA_VISIBLE_DEVICES"]
+        else:
+            os.environ["CUDA_VISIBLE_DEVICES"] = old
+
+
 def run_ranks(fn: Callable[..., Any], world_size: int, tmp_path: Path, *args: Any,
               backend: str = "nccl", device: str | None = None) -> list[Any]:
     """``fn(ctx, *args)`` on ``world_size`` spawned ranks (one GPU each under NCCL; under
@@ -108,8 +125,10 @@ def run_ranks(fn: Callable[..., Any], world_size: int, tmp_path: Path, *args: An
     world size 1 runs one :class:`SelfContext` rank. Returns each rank's result, on the CPU."""
     entry = _self_entry if world_size == 1 else _dist_entry
     device = device or ("cuda" if backend == "nccl" else "cpu")
-    spawn_ranks(entry, (fn, str(tmp_path), backend, args, device), nprocs=world_size, master_addr="127.0.0.1",
-                port=free_port())
+    shared = backend == "gloo" and device == "cuda"
+    with _one_gpu_visible() if shared else contextlib.nullcontext():
+        spawn_ranks(entry, (fn, str(tmp_path), backend, args, device), nprocs=world_size,
+                    master_addr="127.0.0.1", port=free_port())
     return [torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in range(world_size)]
 
 

@@ -310,3 +310,29 @@ def test_calibration_runs_on_gpu_ranks(tmp_path, mode):
         assert len(r["one_way_s"]) == 3 and all(0 < t < 10 for t in r["one_way_s"]), r
         assert len(r["a2a_s"]) == 2 and all(0 < t < 10 for t in r["a2a_s"]) and r["beta_s"] > 0, r
     assert got[0]["one_way_s"] == got[1]["one_way_s"]
+
+
+# ---------------------------------------------------------------- gossip's point-to-point on GPU ranks
+def peers_fn(ctx: DistContext) -> dict:
+    """Each of two ranks sends its device tensor to the other (as a gossip round does)."""
+    from commgnn.comm.gossip.base import exchange_with_peers
+
+    t = torch.arange(6, dtype=torch.float32, device=ctx.device) + 10 * ctx.rank
+    other = 1 - ctx.rank
+    try:
+        got = exchange_with_peers(ctx, Hooks(), t, [other], [other])[other]
+    except Exception as exc:
+        return {"error": error_text(exc)}
+    return {"device": str(got.device), "got": got}
+
+
+@pytest.mark.parametrize("mode", [pytest.param("nccl", marks=two_gpus), "gloo-one-gpu"])
+@pytest.mark.timeout(120)
+def test_gossip_point_to_point_moves_device_tensors(tmp_path, mode):
+    """Under gloo (whose send and recv read host memory) the tensor travels as a host copy
+    and comes back on the rank's GPU; under NCCL it travels as it is."""
+    kw = {"backend": "nccl"} if mode == "nccl" else dict(SHARED_GPU)
+    for rank, r in enumerate(run_ranks(peers_fn, 2, tmp_path, **kw)):
+        assert "error" not in r, r["error"]
+        assert r["device"].startswith("cuda"), r
+        torch.testing.assert_close(r["got"], torch.arange(6, dtype=torch.float32) + 10 * (1 - rank))
