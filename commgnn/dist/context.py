@@ -140,6 +140,14 @@ class DistContext:
     def is_main(self) -> bool:
         return self.rank == 0
 
+    @property
+    def comm_device(self) -> torch.device:
+        """Where a tensor made on the host goes for a collective: the device under NCCL
+        (which moves device tensors only), else the host (gloo reads host memory, and
+        stages device tensors through it itself, so sending a host payload from a GPU rank
+        saves gloo a copy there and back)."""
+        return self.device if self.backend == "nccl" else torch.device("cpu")
+
     def new_group(self) -> dist.ProcessGroup | None:
         """A second communicator over every rank (for collectives on a background thread),
         with this run's collective time-out; ``torch.distributed.new_group`` alone would give
@@ -194,7 +202,7 @@ class DistContext:
 
     def recv_bytes(self, src: int) -> bytes:
         """The bytes rank ``src`` sent with :meth:`send_bytes`."""
-        dev = self.device if self.backend == "nccl" else torch.device("cpu")
+        dev = self.comm_device
         size = torch.zeros(1, dtype=torch.int64, device=dev)
         dist.recv(size, src, group=self.group)
         data = torch.empty(int(size.item()), dtype=torch.uint8, device=dev)

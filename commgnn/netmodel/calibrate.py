@@ -33,13 +33,6 @@ def _reps(nbytes: int) -> int:
     return 20 if nbytes <= 10_000 else 10 if nbytes <= 100_000 else 3
 
 
-def _buffer_device(ctx: DistContext) -> torch.device:
-    """Where the probe's buffers live: the device under NCCL (which moves device tensors
-    only), else the host (gloo's point-to-point reads host memory, also for ranks that
-    compute on a GPU)."""
-    return ctx.device if ctx.backend == "nccl" else torch.device("cpu")
-
-
 def _settle(dev: torch.device) -> None:
     """Wait for the device: NCCL returns before its transfer is done, so a timer stopped
     without this would measure only the launch."""
@@ -49,7 +42,7 @@ def _settle(dev: torch.device) -> None:
 
 def _pingpong(ctx: DistContext, partner: int, sizes: Sequence[int]) -> list[float]:
     """One-way seconds per size between rank 0 and ``partner`` (meaningful on rank 0)."""
-    out, dev = [], _buffer_device(ctx)
+    out, dev = [], ctx.comm_device
     for n in sizes:
         buf = torch.zeros(n, dtype=torch.uint8, device=dev)
         times = []
@@ -72,7 +65,7 @@ def _pingpong(ctx: DistContext, partner: int, sizes: Sequence[int]) -> list[floa
 
 def _all_to_all(ctx: DistContext, sizes: Sequence[int]) -> list[float]:
     """Slowest rank's median seconds of one all-to-all with ``n`` bytes to every peer."""
-    P, out, dev = ctx.world_size, [], _buffer_device(ctx)
+    P, out, dev = ctx.world_size, [], ctx.comm_device
     for n in sizes:
         send = torch.zeros(n * P, dtype=torch.uint8, device=dev)
         recv = torch.empty_like(send)

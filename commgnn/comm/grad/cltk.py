@@ -93,7 +93,7 @@ class CyclicTopKSync(CompressedSync):
         if self.ctx.is_distributed:
             if self.ctx.rank == self.leader():
                 self.hooks.sent("grad_sync", -1, -1, (self.ctx.world_size - 1) * msg.numel() * msg.element_size())
-            dev = msg.to(self.ctx.device)
+            dev = msg.to(self.ctx.comm_device)
             with self.hooks.timed("comm"):
                 dist.broadcast(dev, src=self.leader(), group=self.ctx.group)
             msg = dev.cpu()

@@ -73,7 +73,7 @@ class CompressedSync(GradSyncBase):
             return mine
         P = self.ctx.world_size
         self.hooks.sent("grad_sync", -1, -1, (P - 1) * payload.numel())
-        device_payload = payload.to(self.ctx.device)
+        device_payload = payload.to(self.ctx.comm_device)
         out = [torch.empty_like(device_payload) for _ in range(P)]
         with self.hooks.timed("comm"):
             dist.all_gather(out, device_payload, group=self.ctx.group)

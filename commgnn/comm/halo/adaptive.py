@@ -129,7 +129,7 @@ class AdaptiveQuantized(Wrapper):
         K, P = self.send_bits.shape
         if self.ctx.is_distributed:
             # on the collective's device: NCCL takes no CPU tensors
-            send = self.send_bits.t().contiguous().reshape(-1).to(self.ctx.device, torch.uint8)
+            send = self.send_bits.t().contiguous().reshape(-1).to(self.ctx.comm_device, torch.uint8)
             recv = torch.empty_like(send)
             self.hooks.sent("control", -1, -1, K * (P - 1))  # one byte per entry, K to each peer
             with self.hooks.timed("comm"):
