@@ -109,6 +109,18 @@ def test_ranks_get_their_own_gpu_share_one_only_under_gloo_or_run_on_the_cpu(mon
                 devices(device="cuda", backend=backend)
 
 
+def test_host_payloads_go_to_the_device_only_under_nccl():
+    from commgnn.dist.context import DistContext
+
+    def ctx(backend: str, device: str) -> DistContext:
+        return DistContext(rank=0, world_size=2, local_rank=0, local_world_size=2, device=torch.device(device),
+                           backend=backend, timeout_s=1.0)
+
+    assert ctx("nccl", "cuda:1").comm_device == torch.device("cuda:1")
+    assert ctx("gloo", "cuda:0").comm_device == torch.device("cpu")  # gloo stages device tensors itself
+    assert ctx("gloo", "cpu").comm_device == torch.device("cpu")
+
+
 def many_tensors_rank(info: LaunchInfo, tensors: dict[str, torch.Tensor], out_dir: str) -> None:
     # what reached this rank, the environment it runs in, and where its output goes
     if os.environ.get("COMMGNN_TEST_LAUNCH") == "second":  # the first launch's is not captured
