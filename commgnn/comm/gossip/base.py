@@ -42,22 +42,20 @@ from commgnn.dist.events import Hooks
 def exchange_with_peers(ctx: DistContext, hooks: Hooks, t: Tensor, send_to: list[int],
                         recv_from: list[int], kind: str = "grad_sync") -> dict[int, Tensor]:
     """Send ``t`` to each of ``send_to`` and receive a same-shaped tensor from each of ``recv_from``."""
-    # gloo's point-to-point ops read host memory only (its collectives stage device tensors
-    # themselves): ranks sharing a GPU over gloo send a host copy, made inside the comm
-    # timer as gloo's collectives make theirs
-    staged = ctx.backend == "gloo" and t.device.type != "cpu"
     for j in send_to:
         hooks.sent(kind, -1, j, t.numel() * t.element_size())  # type: ignore[arg-type]
     if not send_to and not recv_from:
         return {}
     with hooks.timed("comm"):
-        src = t.cpu() if staged else t
+        # gloo's point-to-point reads host memory only (its collectives stage device tensors
+        # themselves), so gloo ranks on a GPU send a host copy, timed as gloo's staging is
+        src = t.to(ctx.comm_device)
         out = {j: torch.empty_like(src) for j in recv_from}
         ops = [dist.P2POp(dist.isend, src, j, group=ctx.group) for j in send_to]
         ops += [dist.P2POp(dist.irecv, out[j], j, group=ctx.group) for j in recv_from]
         for req in dist.batch_isend_irecv(ops):
             req.wait()
-        return {j: v.to(t.device) for j, v in out.items()} if staged else out
+        return {j: v.to(t.device) for j, v in out.items()}  # no copy where src was t
 
 
 def flat_params(params: list[nn.Parameter]) -> Tensor:
