@@ -98,7 +98,7 @@ for step in $STEPS; do
 done
 
 if want maxk; then  # in the background while the other steps run; gathered at the end
-stamp "maxk: benchmarks/maxk_computers_gpu.toml, one bench per seed, 8 gloo ranks each on GPU 0 (deadline ${DEADLINE_S:-400} s)"
+stamp "maxk: benchmarks/maxk_computers.toml, one bench per seed, 8 gloo ranks each on GPU 0 (deadline ${DEADLINE_S:-400} s)"
 bash benchmarks/maxk_gpu.sh run &
 MAXK_PID=$!
 fi

@@ -191,9 +191,8 @@ class DistContext:
         with warnings.catch_warnings():  # a read-only view of blob, never written to
             warnings.simplefilter("ignore", UserWarning)
             data = torch.frombuffer(blob, dtype=torch.uint8) if blob else torch.empty(0, dtype=torch.uint8)
-        size = torch.tensor([data.numel()], dtype=torch.int64)
-        if self.backend == "nccl":
-            size, data = size.to(self.device), data.to(self.device)
+        size = torch.tensor([data.numel()], dtype=torch.int64).to(self.comm_device)
+        data = data.to(self.comm_device)
         dist.send(size, dst, group=self.group)
         if data.numel():
             dist.send(data, dst, group=self.group)
