@@ -189,6 +189,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="powersgd, cltk: values travel in fp16")
     g.add_argument("--levels", type=int, help="qsgd: quantization levels")
     g.add_argument("--powersgd-rank", dest="powersgd_rank", type=int, help="powersgd: approximation rank")
+    g.add_argument("--grad-start", dest="grad_start", type=int,
+                   help="powersgd, localsgd: plain all-reduce steps first (>= 2)")
     g.add_argument("--gossip", help="decentralised averaging instead of all-reduce: ring | torus | "
                    "exponential | full | a graph file (default: none, gradients are all-reduced)")
     g.add_argument("--gossip-method", dest="gossip_method",

@@ -210,6 +210,7 @@ FLAG_KEYS: dict[str, str] = {
     "half": "comm.grad.half",
     "levels": "comm.grad.levels",
     "powersgd_rank": "comm.grad.rank",
+    "grad_start": "comm.grad.start_iter",
     "gossip": "comm.gossip.topology",
     "gossip_method": "comm.gossip.method",
     "gossip_average_every": "comm.gossip.average_every",

@@ -28,12 +28,14 @@ import threading
 import time
 from typing import Any, Iterable
 
+import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
 from torch.nn.parallel import DistributedDataParallel
 
 from commgnn.comm.collectives import ring_allreduce_bytes
+from commgnn.comm.grad.powersgd_layout import bucket_segments, permute_state
 from commgnn.comm.grad_sync import GradSyncBase
 from commgnn.dist.context import DistContext
 from commgnn.dist.events import Hooks, TimeEvent
@@ -81,6 +83,9 @@ class DDPHookSync(GradSyncBase):
         self.group = ctx.new_group()
         self._comm_start: float | None = None  # this step's first bucket handed to its hook
         self._comm_end: float | None = None    # and the last bucket's result in
+        self._keys: dict[int, int] = {}           # id(parameter) -> its index in the model
+        self._shapes: dict[int, torch.Size] = {}  # index -> shape
+        self._order: dict[int, list[int]] = {}    # bucket -> parameter indices its PowerSGD state is laid out in
 
     def wrap(self, model: nn.Module) -> nn.Module:
         """Wrap ``model`` in DDP with the configured hook (identity for one rank)."""
@@ -106,7 +111,10 @@ class DDPHookSync(GradSyncBase):
             hook = powerSGD_hook.powerSGD_hook
             if self.half:
                 hook = self._maybe_prescaled(default_hooks.fp16_compress_wrapper(hook))
-            self.ddp.register_comm_hook(self.state, self._timed(hook))
+            params = list(model.parameters())
+            self._keys = {id(p): i for i, p in enumerate(params)}
+            self._shapes = {i: p.shape for i, p in enumerate(params)}
+            self.ddp.register_comm_hook(self.state, self._timed(self._layout_tracked(hook)))
         elif self.strategy == "localsgd":
             from torch.distributed.algorithms.ddp_comm_hooks.post_localSGD_hook import (PostLocalSGDState,
                                                                                         post_localSGD_hook)
@@ -138,6 +146,23 @@ class DDPHookSync(GradSyncBase):
 
         return run
 
+    def _layout_tracked(self, hook: Any) -> Any:
+        """``hook`` (PowerSGD) with its state moved to the bucket's current parameter order
+        whenever that differs from the order the state was built in: DDP's one bucket
+        rebuild, and a resumed run's new DDP (see :mod:`.powersgd_layout`)."""
+        def run(state, bucket):  # type: ignore[no-untyped-def]
+            b = bucket.index()
+            order = [self._keys[id(p)] for p in bucket.parameters()]
+            built = self._order.get(b)
+            if built is not None and built != order:
+                r, rate = state.matrix_approximation_rank, state.min_compression_rate
+                permute_state(state, b, bucket_segments(built, self._shapes, r, rate),
+                              bucket_segments(order, self._shapes, r, rate))
+            self._order[b] = order
+            return hook(state, bucket)
+
+        return run
+
     def _maybe_prescaled(self, hook: Any) -> Any:
         from commgnn.comm.grad.prescale import prescaled
 
@@ -162,8 +187,11 @@ class DDPHookSync(GradSyncBase):
     def state_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {}
         if self.strategy == "powersgd" and self.state is not None:
+            # with the parameter order they are laid out in, so that a new DDP's other
+            # order is undone on load, and the generator that seeds a new bucket's Qs
             out["powersgd"] = copy.deepcopy({"error_dict": self.state.error_dict, "p_memory": self.state.p_memory_dict,
-                                             "q_memory": self.state.q_memory_dict, "iter": self.state.iter})
+                                             "q_memory": self.state.q_memory_dict, "iter": self.state.iter,
+                                             "order": self._order, "rng": self.state.rng.get_state()})
         if self.strategy == "localsgd" and self.state is not None:
             out["localsgd_iter"] = self.state.iter
         if self.averager is not None:
@@ -175,6 +203,9 @@ class DDPHookSync(GradSyncBase):
             s = state["powersgd"]
             self.state.error_dict, self.state.p_memory_dict = s["error_dict"], s["p_memory"]
             self.state.q_memory_dict, self.state.iter = s["q_memory"], s["iter"]
+            self._order = {int(b): list(o) for b, o in s.get("order", {}).items()}
+            if "rng" in s:
+                self.state.rng.set_state(s["rng"])
         if "localsgd_iter" in state and self.state is not None:
             self.state.iter = state["localsgd_iter"]
         if "averager_step" in state and self.averager is not None:
