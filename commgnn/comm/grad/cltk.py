@@ -125,7 +125,7 @@ class CyclicTopKSync(CompressedSync):
             assert self.u is not None
             self.u[idx] = 0  # momentum factor masking: sent entries restart their velocity
         self.last_sent = k * vals.element_size()
-        total = counted_all_reduce(self.ctx, self.hooks, vals.to(self.ctx.device), "grad_sync")
+        total = counted_all_reduce(self.ctx, self.hooks, vals.to(self.ctx.comm_device), "grad_sync")
         out = torch.zeros_like(a)
         out[idx] = total.cpu().to(torch.float32) * scale
         set_grads(params, out)
