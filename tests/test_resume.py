@@ -77,14 +77,28 @@ def _crash_then_resume(tmp_path: Path, capfd: pytest.CaptureFixture, levers: lis
     return out
 
 
+def _assert_active(out: Path, levers: list[str]) -> None:
+    """The lever acted after the checkpoint (epoch 4), so its state mattered to the resume."""
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    late = [r for r in rows if r["epoch"] > 4]
+    if "adaptive" in levers:  # widths below the initial 8 bits were solved
+        assert any(min(min(w) for w in r["bits"].values()) < 8 for r in late), [r["bits"] for r in rows]
+    if "skip" in levers:  # rows were kept, not resent
+        assert all(r["skip_sent_frac"] < 0.9 for r in late), [r["skip_sent_frac"] for r in rows]
+    if "powersgd" in levers:  # compressing: fewer gradient bytes than the plain first steps
+        assert all(r["grad_bytes"] < rows[0]["grad_bytes"] / 2 for r in late), [r["grad_bytes"] for r in rows]
+
+
 @pytest.mark.timeout(180)
 @pytest.mark.parametrize("levers", [
     ["--grad", "topk", "--ratio", "0.1"],
     ["--bits", "4"],
     ["--staleness", "pipeline"],
-    ["--bits", "adaptive", "--budget-mb", "0.05"],
+    # re-solving at epochs 3 and 6, either side of the checkpoint, under a budget that binds
+    ["--bits", "adaptive", "--budget-mb", "0.01", "--adapt-every", "3"],
     ["--sample-rate", "0.5"],
-    ["--staleness", "skip", "--stale-threshold", "0.05"],
+    # without dropout, so that rows change little and most are not resent (with it, all were)
+    ["--staleness", "skip", "--stale-threshold", "0.05", "--dropout", "0"],
     # compressing from step 2, so that its error and P/Q memories exist at the crash: they are
     # laid out in DDP's rebuilt bucket order, which the resumed run's new DDP does not start in
     ["--grad", "powersgd", "--powersgd-rank", "1", "--grad-start", "2"],
@@ -95,6 +109,7 @@ def test_resume_with_a_stateful_lever_equals_the_uninterrupted_run(tmp_path, cap
     ref = tmp_path / "ref"
     assert main(["train", "--config", _write(tmp_path, "r.toml", CONFIG.format(every=0, extra="")),
                  "--parts", "2", "--out", str(ref), *levers]) == 0
+    _assert_active(ref, levers)
     out = _crash_then_resume(tmp_path, capfd, levers)
     assert _losses(out) == _losses(ref)
     assert _accs(out) == _accs(ref)

@@ -173,6 +173,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="send W h instead of h where narrower")
     h.add_argument("--bits", type=_bits, help="quantization: 1|2|4|8|32, FWD,BWD (e.g. 4,8) or adaptive")
     h.add_argument("--budget-mb", dest="budget_mb", type=float, help="adaptive bits: MB per rank per epoch")
+    h.add_argument("--adapt-every", dest="adapt_every", type=int, help="adaptive bits: re-solve the widths every k epochs")
     h.add_argument("--budget-s", dest="budget_s", type=float,
                    help="adaptive bits: halo exchange seconds per rank per epoch (a time budget)")
     h.add_argument("--sample-rate", dest="sample_rate", type=float, help="fraction of boundary rows sent")

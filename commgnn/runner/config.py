@@ -198,6 +198,7 @@ FLAG_KEYS: dict[str, str] = {
     "transform_first": "comm.halo.transform_first",
     "bits": "comm.halo.bits",
     "budget_mb": "comm.halo.budget_mb",
+    "adapt_every": "comm.halo.adapt_every",
     "budget_s": "comm.halo.budget_s",
     "sample_rate": "comm.halo.sample_rate",
     "staleness": "comm.halo.staleness.mode",
