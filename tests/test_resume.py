@@ -48,6 +48,11 @@ def _losses(out: Path) -> list[tuple[int, float, float]]:
     return [(r["epoch"], r["loss"], r["val_acc"]) for r in rows]
 
 
+def _bytes(out: Path) -> list[tuple[int, float]]:
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    return [(r["epoch"], r["total_bytes"]) for r in rows]
+
+
 def _accs(out: Path) -> tuple[float, float, int]:
     s = json.loads((out / "summary.json").read_text())
     return s["best_val_acc"], s["test_acc"], s["best_epoch"]
@@ -85,6 +90,8 @@ def _assert_active(out: Path, levers: list[str]) -> None:
         assert any(min(min(w) for w in r["bits"].values()) < 8 for r in late), [r["bits"] for r in rows]
     if "skip" in levers:  # rows were kept, not resent
         assert all(r["skip_sent_frac"] < 0.9 for r in late), [r["skip_sent_frac"] for r in rows]
+    if "lru" in levers:  # the cache served remote rows after the checkpoint
+        assert all(r["cache_hits"] > 0 for r in late), [r["cache_hits"] for r in rows]
     if "powersgd" in levers:  # compressing: fewer gradient bytes than the plain first steps
         assert all(r["grad_bytes"] < rows[0]["grad_bytes"] / 2 for r in late), [r["grad_bytes"] for r in rows]
 
@@ -102,9 +109,12 @@ def _assert_active(out: Path, levers: list[str]) -> None:
     # compressing from step 2, so that its error and P/Q memories exist at the crash: they are
     # laid out in DDP's rebuilt bucket order, which the resumed run's new DDP does not start in
     ["--grad", "powersgd", "--powersgd-rank", "1", "--grad-start", "2"],
+    # mini-batch on 2 ranks: sampler stream, the LRU cache of remote rows, VR-GCN's history
+    ["--mode", "minibatch", "--sampler", "vrgcn", "--fanout", "2,2", "--batch-size", "64",
+     "--cache-ratio", "0.3", "--cache-policy", "lru"],
     pytest.param(["--gossip", "ring"], marks=pytest.mark.slow),  # CI time (5 s); gossip state is tested in test_grad_sync
 ], ids=["topk-error-feedback", "4-bit-halo", "pipelined-halo", "adaptive-bits", "sampled-halo",
-        "skip-unchanged", "powersgd", "gossip-dpsgd"])
+        "skip-unchanged", "powersgd", "minibatch-vrgcn-lru-cache", "gossip-dpsgd"])
 def test_resume_with_a_stateful_lever_equals_the_uninterrupted_run(tmp_path, capfd, levers):
     ref = tmp_path / "ref"
     assert main(["train", "--config", _write(tmp_path, "r.toml", CONFIG.format(every=0, extra="")),
@@ -113,6 +123,9 @@ def test_resume_with_a_stateful_lever_equals_the_uninterrupted_run(tmp_path, cap
     out = _crash_then_resume(tmp_path, capfd, levers)
     assert _losses(out) == _losses(ref)
     assert _accs(out) == _accs(ref)
+    # and the same bytes: a state lost without changing the values (a cold cache, widths
+    # solved again, rows resent) shows here
+    assert _bytes(out) == _bytes(ref)
 
 
 @pytest.mark.timeout(180)
