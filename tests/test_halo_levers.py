@@ -286,6 +286,33 @@ def test_the_staleness_controller_decides_alike_on_every_rank(tmp_path, graph):
     assert any(decisions[0]) and not all(decisions[0][1:]), decisions[0]  # the controller acted, not always
 
 
+def test_adaptive_bits_solved_on_ranks_are_decoded_with_each_senders_widths(tmp_path, graph):
+    """Three ranks re-solve their widths every 2 epochs under a budget between all-1-bit and
+    all-8-bit: each sender picks its own width per peer and direction, the receivers learn
+    them through the bit table's all-to-all, and every row decodes within the step of the
+    width its sender used; the bytes counted are those widths' payloads, within the budget."""
+    budget_mb = 0.00105  # per rank and epoch: 8 bits everywhere is ~1.3 kB here, 1 bit ~0.9 kB
+    res = _run(tmp_path, graph, HaloConfig(bits="adaptive", budget_mb=budget_mb, adapt_every=2))
+    assert sum(r["sent"] for r in res) == sum(r["received"] for r in res)
+    used = set()
+    for me, r in enumerate(res):
+        send_counts, recv_counts = r["plan"]
+        for e in range(EPOCHS):
+            for q, (out, truth) in enumerate(zip(r["outs"][e].split(recv_counts), r["truths"][e].split(recv_counts))):
+                if len(out):
+                    b = res[q]["logs"][e]["bits"]["0.fwd"][me]  # the sender's width towards me
+                    used.add((e >= 2, b))
+                    step = (truth.max(1).values - truth.min(1).values) / ((1 << b) - 1)
+                    assert ((out - truth).abs() <= step[:, None] + 1e-5).all(), (me, q, e, b)
+        per_epoch = [sum(n * quant.bytes_per_row(D, log["bits"]["0.fwd"][q]) for q, n in enumerate(send_counts))
+                     + sum(n * quant.bytes_per_row(D, log["bits"]["0.bwd"][q]) for q, n in enumerate(recv_counts))
+                     for log in r["logs"]]
+        assert r["sent"] == sum(per_epoch)
+        assert all(b <= budget_mb * 1e6 for b in per_epoch[2:]), per_epoch
+    assert {b for late, b in used if not late} == {8}  # until the first solve
+    assert len({b for late, b in used if late}) >= 2 and min(b for late, b in used if late) < 8, used
+
+
 def test_adaptive_bits_on_one_rank_needs_no_collective():
     part_data = small_graph(n=20, m=40)
     parts = torch.zeros(part_data.num_nodes, dtype=torch.long)
