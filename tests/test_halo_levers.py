@@ -254,6 +254,34 @@ def test_skip_respects_the_staleness_bound_and_counts_bitmaps(tmp_path, graph):
             assert torch.equal(r["outs"][e], r["truths"][0])
 
 
+def skip_moving_rank(ctx: DistContext, data, parts) -> dict:
+    """Odd owned rows double each epoch, even ones never change: with threshold 0.5 and no age
+    bound in reach, only the moved rows may travel."""
+    part = build_local_partition(data, parts, ctx.world_size, ctx.rank)
+    cfg = from_dict(HaloConfig, {"staleness": {"mode": "skip", "threshold": 0.5, "max_age": 100}})
+    lever = build_halo(ctx, halo_plan(part), Hooks(), cfg, num_layers=1, seed=7)
+    exact = AllToAllHalo(ctx, halo_plan(part), Hooks())
+    base = _rows(ctx.rank, 0, part.num_owned) + 1
+    moving = (torch.arange(part.num_owned) % 2 == 1).double()[:, None]
+    outs, truths, fracs = [], [], []
+    for epoch in range(EPOCHS):
+        lever.set_epoch(epoch, exact=False)
+        h = base * (1 + moving * (2 ** epoch - 1))  # moved rows double: relative change 1
+        outs.append(lever.exchange(h, 0, kind="halo_fwd"))
+        truths.append(exact.exchange(h, 0, kind="halo_fwd"))
+        fracs.append(lever.epoch_log()["skip_sent_frac"])
+    return {"outs": outs, "truths": truths, "fracs": fracs}
+
+
+def test_skip_resends_exactly_the_rows_that_moved(tmp_path, graph):
+    data, parts = graph
+    for r in run_on_ranks(skip_moving_rank, 3, tmp_path, data, parts):
+        for out, truth in zip(r["outs"], r["truths"]):  # moved rows fresh, the others unchanged
+            assert torch.equal(out, truth)
+        assert r["fracs"][0] == 1.0  # the first epoch sends everything
+        assert all(0.2 < f < 0.8 for f in r["fracs"][1:]), r["fracs"]  # then about the odd half
+
+
 def test_guard_epochs_are_exact(tmp_path, graph):
     res = _run(tmp_path, graph, from_dict(HaloConfig, {"bits": 2, "exact_every": 3}))
     for r in res:
