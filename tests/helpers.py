@@ -89,6 +89,7 @@ def trainer_steps(ctx: DistContext, trainer: FullGraphTrainer, state: dict[str, 
     total = ctx.all_reduce(loss.detach().clone().reshape(1))
     trainer.optimizer.step()
     for _ in range(steps - 1):
+        trainer.epoch += 1  # as the epoch loop does: levers see epochs 1, 2, ... (guard epochs)
         trainer.train_step()
     return {"logits": logits, "loss": float(total), "grads": grads,
             "final": {k: v.detach().clone() for k, v in trainer.model.state_dict().items()}}
