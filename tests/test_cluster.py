@@ -88,6 +88,8 @@ def test_bad_job_arguments_stop_before_any_namespace(capsys):
     assert main(["cluster", "--hosts", "2", "--", "train", "--parts", "3"]) == 2
     assert "--parts 3 differs" in capsys.readouterr().err
     assert main(["cluster", "--hosts", "2", "--", "partition"]) == 2
+    # refused for the job, not for this machine's lack of network rights (checked after it)
+    assert "give the job after --" in capsys.readouterr().err
 
 
 def _measure(net: EmulatedNetwork, tmp_path: Path, mbytes: float) -> float:

@@ -305,6 +305,28 @@ def test_adaptive_clipping_never_exceeds_its_ceiling_and_refuses_a_small_count_n
                        secagg=SecAggConfig(enabled=True)))
 
 
+def test_the_count_noise_is_drawn_by_each_client_and_sums_to_the_stated_deviation():
+    """Under secure aggregation each of the K clients adds N(0, sigma_b^2 / K) to its bit, so
+    the released count carries N(0, sigma_b^2) and the server adds none of it."""
+    fed = Federation(cfg(dp=DPConfig(noise_multiplier=1.0, adaptive_clip=True, clip=1.0, count_stddev=1.0,
+                                     reproducible_noise=True),
+                         secagg=SecAggConfig(enabled=True)))
+    drawn = []
+    real = fed.adaptive.count_noise
+
+    def spy(n, generator=None, at="clients"):  # records who draws; the draw itself is the library's
+        drawn.append(at)
+        return real(n, generator, at)
+
+    fed.adaptive.count_noise = spy
+    active, norms, R = [0, 1, 2, 3], {0: 0.5, 1: 2.0, 2: 3.0, 3: 1.0}, 100
+    counts = torch.tensor([fed._clipped_count(r, active, norms)[0] for r in range(R)], dtype=torch.float64)
+    assert drawn == ["clients"] * len(active) * R
+    # two clients within the clip; mean within 4 standard errors, deviation within ~4 of its own
+    assert abs(float(counts.mean()) - 2.0) < 0.4, float(counts.mean())
+    assert 0.7 < float(counts.std()) < 1.3, float(counts.std())
+
+
 def test_the_secure_clipped_count_is_the_plain_count_with_centred_bits_and_noise_at_the_clients():
     fed = Federation(cfg(dp=DPConfig(noise_multiplier=1e-3, adaptive_clip=True, clip=1.0, count_stddev=1e-3),
                          secagg=SecAggConfig(enabled=True)))

@@ -123,11 +123,17 @@ def test_maxk_messages_compose_with_boundary_sampling(tmp_path):
 def test_quantized_values_stay_within_one_step(tmp_path):
     from helpers import run_on_ranks
 
-    for res in run_on_ranks(exchange_rank, 2, tmp_path, 8, 8, timeout_s=90):
+    from commgnn.comm import quant
+
+    k = 8
+    for r, res in enumerate(run_on_ranks(exchange_rank, 2, tmp_path, k, 8, timeout_s=90)):
         dense, sparse = res["dense"]["halo"], res["sparse"]["halo"]
         assert torch.equal(sparse != 0, dense != 0) or ((sparse != 0) <= (dense != 0)).all()
         rng = (dense.max(1).values - dense.min(1).values).clamp_min(1e-12)  # a row's value range bounds a step
         assert ((sparse - dense).abs().max(1).values <= rng / 255 + 1e-6).all()
+        assert not torch.equal(sparse, dense)  # the values did travel at 8 bits, not as fp32
+        rows_out = 7 + (1 - r)  # rank r sends 7 + q rows to its peer q
+        assert res["sparse"]["sent"]["halo_fwd"] == rows_out * (k + quant.bytes_per_row(k, 8))  # uint8 index + codes
 
 
 @pytest.mark.slow  # two 20-epoch runs; the exchange tests above cover values, gradients and bytes

@@ -544,4 +544,4 @@ def test_binary_rows_at_four_bits_train_exactly_as_fp32_with_any_cache():
         assert s["test_acc"] == ref_s["test_acc"], name
         if name != "fp32":
             assert s["feature_bytes_per_epoch"] < ref_s["feature_bytes_per_epoch"] / 5, name
-    assert out["4-bit, 25% degree"][0]["cache_hit_rate"] > 0
+    assert out["4-bit, 25% degree"][0]["cache_hit_rate"] > 0 and out["4-bit, 10% lru"][0]["cache_hit_rate"] > 0
