@@ -163,18 +163,38 @@ def test_a_neighgen_run_counts_the_generator_bytes_and_learns_the_missing_degree
 
 
 def test_the_generator_is_trained_by_fedavg_over_the_clients():
-    data = {0: client_data(seed=0), 1: client_data(seed=1)}
-    calls = []
+    """Each round sums the clients' local updates weighted by their node counts, and the
+    generator moves by that sum (clients of 12 and 30 nodes: weights far from equal)."""
+    from commgnn.federated.neighgen import local_update
+    from commgnn.federated.model import flat_params
+
+    data = {0: client_data(n=12, seed=0), 1: client_data(n=30, seed=1)}
+    cfg = NeighGenConfig(rounds=3, local_steps=2)
+    calls, sums = [], []
 
     def summed(r, updates):
-        calls.append((r, sorted(updates)))
-        return sum(updates.values())
+        calls.append((r, {c: u.clone() for c, u in updates.items()}))
+        sums.append(sum(updates.values()))
+        return sums[-1]
 
     gens = {c: torch.Generator().manual_seed(c) for c in data}
-    _, params, rep = train_generator(data, 5, NeighGenConfig(rounds=3, local_steps=2), seed=0, gens=gens,
-                                     summed=summed)
-    assert calls == [(0, [0, 1]), (1, [0, 1]), (2, [0, 1])] and torch.isfinite(params).all()
+    _, params, rep = train_generator(data, 5, cfg, seed=0, gens=gens, summed=summed)
+    assert [(r, sorted(u)) for r, u in calls] == [(0, [0, 1]), (1, [0, 1]), (2, [0, 1])]
     assert rep["loss"] >= 0
+    # round 0 by hand: the same initial generator, impaired graphs and local steps
+    with torch.random.fork_rng():
+        torch.manual_seed(0)
+        model = NeighGen(5, cfg)
+    start = flat_params(model)
+    again = {c: torch.Generator().manual_seed(c) for c in data}
+    impaired = {c: impair(d, cfg.hidden_fraction, again[c]) for c, d in data.items()}
+    sizes = {c: float(d.missing.numel()) for c, d in impaired.items()}
+    assert sizes[0] != sizes[1]
+    for c, d in impaired.items():
+        delta, _ = local_update(model, start, d, cfg, again[c])
+        torch.testing.assert_close(calls[0][1][c], delta * sizes[c] / sum(sizes.values()))
+    torch.testing.assert_close(params, start + sum(sums))  # it moved by exactly the summed updates
+    assert not torch.equal(params, start)
 
 
 @pytest.mark.parametrize("kw, message", [
