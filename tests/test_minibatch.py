@@ -42,6 +42,8 @@ def test_all_neighbours_in_one_batch_equals_full_graph_training(tmp_path):
         # VR-GCN's control variate: mean over sampled (h - history) + mean over all history,
         # the exact aggregate when every neighbour is sampled, whatever the history holds
         "vrgcn": (SamplerConfig(sampler="vrgcn", fanout=(-1, -1), batch_size=1000), FetchConfig()),
+        # one batch an epoch here: prefetch runs each fetch on its thread, with no batch ahead
+        # to overlap (the look-ahead is tested over many steps in test_minibatch_rounds.py)
         "partitioned+prefetch+lru": (SamplerConfig(sampler="neighbor", fanout=(500, 500), batch_size=1000,
                                                    topology="partitioned"),
                                      FetchConfig(prefetch=True, cache_ratio=0.5, cache_policy="lru")),
