@@ -112,6 +112,8 @@ def _assert_active(out: Path, levers: list[str]) -> None:
     # compressing from step 2, so that its error and P/Q memories exist at the crash: they are
     # laid out in DDP's rebuilt bucket order, which the resumed run's new DDP does not start in
     ["--grad", "powersgd", "--powersgd-rank", "1", "--grad-start", "2"],
+    # local SGD from step 2, the models averaged every 4 steps: the averager's step counter
+    ["--grad", "localsgd", "--grad-start", "2"],
     # mini-batch on 2 ranks: sampler stream, the LRU cache of remote rows, VR-GCN's history
     ["--mode", "minibatch", "--sampler", "vrgcn", "--fanout", "2,2", "--batch-size", "64",
      "--cache-ratio", "0.3", "--cache-policy", "lru"],
@@ -120,7 +122,7 @@ def _assert_active(out: Path, levers: list[str]) -> None:
     ["--parts", "4", "--gossip", "exponential", "--gossip-method", "tracking"],
     pytest.param(["--gossip", "ring"], marks=pytest.mark.slow),  # CI time (5 s); gossip state is tested in test_grad_sync
 ], ids=["topk-error-feedback", "4-bit-halo", "pipelined-halo", "adaptive-bits", "sampled-halo",
-        "skip-unchanged", "powersgd", "minibatch-vrgcn-lru-cache", "gossip-tracking-4-ranks", "gossip-dpsgd"])
+        "skip-unchanged", "powersgd", "localsgd", "minibatch-vrgcn-lru-cache", "gossip-tracking-4-ranks", "gossip-dpsgd"])
 def test_resume_with_a_stateful_lever_equals_the_uninterrupted_run(tmp_path, capfd, levers):
     ref = tmp_path / "ref"
     assert main(["train", "--config", _write(tmp_path, "r.toml", CONFIG.format(every=0, extra="")),
