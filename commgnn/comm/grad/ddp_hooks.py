@@ -28,7 +28,6 @@ import threading
 import time
 from typing import Any, Iterable
 
-import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
@@ -83,9 +82,8 @@ class DDPHookSync(GradSyncBase):
         self.group = ctx.new_group()
         self._comm_start: float | None = None  # this step's first bucket handed to its hook
         self._comm_end: float | None = None    # and the last bucket's result in
-        self._keys: dict[int, int] = {}           # id(parameter) -> its index in the model
-        self._shapes: dict[int, torch.Size] = {}  # index -> shape
-        self._order: dict[int, list[int]] = {}    # bucket -> parameter indices its PowerSGD state is laid out in
+        self._keys: dict[int, int] = {}         # id(parameter) -> its index in the model
+        self._order: dict[int, list[int]] = {}  # bucket -> parameter indices its PowerSGD state is laid out in
 
     def wrap(self, model: nn.Module) -> nn.Module:
         """Wrap ``model`` in DDP with the configured hook (identity for one rank)."""
@@ -111,9 +109,7 @@ class DDPHookSync(GradSyncBase):
             hook = powerSGD_hook.powerSGD_hook
             if self.half:
                 hook = self._maybe_prescaled(default_hooks.fp16_compress_wrapper(hook))
-            params = list(model.parameters())
-            self._keys = {id(p): i for i, p in enumerate(params)}
-            self._shapes = {i: p.shape for i, p in enumerate(params)}
+            self._keys = {id(p): i for i, p in enumerate(model.parameters())}
             self.ddp.register_comm_hook(self.state, self._timed(self._layout_tracked(hook)))
         elif self.strategy == "localsgd":
             from torch.distributed.algorithms.ddp_comm_hooks.post_localSGD_hook import (PostLocalSGDState,
@@ -152,12 +148,14 @@ class DDPHookSync(GradSyncBase):
         rebuild, and a resumed run's new DDP (see :mod:`.powersgd_layout`)."""
         def run(state, bucket):  # type: ignore[no-untyped-def]
             b = bucket.index()
-            order = [self._keys[id(p)] for p in bucket.parameters()]
+            shapes = {self._keys[id(p)]: p.shape for p in bucket.parameters()}
+            order = list(shapes)
             built = self._order.get(b)
             if built is not None and built != order:
+                if set(built) != set(order):  # we keep one bucket (wrap): a rebuild only reorders it
+                    raise RuntimeError("PowerSGD state: DDP's bucket holds other parameters than before")
                 r, rate = state.matrix_approximation_rank, state.min_compression_rate
-                permute_state(state, b, bucket_segments(built, self._shapes, r, rate),
-                              bucket_segments(order, self._shapes, r, rate))
+                permute_state(state, b, bucket_segments(built, shapes, r, rate), bucket_segments(order, shapes, r, rate))
             self._order[b] = order
             return hook(state, bucket)
 
