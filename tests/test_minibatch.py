@@ -276,7 +276,8 @@ def test_sparse_first_layer_equals_the_dense_one():
 
 def test_a_resumed_minibatch_run_continues_exactly():
     """state_dict after one epoch, loaded into a fresh trainer, gives the same second epoch
-    as an uninterrupted run (sampler stream, cache, VR-GCN history, optimiser)."""
+    as an uninterrupted run (sampler stream, VR-GCN history, optimiser; one rank, so no
+    remote rows: the cache's resume is test_resume.py's 2-rank mini-batch case)."""
     data = small_graph(n=60, m=300)
     part = build_local_partition(data, torch.zeros(60, dtype=torch.long), 1, 0)
     model = ModelConfig(name="sage", hidden=8)

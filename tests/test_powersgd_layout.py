@@ -71,3 +71,7 @@ def test_a_bucket_with_other_parameters_is_refused():
     state = SimpleNamespace(error_dict={0: torch.zeros(16)}, p_memory_dict={}, q_memory_dict={})
     with pytest.raises(RuntimeError, match="other parameters"):
         permute_state(state, 0, sa, sb)
+    # a state of another size than the layout says (another torch's hook): refused, not garbled
+    state = SimpleNamespace(error_dict={0: torch.zeros(17)}, p_memory_dict={}, q_memory_dict={})
+    with pytest.raises(RuntimeError, match="cannot be reordered"):
+        permute_state(state, 0, sa, bucket_segments([1, 0], SHAPES, rank=1, min_compression_rate=1.0))

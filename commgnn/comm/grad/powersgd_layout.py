@@ -73,6 +73,9 @@ def bucket_segments(keys: Sequence[int], shapes: dict[int, torch.Size], rank: in
 def _moved(flat: torch.Tensor, old: dict[int, tuple[int, int]], new: dict[int, tuple[int, int]]) -> torch.Tensor:
     if set(old) != set(new):
         raise RuntimeError("PowerSGD state: the bucket holds other parameters than the state was built for")
+    if flat.numel() != sum(n for _, n in old.values()):  # torch laid its state out otherwise
+        raise RuntimeError(f"PowerSGD state: {flat.numel()} entries where this torch's hook layout "
+                           f"gives {sum(n for _, n in old.values())}; its state cannot be reordered")
     out = torch.empty_like(flat)
     for k, (o, n) in old.items():
         o2, n2 = new[k]
