@@ -44,15 +44,16 @@ def test_maxk_settings_are_checked():
     from commgnn.runner.config import RunConfig
     from commgnn.config import from_dict
 
-    for halo, what in (({"staleness": {"mode": "pipeline"}}, "staleness"), ({"bits": "adaptive", "budget_mb": 1.0},
-                                                                            "adaptive bit-width solver")):
-        with pytest.raises(ConfigError, match=what):
-            from_dict(RunConfig, {"model": {"activation": "maxk"}, "comm": {"halo": halo}})
+    with pytest.raises(ConfigError, match="staleness"):
+        from_dict(RunConfig, {"model": {"activation": "maxk"}, "comm": {"halo": {"staleness": {"mode": "pipeline"}}}})
+    # adaptive widths compose: the solver sizes the values (tests below)
+    from_dict(RunConfig, {"model": {"activation": "maxk"}, "comm": {"halo": {"bits": "adaptive", "budget_mb": 1.0}}})
 
 
-def exchange_rank(ctx, k: int, bits: int, rate: float = 1.0, base: int = 7):
+def exchange_rank(ctx, k: int, bits: int, rate: float = 1.0, base: int = 7, guard: bool = False):
     """Dense and sparse exchange of the same MaxK rows on every rank: values and gradients.
-    Rank r sends ``base + q`` rows to peer q (``base = 0``: rank 0 receives none)."""
+    Rank r sends ``base + q`` rows to peer q (``base = 0``: rank 0 receives none);
+    ``guard``: in a guard epoch (exact)."""
     g = torch.Generator().manual_seed(10 + ctx.rank)
     P, n, d = ctx.world_size, 30, 64
     counts = [0 if q == ctx.rank else base + q for q in range(P)]
@@ -67,6 +68,7 @@ def exchange_rank(ctx, k: int, bits: int, rate: float = 1.0, base: int = 7):
         ex = AllToAllHalo(ctx, plan, hooks)
         if name == "sparse":
             ex = MaxKRows(ex, k=k, sparse_layers={1}, forward_bits=bits, backward_bits=bits)
+            ex.set_epoch(0, exact=guard)
         if rate < 1:  # boundary sampling on top: the same seeded sample both ways
             ex = Sampled(ex, rate=rate, seed=5, rank=ctx.rank)
             ex.set_epoch(1, exact=False)
@@ -110,6 +112,18 @@ def test_a_rank_with_no_rows_to_send_takes_part(tmp_path):
 
 
 @pytest.mark.timeout(120)
+def test_a_guard_epoch_sends_the_values_exact(tmp_path):
+    """``exact_every``'s guard epochs: 4-bit values travel as fp32, so the pairs are exact."""
+    from helpers import run_on_ranks
+
+    k = 8
+    for r, res in enumerate(run_on_ranks(exchange_rank, 2, tmp_path, k, 4, 1.0, 7, True, timeout_s=90)):
+        dense, sparse = res["dense"], res["sparse"]
+        assert torch.equal(sparse["halo"], dense["halo"]) and torch.equal(sparse["grad"], dense["grad"])
+        assert sparse["sent"]["halo_fwd"] == (7 + (1 - r)) * (k + 4 * k) and sparse["sent"]["halo_bwd"] == (7 + r) * 4 * k
+
+
+@pytest.mark.timeout(120)
 def test_maxk_messages_compose_with_boundary_sampling(tmp_path):
     from helpers import run_on_ranks
 
@@ -134,6 +148,101 @@ def test_quantized_values_stay_within_one_step(tmp_path):
         assert not torch.equal(sparse, dense)  # the values did travel at 8 bits, not as fp32
         rows_out = 7 + (1 - r)  # rank r sends 7 + q rows to its peer q
         assert res["sparse"]["sent"]["halo_fwd"] == rows_out * (k + quant.bytes_per_row(k, 8))  # uint8 index + codes
+
+
+def adaptive_rank(ctx, k: int, budget: float, epochs: int):
+    """MaxK pairs whose values the adaptive solver sizes (re-solved every 2 epochs under
+    ``budget`` bytes per rank and epoch), beside the dense exchange of the same masked rows;
+    the last epoch is a guard epoch (exact). Rank r sends ``7 + q`` rows to peer q."""
+    from commgnn.comm.halo.adaptive import AdaptiveQuantized
+
+    g = torch.Generator().manual_seed(20 + ctx.rank)
+    P, n, d = ctx.world_size, 30, 64
+    counts = [0 if q == ctx.rank else 7 + q for q in range(P)]
+    recv = [0 if q == ctx.rank else 7 + ctx.rank for q in range(P)]
+    plan = HaloPlan(send_index=torch.randint(0, n, (sum(counts),), generator=g), send_counts=counts,
+                    recv_counts=recv)
+    hooks, sent = bytes_by_class()
+    ada = AdaptiveQuantized(AllToAllHalo(ctx, plan, hooks), ctx=ctx, hooks=hooks, num_layers=2, budget_bytes=budget,
+                            every=2, seed=ctx.rank)
+    ex = MaxKRows(ada, k=k, sparse_layers={1})
+    dense_ex = AllToAllHalo(ctx, plan, bytes_by_class()[0])
+    rows = []
+    for epoch in range(epochs):
+        exact = epoch == epochs - 1
+        ex.set_epoch(epoch, exact=exact)
+        before = dict(sent)
+        # rows on scales a decade apart per peer block, so that the peers' errors differ
+        raw = torch.randn(n, d, generator=g) * 10.0 ** torch.randint(-1, 2, (n, 1), generator=g)
+        w = torch.randn(sum(recv), d, generator=g)
+        got = {}
+        for name, lever in (("sparse", ex), ("dense", dense_ex)):
+            x = raw.clone().requires_grad_(True)
+            halo = lever.exchange(maxk(x, k), 1, kind="halo_fwd")
+            (halo * w).sum().backward()
+            got[name] = (halo.detach(), x.grad.clone())
+        rows.append({"halo": got["sparse"][0], "dense": got["dense"][0], "grad": got["sparse"][1],
+                     "dense_grad": got["dense"][1], "exact": exact, "log": ex.epoch_log(),
+                     "sent": {c: sent.get(c, 0) - before.get(c, 0) for c in ("halo_fwd", "halo_bwd")}})
+    return {"epochs": rows, "counts": counts, "recv": recv}
+
+
+@pytest.mark.timeout(120)
+def test_adaptive_widths_size_the_values_of_maxk_pairs(tmp_path):
+    """Three ranks: each sender's values decode within the step of the width it chose for
+    that peer, the indices are exact, the bytes are the pairs' (indices + codes at each
+    width), a solved epoch fits the budget, and a guard epoch sends exact fp32 pairs."""
+    from helpers import run_on_ranks
+
+    from commgnn.comm import quant
+
+    k, epochs = 8, 7
+    # per rank and epoch: all values at 1 bit ~415 B, at 8 bits ~640 B (indices included)
+    budget = 500.0
+    res = run_on_ranks(adaptive_rank, 3, tmp_path, k, budget, epochs, timeout_s=90)
+    used = set()
+    for me, r in enumerate(res):
+        for e, row in enumerate(r["epochs"]):
+            if row["exact"]:
+                assert torch.equal(row["halo"], row["dense"]) and torch.equal(row["grad"], row["dense_grad"])
+                assert row["sent"]["halo_fwd"] == sum(r["counts"]) * (k + 4 * k)
+                continue
+            fwd = row["log"]["bits"]["1.fwd"]
+            for q, (out, truth) in enumerate(zip(row["halo"].split(r["recv"]), row["dense"].split(r["recv"]))):
+                if not len(out):
+                    continue
+                b = res[q]["epochs"][e]["log"]["bits"]["1.fwd"][me]  # the sender's width towards me
+                used.add((e >= 2, b))
+                assert ((out != 0) <= (truth != 0)).all()  # values only where the sender's top-k was
+                kept = torch.where(truth != 0, truth, torch.nan)
+                step = (kept.nan_to_num(-torch.inf).amax(1) - kept.nan_to_num(torch.inf).amin(1)) / ((1 << b) - 1)
+                assert ((out - truth).abs() <= step[:, None] + 1e-4).all(), (me, q, e, b)
+            assert ((row["grad"] != 0) <= (row["dense_grad"] != 0)).all()  # gradients only at the kept entries
+            bwd = row["log"]["bits"]["1.bwd"]
+            expect_fwd = sum(n * (k + quant.bytes_per_row(k, fwd[q])) for q, n in enumerate(r["counts"]))
+            expect_bwd = sum(n * quant.bytes_per_row(k, bwd[q]) for q, n in enumerate(r["recv"]))
+            assert row["sent"] == {"halo_fwd": expect_fwd, "halo_bwd": expect_bwd}, (me, e)
+            if e >= 2:
+                assert expect_fwd + expect_bwd <= budget, (me, e, expect_fwd + expect_bwd)
+    assert {b for late, b in used if not late} == {8}  # until the first solve
+    assert len({b for late, b in used if late}) >= 2 and min(b for late, b in used if late) < 8, used
+
+
+@pytest.mark.timeout(120)
+def test_a_maxk_model_trains_under_an_adaptive_byte_budget(tmp_path):
+    """End to end on 2 ranks: from the first solve on, the busiest rank's training halo bytes
+    (dense layer-0 rows and layer 1's pairs) stay within the budget, below the 8-bit start."""
+    toml = tmp_path / "s.toml"
+    toml.write_text("[data.synthetic]\nnum_nodes = 2000\n")
+    budget = 50_000  # bytes per rank and epoch; 8 bits everywhere is ~76 kB here
+    subprocess.run([sys.executable, "-m", "commgnn", "train", "--config", str(toml), "--parts", "2", "--epochs", "5",
+                    "--hidden", "64", "--activation", "maxk", "--maxk-k", "8", "--bits", "adaptive", "--budget-mb",
+                    str(budget / 1e6), "--adapt-every", "2", "--quiet", "--out", str(tmp_path / "run")],
+                   check=True, capture_output=True, timeout=100)
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    spent = [r["bytes_max_rank"]["halo_fwd"] + r["bytes_max_rank"]["halo_bwd"] for r in rows]
+    assert spent[0] > budget and all(b <= budget for b in spent[2:]), spent
+    assert min(min(w) for w in rows[-1]["bits"].values()) < 8 and "1.fwd" in rows[-1]["bits"]
 
 
 @pytest.mark.slow  # two 20-epoch runs; the exchange tests above cover values, gradients and bytes

@@ -48,7 +48,8 @@ def build_halo(ctx: DistContext, plan: HaloPlan, hooks: Hooks, cfg: HaloConfig, 
     elif isinstance(cfg.bits, BitsConfig) and cfg.bits != BitsConfig():
         ex = Quantized(ex, forward_bits=cfg.bits.forward, backward_bits=cfg.bits.backward, seed=rank_seed)
     if maxk is not None and maxk[1] and ctx.is_distributed:
-        # above the quantizer: sparse layers go as (index, value) payloads it passes through
+        # above the quantizer: sparse layers go as (index, value) payloads it passes through;
+        # an adaptive quantizer below encodes their values at its per-peer widths instead
         k, layers = maxk
         fb, bb = (cfg.bits.forward, cfg.bits.backward) if isinstance(cfg.bits, BitsConfig) else (32, 32)
         ex = MaxKRows(ex, k=k, sparse_layers=layers, forward_bits=fb, backward_bits=bb, seed=rank_seed + 29)

@@ -99,10 +99,6 @@ class RunConfig:
         if self.model.act == "maxk" and halo.staleness.mode != "none":
             raise ConfigError("model.activation = 'maxk' sends halo rows as (index, value) pairs, which do not "
                               "yet combine with comm.halo.staleness; drop one of them")
-        if self.model.act == "maxk" and halo.bits == "adaptive":
-            raise ConfigError("model.activation = 'maxk' sends halo rows as (index, value) pairs, which the "
-                              "adaptive bit-width solver neither sizes nor counts against its budget: use fixed "
-                              "comm.halo.bits with maxk, or drop maxk")
         # A strategy that owns the momentum (DGC's momentum correction, QG-DSGDm) replaces
         # SGD's heavy ball; under Adam it would stack a second, unrelated momentum on top.
         gossip = self.comm.gossip

@@ -19,6 +19,12 @@ budget of each solve is ``budget_s x`` the rate this rank's exchanges achieved s
 previous solve (bytes it sent over the wall time of its exchanges, stalls included): a
 feedback loop on the measured network, not on a model of it. Each solve's byte budget and
 the widths are in the epoch log (``metrics.jsonl``).
+
+Under MaxK (:class:`~commgnn.comm.halo.maxk_rows.MaxKRows`) a sparse layer's rows travel as
+k (index, value) pairs: the solver then sizes the k values of each row (``d`` = k in the
+error bound) and counts the indices as a fixed cost per row (``fixed``), which no width
+changes but which the budget must hold. MaxKRows uses this class's per-peer
+:meth:`~AdaptiveQuantized.encode` / :meth:`~AdaptiveQuantized.decode` / :meth:`~AdaptiveQuantized.send`.
 """
 
 from __future__ import annotations
@@ -37,18 +43,22 @@ from commgnn.dist.events import Hooks
 
 _DIRS = ("halo_fwd", "halo_bwd")
 _STATE = ("send_bits", "recv_bits", "r2", "n2", "rows", "width")
+_OPTIONAL_STATE = ("fixed",)  # absent from checkpoints written before MaxK composed
 _TIMING = ("move_s", "move_bytes", "budget")
 
 
-def solve_bits(stats: dict[tuple[int, int, int], tuple[float, int, int]], budget: float) -> dict:
+def solve_bits(stats: dict[tuple[int, int, int], tuple[float, int, int]], budget: float,
+               fixed: dict[tuple[int, int, int], int] | None = None) -> dict:
     """Greedy bit allocation. ``stats[(layer, dir, peer)] = (sum of R^2 per row, rows, d)``
-    (per epoch); returns ``{block: bits}`` whose bytes fit ``budget`` where possible."""
+    (per epoch), ``fixed[block]`` bytes per row that travel at any width (MaxK's indices);
+    returns ``{block: bits}`` whose bytes fit ``budget`` where possible."""
     ladder = quant.BITS
     bits = {k: ladder[0] for k in stats}
+    fixed = fixed or {}
 
     def cost(k: tuple[int, int, int], b: int) -> float:
         _, rows, d = stats[k]
-        return rows * quant.bytes_per_row(d, b)
+        return rows * (fixed.get(k, 0) + quant.bytes_per_row(d, b))
 
     def var(k: tuple[int, int, int], b: int) -> float:
         r2, _, d = stats[k]
@@ -108,7 +118,8 @@ class AdaptiveQuantized(Wrapper):
         self.r2 = torch.zeros(K, P, dtype=torch.float64)          # sum of row range^2 since solve
         self.rows = torch.zeros(K, P, dtype=torch.float64)
         self.n2 = torch.zeros(K, P, dtype=torch.float64)          # sum of row norm^2 since solve
-        self.width = torch.zeros(K, dtype=torch.long)
+        self.width = torch.zeros(K, dtype=torch.long)             # values per row (k under MaxK)
+        self.fixed = torch.zeros(K, dtype=torch.long)             # bytes per row at any width
         self.epochs_seen = 0
 
     def set_epoch(self, epoch: int, exact: bool) -> None:
@@ -123,7 +134,8 @@ class AdaptiveQuantized(Wrapper):
             self.budget = self.budget_s * self.move_bytes / self.move_s
         self.move_s = self.move_bytes = 0.0
         stats = relative_stats(self.r2, self.n2, self.rows, self.width, self.epochs_seen)
-        for (layer, d, q), b in solve_bits(stats, self.budget).items():
+        fixed = {key: int(self.fixed[key[0] * 2 + key[1]]) for key in stats}
+        for (layer, d, q), b in solve_bits(stats, self.budget, fixed).items():
             self.send_bits[layer * 2 + d, q] = b
         # receivers must decode with the sender's widths: column q of my table goes to q
         K, P = self.send_bits.shape
@@ -146,29 +158,51 @@ class AdaptiveQuantized(Wrapper):
              kind: str) -> Tensor:
         if self.exact_now or kind not in _DIRS or not rows.is_floating_point():  # eval, setup: exact
             return self.inner.move(rows, out_counts, in_counts, layer, kind)
-        k = layer * 2 + _DIRS.index(kind)
         d = rows.shape[1]
-        self.width[k] = d
-        payloads, out_bytes = [], []
+        payloads = [p.reshape(-1) for p in self.encode(rows, out_counts, layer, kind)]
+        out_bytes = [p.numel() for p in payloads]
+        width = [self.row_bytes(layer, kind, d, q) for q in range(len(in_counts))]
+        in_bytes = [c * w for c, w in zip(in_counts, width)]
+        got = self.send(torch.cat(payloads).to(rows.device), out_bytes, in_bytes, layer, kind)
+        chunks = [chunk.view(c, w) for chunk, c, w in zip(torch.split(got.cpu(), in_bytes), in_counts, width)]
+        return self.decode(chunks, layer, kind, d, rows.dtype).to(rows.device)
+
+    # The per-peer codec, shared with MaxKRows (which sends indices beside the values).
+    def encode(self, rows: Tensor, out_counts: list[int], layer: int, kind: str, *,
+               fixed_bytes: int = 0) -> list[Tensor]:
+        """``rows [n, d]`` grouped by destination -> per peer q ``[out_counts[q],
+        bytes_per_row(d, b_q)]`` uint8 codes (CPU) at this rank's width ``b_q`` for (layer,
+        kind, q), after adding each block's range and energy to the next solve's statistics.
+        ``fixed_bytes``: bytes per row the caller sends beside the codes (counted in the budget)."""
+        k = layer * 2 + _DIRS.index(kind)
+        self.width[k], self.fixed[k] = rows.shape[1], fixed_bytes
+        blocks = []
         for q, block in enumerate(torch.split(rows.detach().cpu(), out_counts)):
             if block.shape[0]:
                 rng = block.max(dim=1).values - block.min(dim=1).values
                 self.r2[k, q] += float((rng.double() ** 2).sum())
                 self.n2[k, q] += float((block.double() ** 2).sum())
                 self.rows[k, q] += block.shape[0]
-            b = int(self.send_bits[k, q])
-            payloads.append(quant.encode(block, b, self.gen).reshape(-1))
-            out_bytes.append(payloads[-1].numel())
-        in_bytes = [c * quant.bytes_per_row(d, int(self.recv_bits[k, q])) for q, c in enumerate(in_counts)]
+            blocks.append(quant.encode(block, int(self.send_bits[k, q]), self.gen))
+        return blocks
+
+    def row_bytes(self, layer: int, kind: str, d: int, peer: int) -> int:
+        """Bytes of one row of width ``d`` that ``peer`` encodes towards this rank."""
+        return quant.bytes_per_row(d, int(self.recv_bits[layer * 2 + _DIRS.index(kind), peer]))
+
+    def decode(self, chunks: list[Tensor], layer: int, kind: str, d: int, dtype: torch.dtype) -> Tensor:
+        """Per source peer q ``[n_q, row_bytes(q)]`` codes -> ``[sum n_q, d]`` values (CPU),
+        each block decoded at the width its sender used."""
+        k = layer * 2 + _DIRS.index(kind)
+        return torch.cat([quant.decode(chunk, int(self.recv_bits[k, q]), d, dtype) for q, chunk in enumerate(chunks)])
+
+    def send(self, payload: Tensor, out_bytes: list[int], in_bytes: list[int], layer: int, kind: str) -> Tensor:
+        """Move encoded bytes, timing the move for a time budget's measured rate."""
         t0 = time.perf_counter()
-        got = self.inner.move(torch.cat(payloads).to(rows.device), out_bytes, in_bytes, layer, kind)
+        got = self.inner.move(payload, out_bytes, in_bytes, layer, kind)
         self.move_s += time.perf_counter() - t0
         self.move_bytes += sum(out_bytes)
-        blocks = []
-        for q, (chunk, c) in enumerate(zip(torch.split(got.cpu(), in_bytes), in_counts)):
-            b = int(self.recv_bits[k, q])
-            blocks.append(quant.decode(chunk.view(c, quant.bytes_per_row(d, b)), b, d, rows.dtype))
-        return torch.cat(blocks).to(rows.device)
+        return got
 
     def epoch_log(self) -> dict[str, Any]:
         table = {f"{k // 2}.{'fwd' if k % 2 == 0 else 'bwd'}": self.send_bits[k].tolist()
@@ -176,13 +210,14 @@ class AdaptiveQuantized(Wrapper):
         return {**super().epoch_log(), "bits": table, "bits_budget_bytes": self.budget}
 
     def own_state(self) -> dict[str, Any]:
-        return {name: getattr(self, name).clone() for name in _STATE} | {
+        return {name: getattr(self, name).clone() for name in _STATE + _OPTIONAL_STATE} | {
             "epochs_seen": self.epochs_seen, "gen": self.gen.get_state()} | {
             name: getattr(self, name) for name in _TIMING}
 
     def load_own_state(self, state: dict[str, Any]) -> None:
-        for name in _STATE:  # host-side bookkeeping: back on the CPU, wherever the state was loaded to
-            setattr(self, name, state[name].to("cpu", copy=True))
+        for name in _STATE + _OPTIONAL_STATE:  # host-side bookkeeping: back on the CPU, wherever it was loaded to
+            if name in state:
+                setattr(self, name, state[name].to("cpu", copy=True))
         self.epochs_seen = state["epochs_seen"]
         self.gen.set_state(state["gen"])
         for name in _TIMING:
