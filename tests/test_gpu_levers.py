@@ -79,6 +79,7 @@ EXCHANGE_LEVERS: dict[str, tuple[HaloConfig, bool]] = {
     "guard-q2": (HaloConfig(bits=2, exact_every=3), False),
     "maxk": (HaloConfig(), True),
     "maxk-q8": (HaloConfig(bits=8), True),
+    "maxk-adaptive": (HaloConfig(bits="adaptive", budget_mb=0.001, adapt_every=2), True),
 }
 
 
@@ -159,10 +160,14 @@ def check_exchange(name: str, r: dict) -> None:
             _within_step(grads[e], tgrads[e] * mask, bb, f"{name} backward, epoch {e}")
             if sparse:
                 assert torch.equal(outs[e] != 0, truths[e] != 0) or not truths[e].numel(), (name, e)
-    elif name == "adaptive":  # 8 bits until the first solve, then 1..8 bits per block
+    elif name in ("adaptive", "maxk-adaptive"):  # 8 bits until the first solve, then 1..8 bits per block
         for e in range(EX_EPOCHS):
+            mask = (rows[e] != 0) if sparse else torch.ones_like(rows[e], dtype=torch.bool)
             _within_step(outs[e], truths[e], 8 if e < cfg.adapt_every else 1, f"{name} forward, epoch {e}")
-            _within_step(grads[e], tgrads[e], 8 if e < cfg.adapt_every else 1, f"{name} backward, epoch {e}")
+            _within_step(grads[e], tgrads[e] * mask, 8 if e < cfg.adapt_every else 1, f"{name} backward, epoch {e}")
+            if sparse:  # values only where the sender's top-k was; the indices travel exact
+                assert ((outs[e] != 0) <= (truths[e] != 0)).all(), (name, e)
+                assert ((grads[e] != 0) <= mask).all(), (name, e)
     elif name == "sample0.5":  # a row arrives scaled by 1/p, or as zeros; its gradient likewise
         kept_total = rows_total = 0
         for e in range(EX_EPOCHS):
@@ -278,6 +283,7 @@ TRAIN_LEVERS: dict[str, tuple[HaloConfig, str, float, bool]] = {
     "guard-q2": (HaloConfig(bits=2, exact_every=3), "exact", 0.15, False),
     "maxk-exact": (HaloConfig(), "maxk-exact", 0.0, True),
     "maxk-q8": (HaloConfig(bits=8), "maxk-exact", 0.05, True),
+    "maxk-adaptive": (HaloConfig(bits="adaptive", budget_mb=0.01, adapt_every=3), "maxk-exact", 0.15, True),
 }
 LEVER_IDS = [(m, n) for m in TRAIN_MODELS for n, spec in TRAIN_LEVERS.items() if m == "gcn" or not spec[3]]
 
