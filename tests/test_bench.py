@@ -36,11 +36,15 @@ bits = 8
 
 
 @pytest.mark.slow  # trains a small grid; the report-only tests below cover the tables in CI
-def test_bench_grid_writes_tables_with_ratios_to_exact(tmp_path):
+def test_bench_grid_writes_tables_with_ratios_to_exact(tmp_path, capsys):
     grid = tmp_path / "g.toml"
     grid.write_text(GRID)
     out = tmp_path / "bench"
     assert main(["bench", "--grid", str(grid), "--out", str(out)]) == 0
+    # each finished run is reported as it ends (a long grid shows its progress)
+    s0 = json.loads((out / "runs" / "synthetic-gcn-p2-exact-s0" / "summary.json").read_text())
+    assert (f"[bench] synthetic-gcn-p2-exact-s0: test {100 * s0['test_acc']:.2f}%, best epoch {s0['best_epoch']} "
+            f"of {s0['epochs_run']}, halo {s0['halo_bytes_per_epoch'] / 1e6:.2f} MB/epoch") in capsys.readouterr().out
     rows = {r["setting"]: r for r in csv.DictReader((out / "results.csv").open())}
     assert set(rows) == {"exact", "lossless+8bit"}
     summaries = {name: [json.loads((out / "runs" / f"synthetic-gcn-p2-{slug}-s{s}" / "summary.json").read_text())
@@ -109,7 +113,8 @@ def test_an_entrys_model_keys_apply_together(tmp_path, monkeypatch):
     from commgnn.cli.bench import run_grid
 
     ran = []
-    monkeypatch.setattr(launch, "train_local", lambda cfg: ran.append(cfg.model))
+    fake = {"test_acc": 0.0, "best_epoch": 0, "epochs_run": 0, "halo_bytes_per_epoch": 0.0}
+    monkeypatch.setattr(launch, "train_local", lambda cfg: ran.append(cfg.model) or fake)
     grid = tmp_path / "g.toml"
     grid.write_text(GRID.replace("hidden = 8", "hidden = 16").split("[[halo]]")[0] + '[[halo]]\nname = "exact"\n'
                     '[[halo]]\nname = "maxk8"\nmodel = { activation = "maxk", maxk_k = 8 }\nbits = 4\n')

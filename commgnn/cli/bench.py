@@ -48,6 +48,7 @@ import csv
 import json
 import shutil
 import statistics
+import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -190,7 +191,12 @@ def run_grid(grid_path: str, out: Path, *, report_only: bool = False) -> list[di
                             if run_dir.exists():  # interrupted, or made with other settings: run again
                                 shutil.rmtree(run_dir)
                             print(f"[bench] {run_dir.name}", flush=True)
-                            train_local(cfg)
+                            t0 = time.perf_counter()
+                            done = train_local(cfg)
+                            print(f"[bench] {run_dir.name}: test {100 * done['test_acc']:.2f}%, best epoch "
+                                  f"{done['best_epoch']} of {done['epochs_run']}, halo "
+                                  f"{done['halo_bytes_per_epoch'] / 1e6:.2f} MB/epoch, "
+                                  f"{time.perf_counter() - t0:.0f} s", flush=True)
                         rows.append({"dataset": dataset, "model": model, "parts": P, "setting": name,
                                      "seed": seed, "dir": run_dir})
     if not rows:
