@@ -205,15 +205,25 @@ class FederateConfig:
     """A whole ``commgnn federate`` run."""
 
     data: DataConfig = field(default_factory=DataConfig)
+    """``[data]``: the graph the organisations hold between them."""
     split: SplitConfig = field(default_factory=SplitConfig)
+    """``[split]``: how the graph is divided into clients (Louvain communities, METIS, Dirichlet label skew, a file)."""
     federated: FedConfig = field(default_factory=FedConfig)
+    """``[federated]``: algorithm, rounds, local steps, participation, aggregator, cross-client edges."""
     uplink: UplinkConfig = field(default_factory=UplinkConfig)
+    """``[uplink]``: how client updates travel to the server (fp32, quantized, random-k, low rank)."""
     secagg: SecAggConfig = field(default_factory=SecAggConfig)
+    """``[secagg]``: secure aggregation (the server learns only the sum of the updates)."""
     dp: DPConfig = field(default_factory=DPConfig)
+    """``[dp]``: client-level differential privacy (clipping, noise, accountant)."""
     neighgen: NeighGenConfig = field(default_factory=NeighGenConfig)
+    """``[neighgen]``: generated missing neighbours that mend each client's subgraph."""
     policy: PolicyRef = field(default_factory=PolicyRef)
+    """``[policy]``: the governance policy file (organisations, what may cross)."""
     output: FedOutput = field(default_factory=FedOutput)
+    """``[output]``: run directory and console output."""
     runtime: FedRuntimeConfig = field(default_factory=FedRuntimeConfig)
+    """``[runtime]``: ranks (1: server and clients in one process), backend, time-outs."""
 
     def __post_init__(self) -> None:
         fed = self.federated
