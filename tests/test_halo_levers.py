@@ -94,6 +94,17 @@ def test_adaptive_solver_respects_budget_and_favours_variance():
     assert set(solve_bits(stats, 0).values()) == {1}  # nothing fits: the floor
 
 
+def test_adaptive_solver_counts_the_fixed_bytes_of_each_row():
+    """MaxK's indices travel at any width: the budget must hold them. Two blocks of 10 rows,
+    d = 8 (1 bit: 9 B a row, 2 bits: 10 B): 200 B fits both at 2 bits without indices. With
+    8 index bytes a row, 350 B fits one block's upgrade (the one with more error), 340 B none."""
+    stats = {(0, 0, 0): (4.0, 10, 8), (0, 0, 1): (1.0, 10, 8)}
+    assert solve_bits(stats, 200) == {(0, 0, 0): 2, (0, 0, 1): 2}
+    fixed = {(0, 0, 0): 8, (0, 0, 1): 8}
+    assert solve_bits(stats, 350, fixed) == {(0, 0, 0): 2, (0, 0, 1): 1}  # 170 + 170 + 10 = 350
+    assert solve_bits(stats, 340, fixed) == {(0, 0, 0): 1, (0, 0, 1): 1}  # the floor: nothing more fits
+
+
 def test_adaptive_solver_compares_relative_errors():
     """Gradients are ~1e-4 the size of embeddings; relative to their own energy their
     quantization error matters as much, so both directions get the same bits."""

@@ -228,6 +228,21 @@ def test_adaptive_widths_size_the_values_of_maxk_pairs(tmp_path):
     assert len({b for late, b in used if late}) >= 2 and min(b for late, b in used if late) < 8, used
 
 
+def test_maxk_pairs_need_the_solver_right_below():
+    """A lever between MaxKRows and the solver would see (index, value) bytes: refused."""
+    from commgnn.comm.halo.adaptive import AdaptiveQuantized
+    from commgnn.dist.context import DistContext
+    from commgnn.dist.events import Hooks
+
+    ctx = DistContext.single()
+    plan = HaloPlan(send_index=torch.zeros(0, dtype=torch.long), send_counts=[0], recv_counts=[0])
+    ada = AdaptiveQuantized(AllToAllHalo(ctx, plan, Hooks()), ctx=ctx, hooks=Hooks(), num_layers=2,
+                            budget_bytes=1.0, every=2, seed=0)
+    assert MaxKRows(ada, k=4, sparse_layers={1}).adaptive is ada
+    with pytest.raises(ValueError, match="directly"):
+        MaxKRows(Sampled(ada, rate=0.5, seed=0, rank=0), k=4, sparse_layers={1})
+
+
 @pytest.mark.timeout(120)
 def test_a_maxk_model_trains_under_an_adaptive_byte_budget(tmp_path):
     """End to end on 2 ranks: from the first solve on, the busiest rank's training halo bytes

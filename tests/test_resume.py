@@ -106,6 +106,8 @@ def _assert_active(out: Path, levers: list[str]) -> None:
     ["--staleness", "pipeline"],
     # re-solving at epochs 3 and 6, either side of the checkpoint, under a budget that binds
     ["--bits", "adaptive", "--budget-mb", "0.01", "--adapt-every", "3"],
+    # MaxK pairs whose values the solver sizes: the fixed index bytes it budgets per row
+    ["--activation", "maxk", "--maxk-k", "4", "--bits", "adaptive", "--budget-mb", "0.011", "--adapt-every", "3"],
     ["--sample-rate", "0.5"],
     # without dropout, so that rows change little and most are not resent (with it, all were)
     ["--staleness", "skip", "--stale-threshold", "0.05", "--dropout", "0"],
@@ -121,7 +123,7 @@ def _assert_active(out: Path, levers: list[str]) -> None:
     # peer of each round, and gradient tracking's tracker and last gradient
     ["--parts", "4", "--gossip", "exponential", "--gossip-method", "tracking"],
     pytest.param(["--gossip", "ring"], marks=pytest.mark.slow),  # CI time (5 s); gossip state is tested in test_grad_sync
-], ids=["topk-error-feedback", "4-bit-halo", "pipelined-halo", "adaptive-bits", "sampled-halo",
+], ids=["topk-error-feedback", "4-bit-halo", "pipelined-halo", "adaptive-bits", "maxk-adaptive-bits", "sampled-halo",
         "skip-unchanged", "powersgd", "localsgd", "minibatch-vrgcn-lru-cache", "gossip-tracking-4-ranks", "gossip-dpsgd"])
 def test_resume_with_a_stateful_lever_equals_the_uninterrupted_run(tmp_path, capfd, levers):
     ref = tmp_path / "ref"

@@ -215,9 +215,9 @@ class AdaptiveQuantized(Wrapper):
             name: getattr(self, name) for name in _TIMING}
 
     def load_own_state(self, state: dict[str, Any]) -> None:
-        for name in _STATE + _OPTIONAL_STATE:  # host-side bookkeeping: back on the CPU, wherever it was loaded to
-            if name in state:
-                setattr(self, name, state[name].to("cpu", copy=True))
+        for name in _STATE + tuple(n for n in _OPTIONAL_STATE if n in state):
+            # host-side bookkeeping: back on the CPU, wherever the state was loaded to
+            setattr(self, name, state[name].to("cpu", copy=True))
         self.epochs_seen = state["epochs_seen"]
         self.gen.set_state(state["gen"])
         for name in _TIMING:

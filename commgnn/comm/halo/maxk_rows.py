@@ -51,8 +51,14 @@ class MaxKRows(Wrapper):
         super().__init__(inner)
         self.k, self.layers = k, set(sparse_layers)
         self.forward_bits, self.backward_bits = forward_bits, backward_bits
-        # adaptive widths: the solver this wraps encodes the values per peer
+        # adaptive widths: the solver this wraps encodes the values per peer. It must be the
+        # very next exchange: a lever between would see (index, value) bytes it cannot act on.
         self.adaptive = inner if isinstance(inner, AdaptiveQuantized) else None
+        below = inner.inner if isinstance(inner, Wrapper) else None
+        while isinstance(below, Wrapper):
+            if isinstance(below, AdaptiveQuantized):
+                raise ValueError(f"MaxKRows must wrap AdaptiveQuantized directly, not through {type(inner).__name__}")
+            below = below.inner
         self.gen = torch.Generator().manual_seed(seed)
         self.sent_idx: dict[int, Tensor] = {}  # layer -> [n_send, k] positions this rank sent
         self.recv_idx: dict[int, Tensor] = {}  # layer -> [n_halo, k] positions it received
@@ -92,8 +98,8 @@ class MaxKRows(Wrapper):
             r_vals = self._values_in(got[:, self.k * ib:], n_in, bits, rows.dtype)
         r_idx = got[:, : self.k * ib].contiguous()
         r_idx = (r_idx.long() if ib == 1 else r_idx.view(torch.int16).long() & 0xFFFF).reshape(n_in, self.k)
-        if kind == "halo_fwd":
-            self.sent_idx[layer], self.recv_idx[layer] = idx, r_idx
+        if kind == "halo_fwd":  # on the rows' device, where the backward gathers with them
+            self.sent_idx[layer], self.recv_idx[layer] = idx, r_idx.to(rows.device)
         return rows.new_zeros((n_in, d)).scatter_(1, r_idx.to(rows.device), r_vals.to(rows.device))
 
     def _backward(self, grad: Tensor, out_counts: list[int], in_counts: list[int], layer: int, d: int,
@@ -123,7 +129,7 @@ class MaxKRows(Wrapper):
         ada, ib = self.adaptive, idx_bytes.shape[1]
         assert ada is not None
         codes = ada.encode(vals, out_counts, layer, "halo_fwd", fixed_bytes=ib)
-        parts = [torch.cat([i.cpu(), c], dim=1).reshape(-1) for i, c in zip(idx_bytes.split(out_counts), codes)]
+        parts = [torch.cat([i, c], dim=1).reshape(-1) for i, c in zip(idx_bytes.cpu().split(out_counts), codes)]
         width = [ib + ada.row_bytes(layer, "halo_fwd", self.k, q) for q in range(len(in_counts))]
         in_bytes = [c * w for c, w in zip(in_counts, width)]
         got = ada.send(torch.cat(parts).to(vals.device), [p.numel() for p in parts], in_bytes, layer, "halo_fwd")
