@@ -108,14 +108,8 @@ class MaxKRows(Wrapper):
         the rows it sent, non-zero only at the positions it sent."""
         bits = 32 if self.exact_now else self.backward_bits
         vals = grad.gather(1, self.recv_idx[layer].to(grad.device))
-        if self.adaptive is not None and not self.exact_now:
-            ada = self.adaptive
-            codes = [c.reshape(-1) for c in ada.encode(vals, out_counts, layer, "halo_bwd")]
-            width = [ada.row_bytes(layer, "halo_bwd", self.k, q) for q in range(len(in_counts))]
-            in_bytes = [c * w for c, w in zip(in_counts, width)]
-            got = ada.send(torch.cat(codes).to(grad.device), [c.numel() for c in codes], in_bytes, layer, "halo_bwd")
-            chunks = [x.view(c, w) for x, c, w in zip(torch.split(got.cpu(), in_bytes), in_counts, width)]
-            back = ada.decode(chunks, layer, "halo_bwd", self.k, grad.dtype)
+        if self.adaptive is not None:  # k-wide value rows: the solver's own exchange sizes them
+            back = self.adaptive.move(vals, out_counts, in_counts, layer, "halo_bwd")
         else:
             got = self.inner.move(self._values_out(vals, bits), out_counts, in_counts, layer, "halo_bwd")
             back = self._values_in(got, n_in, bits, grad.dtype)
