@@ -1,12 +1,15 @@
-"""The models' dropout: F.dropout's mask, values and gradients, with a 1-byte mask kept for backward."""
+"""The models' dropout: inverted dropout at the rate asked (to 2^-17), unbiased, a 1-byte
+mask kept for backward, seeded by the global generator; the mask drawn 16 bits at a time."""
 
 from __future__ import annotations
+
+import math
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-from commgnn.models.dropout import dropout
+from commgnn.models.dropout import applied_rate, dropout, keep_mask
 
 
 def _saved_bytes(fn, x: torch.Tensor) -> int:
@@ -23,31 +26,66 @@ def _saved_bytes(fn, x: torch.Tensor) -> int:
     return sum(seen.values())
 
 
+@pytest.mark.parametrize("p", [0.001, 0.1, 0.15, 0.45, 0.5, 0.9, 0.999])
+def test_the_drop_rate_is_the_one_asked(p):
+    """Over 2M entries the dropped fraction is within 5 binomial sigmas of p' = round(65536 p)
+    / 65536, itself within 2^-17 of p."""
+    assert abs(applied_rate(p) - p) <= 2.0 ** -17
+    torch.manual_seed(11)
+    n = 2_000_003  # not a multiple of 4: the last word's lanes are partly used
+    dropped = float((~keep_mask((n,), p)).sum()) / n
+    sigma = math.sqrt(p * (1 - p) / n)
+    assert abs(dropped - applied_rate(p)) < 5 * sigma + 1e-12
+
+
+def test_every_position_in_a_word_drops_alike_and_independently():
+    """Lanes 0..3 of each 64-bit word (and so columns of a 4-wide row) each drop at rate p,
+    with no correlation between neighbours: a bad lane (a constant or shared top bit) fails."""
+    torch.manual_seed(5)
+    keep = keep_mask((500_000, 4), 0.5).float()
+    rates = 1 - keep.mean(0)
+    assert torch.all((rates - 0.5).abs() < 5 * math.sqrt(0.25 / 500_000))
+    corr = torch.corrcoef(keep.T)
+    off = corr[~torch.eye(4, dtype=torch.bool)]
+    assert off.abs().max() < 5 / math.sqrt(500_000)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-@pytest.mark.parametrize("p", [0.1, 0.15, 0.45, 0.5, 0.9])
-def test_mask_values_and_gradient_match_f_dropout(dtype, p):
-    """The same mask under the same generator state; values and gradients within
-    two ulps (F.dropout rounds 1 / (1 - p) to the dtype first: p = 0.15 and 0.45 differ in float32)."""
+@pytest.mark.parametrize("p", [0.1, 0.45, 0.5])
+def test_values_and_gradient_are_the_masked_rows_scaled(dtype, p):
+    """Kept entries are x / (1 - p'), dropped ones 0; the gradient is the upstream
+    gradient on the same mask with the same scale. The mask is recovered by replaying the
+    seed (and read off the output: x is Gaussian, so no kept entry is 0)."""
     x = torch.randn(257, 33, dtype=dtype, requires_grad=True)
     w = torch.randn(257, 33, dtype=dtype)
     torch.manual_seed(7)
-    ref = F.dropout(x, p, True)
-    (g_ref,) = torch.autograd.grad((ref * w).sum(), x)
-    torch.manual_seed(7)
     out = dropout(x, p, True)
     (g,) = torch.autograd.grad((out * w).sum(), x)
-    assert torch.equal(out == 0, ref == 0) and torch.equal(g == 0, g_ref == 0)
-    ulp = 2 * torch.finfo(dtype).eps  # two roundings: of the scale, then of the product
-    assert torch.allclose(out, ref, rtol=ulp, atol=0) and torch.allclose(g, g_ref, rtol=ulp, atol=0)
-    assert 0 < (out == 0).sum() < out.numel()  # it did drop, and not everything
+    torch.manual_seed(7)
+    keep = keep_mask(x.shape, p)
+    scale = 1.0 / (1.0 - applied_rate(p))
+    assert torch.equal(out != 0, keep)
+    assert torch.allclose(out, x.detach() * keep * scale, rtol=2 * torch.finfo(dtype).eps, atol=0)
+    assert torch.allclose(g, w * keep * scale, rtol=2 * torch.finfo(dtype).eps, atol=0)
+    assert out.dtype == dtype and 0 < (out == 0).sum() < out.numel()
 
 
-def test_the_default_rate_is_bit_for_bit():
-    x = torch.randn(300, 40, requires_grad=True)
+def test_it_is_unbiased():
+    """The mean of many draws tends to x: within 5 standard errors on every entry."""
+    torch.manual_seed(2)
+    x = torch.randn(64, 8, dtype=torch.float64)
+    draws = torch.stack([dropout(x, 0.3, True) for _ in range(4000)])
+    se = x.abs() * math.sqrt(0.3 / 0.7) / math.sqrt(4000)
+    assert torch.all((draws.mean(0) - x).abs() < 5 * se + 1e-12)
+
+
+def test_the_seed_fixes_the_mask_and_draws_advance_the_generator():
+    x = torch.randn(100, 30)
     torch.manual_seed(3)
-    ref = F.dropout(x, 0.5, True)
+    a, b = dropout(x, 0.5, True), dropout(x, 0.5, True)
     torch.manual_seed(3)
-    assert torch.equal(dropout(x, 0.5, True), ref)
+    assert torch.equal(dropout(x, 0.5, True), a)
+    assert not torch.equal(a, b)  # the second call drew new words
 
 
 def test_it_keeps_a_bool_mask_where_f_dropout_keeps_float_noise():
@@ -58,7 +96,8 @@ def test_it_keeps_a_bool_mask_where_f_dropout_keeps_float_noise():
     assert theirs == 4 * x.numel()    # F.dropout on CPU: the scaled float noise
 
 
-def test_no_op_in_evaluation_and_at_p_zero():
+def test_no_op_in_evaluation_at_p_zero_and_below_the_lane_resolution():
     x = torch.randn(5, 3)
     assert dropout(x, 0.5, False) is x
     assert dropout(x, 0.0, True) is x
+    assert dropout(x, 2.0 ** -18, True) is x  # rounds to p' = 0: nothing to draw

@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 from commgnn.dist.context import DistContext
 from commgnn.dist.events import Hooks
 from commgnn.fetch.config import FetchConfig
 from commgnn.models import ModelConfig
 from commgnn.models.blocks import BlockGraph
+from commgnn.models.dropout import dropout
 from commgnn.models.graph import spmm
 from commgnn.models.vrgcn import control_variate, dropout_noise
 from commgnn.partition import build_local_partition
@@ -37,7 +37,7 @@ def _star_draws(mu: torch.Tensor, table: torch.Tensor, k: int, replace: bool,
     n = draws * (d + 1)
     rows = torch.cat([torch.zeros(draws, DIM, dtype=mu.dtype), mu.repeat(draws, 1)])
     hist = torch.cat([torch.zeros(draws, DIM, dtype=mu.dtype), table.repeat(draws, 1)])
-    hd = F.dropout(rows, P, True)  # dropout draws from the global generator: seeded by the caller
+    hd = dropout(rows, P, True)  # dropout draws from the global generator: seeded by the caller
     base = draws + torch.arange(draws)[:, None] * d
     pick = torch.randint(0, d, (draws, k)) if replace else torch.rand(draws, d).argsort(1)[:, :k]
     dst = torch.arange(draws).repeat_interleave(k)
@@ -88,10 +88,10 @@ def test_vrgcn_with_every_neighbour_is_the_exact_forward_with_the_same_dropout()
     out = t.net(rows, batch)
     torch.manual_seed(3)
     convs, f, n1 = t.model.convs, data.x.shape[1], batch.blocks[0].num_dst
-    h = torch.relu(convs[0].from_precomputed(rows[:n1, f:], F.dropout(rows[:n1, :f], P, True), None))
+    h = torch.relu(convs[0].from_precomputed(rows[:n1, f:], dropout(rows[:n1, :f], P, True), None))
     for i in (1, 2):
         block = batch.blocks[i]
-        hd = F.dropout(h, P, True)
+        hd = dropout(h, P, True)
         h = convs[i].lin_l(spmm(BlockGraph(block).mean_adj(h.dtype), hd)) + convs[i].lin_r(hd[: block.num_dst])
         h = torch.relu(h) if i < 2 else h
     assert torch.allclose(out, h, atol=1e-5)
