@@ -42,12 +42,14 @@ class _KeepScale(torch.autograd.Function):
     def forward(fctx: Any, x: Tensor, keep: Tensor, scale: float) -> Tensor:  # type: ignore[override]
         fctx.save_for_backward(keep)
         fctx.scale = scale
-        return x.mul(keep).mul_(scale)
+        # through a uint8 view of the mask: float * bool takes a slow promotion path on the
+        # CPU (9x slower than float * uint8 for [1719, 767] rows), float * uint8 does not
+        return x.mul(keep.view(torch.uint8)).mul_(scale)
 
     @staticmethod
     def backward(fctx: Any, grad: Tensor) -> tuple[Tensor, None, None]:  # type: ignore[override]
         (keep,) = fctx.saved_tensors
-        return grad.mul(keep).mul_(fctx.scale), None, None
+        return grad.mul(keep.view(torch.uint8)).mul_(fctx.scale), None, None
 
 
 def applied_rate(p: float) -> float:
