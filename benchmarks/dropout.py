@@ -92,7 +92,8 @@ def train_rows(ns: argparse.Namespace) -> list[dict[str, Any]]:
         for rep in range(ns.reps):
             for entry, flags in ENTRIES.items():
                 for label, tree in trees.items():
-                    r = train_once(tree, flags, ns.epochs, Path(tmp) / f"{entry}-{rep}-{len(got)}", ns.data_root)
+                    out = Path(tmp) / f"{entry}-{rep}-{'after' if tree == ROOT else 'before'}"
+                    r = train_once(tree, flags, ns.epochs, out, ns.data_root)
                     print(f"[dropout] {entry} {label} rep {rep}: {r}", flush=True)
                     got.setdefault((entry, label), []).append(r)
     rows = []

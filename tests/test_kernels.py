@@ -119,3 +119,57 @@ def test_kernel_numba_refused_without_numba(monkeypatch: pytest.MonkeyPatch) -> 
     torch.testing.assert_close(spmm(graph.gcn_adj(torch.float32), x),
                                spmm(_graph(20, 30, 100, 7, "torch").gcn_adj(torch.float32), x))
     assert graph.fused_attention() is None
+
+
+_ONE_THREAD = """
+import numba, torch
+from commgnn import kernels
+from commgnn.models.gat import GATLayer
+from test_kernels import _graph
+from commgnn.models.graph import spmm
+kernels.set_threads(1)
+g = _graph(200, 300, 3000, 0, "numba")
+x = torch.randn(300, 8, requires_grad=True)
+spmm(g.gcn_adj(torch.float32), x).sum().backward()
+layer = GATLayer(8, 4, 2)
+layer.eval()
+layer.combine(x.detach(), x.detach()[:200], g)
+try:
+    numba.threading_layer()
+    print("pool started")
+except ValueError:
+    print("no pool")
+"""
+
+
+def test_one_thread_runs_serial_kernels_and_never_starts_the_pool() -> None:
+    """At one thread a rank must not start numba's OpenMP pool: its workers spin between
+    parallel regions and, with 8 ranks on 2 cores, made epochs 14x longer. A fresh
+    interpreter, since this one may have started the pool in other tests."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    here = Path(__file__).resolve().parent
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(here), str(here.parent)])}
+    out = subprocess.run([sys.executable, "-c", _ONE_THREAD], env=env, capture_output=True, text=True,
+                         timeout=240, check=True).stdout
+    assert out.strip().splitlines()[-1] == "no pool"
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_serial_and_parallel_compilations_give_the_same_bits(threads: int) -> None:
+    """Each output row is one thread's sum in the same order: thread count changes no bit."""
+    g = torch.Generator().manual_seed(3)
+    indptr = torch.cat([torch.zeros(1, dtype=torch.long), torch.randint(0, 9, (500,), generator=g).cumsum(0)])
+    indices = torch.randint(0, 400, (int(indptr[-1]),), generator=g)
+    values = torch.randn(int(indptr[-1]), generator=g)
+    x = torch.randn(400, 33, generator=g)
+    kernels.set_threads(1)
+    ref = kernels.csr_spmm(indptr, indices, values, x, 500)
+    kernels.set_threads(threads)
+    try:
+        assert torch.equal(kernels.csr_spmm(indptr, indices, values, x, 500), ref)
+    finally:
+        kernels.set_threads(torch.get_num_threads())

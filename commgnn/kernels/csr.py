@@ -25,10 +25,10 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from commgnn.kernels.jit import njit, prange
+from commgnn.kernels.jit import parallel_njit, prange
 
 
-@njit(parallel=True, cache=True, fastmath=False, boundscheck=False)
+@parallel_njit(cache=True, fastmath=False, boundscheck=False)
 def _spmm_rows(indptr: np.ndarray, indices: np.ndarray, values: np.ndarray, x: np.ndarray,
                out: np.ndarray) -> None:  # pragma: no cover - compiled
     m = indptr.shape[0] - 1

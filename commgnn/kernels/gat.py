@@ -40,13 +40,13 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from commgnn.kernels.jit import njit, prange
+from commgnn.kernels.jit import parallel_njit, prange
 
 SLOPE = 0.2
 """GAT's LeakyReLU negative slope (PyG's default)."""
 
 
-@njit(parallel=True, cache=True, boundscheck=False)
+@parallel_njit(cache=True, boundscheck=False)
 def _forward(indptr: np.ndarray, indices: np.ndarray, x: np.ndarray, s: np.ndarray, d: np.ndarray,
              out: np.ndarray, alpha: np.ndarray) -> None:  # pragma: no cover - compiled
     m = indptr.shape[0] - 1
@@ -78,7 +78,7 @@ def _forward(indptr: np.ndarray, indices: np.ndarray, x: np.ndarray, s: np.ndarr
                     row[k] += a * src[k]
 
 
-@njit(parallel=True, cache=True, boundscheck=False)
+@parallel_njit(cache=True, boundscheck=False)
 def _backward_targets(indptr: np.ndarray, indices: np.ndarray, x: np.ndarray, s: np.ndarray,
                       d: np.ndarray, alpha: np.ndarray, g: np.ndarray, dz: np.ndarray,
                       dd: np.ndarray) -> None:  # pragma: no cover - compiled
@@ -106,7 +106,7 @@ def _backward_targets(indptr: np.ndarray, indices: np.ndarray, x: np.ndarray, s:
             dd[i, h] = acc
 
 
-@njit(parallel=True, cache=True, boundscheck=False)
+@parallel_njit(cache=True, boundscheck=False)
 def _backward_sources(t_indptr: np.ndarray, t_rows: np.ndarray, t_perm: np.ndarray, alpha: np.ndarray,
                       g: np.ndarray, dz: np.ndarray, dx: np.ndarray, ds: np.ndarray) -> None:  # pragma: no cover
     n = t_indptr.shape[0] - 1
