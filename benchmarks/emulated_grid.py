@@ -57,9 +57,10 @@ ENTRIES: dict[str, list[str]] = {
     "powersgd-r1": ["--grad", "powersgd", "--powersgd-rank", "1"],
     "tf+q4+powersgd-r1": ["--transform-first", "--bits", "4", "--grad", "powersgd", "--powersgd-rank", "1"],
     "precompute+tf": ["--precompute", "--transform-first"],
+    "precompute+tf+q4": ["--precompute", "--transform-first", "--bits", "4"],
     "plan": [],
 }
-OPT_IN = ("precompute+tf",)
+OPT_IN = ("precompute+tf", "precompute+tf+q4")
 """Entries run only when ``--entries`` names them (the grid's default is the rest)."""
 TOLERANCE = 0.5
 
