@@ -158,8 +158,7 @@ def test_one_thread_runs_serial_kernels_and_never_starts_the_pool() -> None:
     assert out.strip().splitlines()[-1] == "no pool"
 
 
-@pytest.mark.parametrize("threads", [1, 2])
-def test_serial_and_parallel_compilations_give_the_same_bits(threads: int) -> None:
+def test_serial_and_parallel_compilations_give_the_same_bits() -> None:
     """Each output row is one thread's sum in the same order: thread count changes no bit."""
     g = torch.Generator().manual_seed(3)
     indptr = torch.cat([torch.zeros(1, dtype=torch.long), torch.randint(0, 9, (500,), generator=g).cumsum(0)])
@@ -168,7 +167,7 @@ def test_serial_and_parallel_compilations_give_the_same_bits(threads: int) -> No
     x = torch.randn(400, 33, generator=g)
     kernels.set_threads(1)
     ref = kernels.csr_spmm(indptr, indices, values, x, 500)
-    kernels.set_threads(threads)
+    kernels.set_threads(2)  # the parallel compilation (on as many threads as numba has, up to 2)
     try:
         assert torch.equal(kernels.csr_spmm(indptr, indices, values, x, 500), ref)
     finally:
