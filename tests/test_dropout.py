@@ -88,6 +88,18 @@ def test_the_seed_fixes_the_mask_and_draws_advance_the_generator():
     assert not torch.equal(a, b)  # the second call drew new words
 
 
+def test_a_given_generator_draws_the_mask_and_the_global_one_is_untouched():
+    x = torch.randn(100, 30)
+    torch.manual_seed(5)
+    state = torch.get_rng_state()
+    a = dropout(x, 0.5, True, generator=torch.Generator().manual_seed(7))
+    assert torch.equal(torch.get_rng_state(), state)  # the global stream did not advance
+    assert torch.equal(dropout(x, 0.5, True, generator=torch.Generator().manual_seed(7)), a)
+    assert not torch.equal(dropout(x, 0.5, True, generator=torch.Generator().manual_seed(8)), a)
+    torch.manual_seed(7)  # the same seed on the global generator: the same stream
+    assert torch.equal(dropout(x, 0.5, True), a)
+
+
 def test_it_keeps_a_bool_mask_where_f_dropout_keeps_float_noise():
     x = torch.randn(1000, 64, requires_grad=True)
     ours = _saved_bytes(lambda t: dropout(t, 0.5, True), x)

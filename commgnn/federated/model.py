@@ -28,6 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from commgnn.models.dropout import dropout as inverted_dropout
 from commgnn.models.graph import CSRPair, LocalGraph, spmm
 
 
@@ -93,11 +94,8 @@ class FedGCN(nn.Module):
         if cross is not None:
             h = h + cross[0]
         h = F.relu(h + self.b1)
-        if self.training and self.dropout > 0:
-            # Inverted dropout from the client's own generator: a uniform draw and a compare
-            # is 4x faster than F.dropout's Bernoulli kernel here, and needs no global seed.
-            keep = torch.rand(h.shape, generator=gen, device=h.device) >= self.dropout
-            h = h * (keep.to(h.dtype) / (1.0 - self.dropout))
+        # from the client's own generator, so that no global seed orders the clients' draws
+        h = inverted_dropout(h, self.dropout, self.training, generator=gen)
         out = spmm(adj, h @ self.w2) + self.b2
         return out + cross[1] if cross is not None else out
 

@@ -17,7 +17,8 @@ unsigned): a quarter of the draws, and no float per element. The rate that is ap
 by ``1 / (1 - p')``, so ``E[y] = x`` exactly. Measured in ``benchmarks/dropout.py``.
 
 The mask is drawn from torch's global CPU generator, as before, so a seed and a
-checkpointed generator state still fix it (resumes stay exact). It is a different stream
+checkpointed generator state still fix it (resumes stay exact); a caller with its own stream
+(a federated client's generator) passes it instead. It is a different stream
 from ``F.dropout``'s: the same seed drops other entries. On CUDA, ``torch.native_dropout``
 (which ``F.dropout`` uses there, with a bool mask, from the device's Philox generator) is
 kept as it is: ``F.dropout``'s mask and values.
@@ -57,29 +58,32 @@ def applied_rate(p: float) -> float:
     return round(p * _LANES) / _LANES
 
 
-def keep_mask(shape: torch.Size | tuple[int, ...], p: float, device: torch.device | None = None) -> Tensor:
+def keep_mask(shape: torch.Size | tuple[int, ...], p: float, device: torch.device | None = None,
+              generator: torch.Generator | None = None) -> Tensor:
     """A ``bool`` tensor of ``shape``, each entry True with probability ``1 - applied_rate(p)``,
-    from four 16-bit lanes of each 64-bit draw of the global generator."""
+    from four 16-bit lanes of each 64-bit draw of ``generator`` (default: the global one)."""
     n = 1
     for s in shape:
         n *= s
     words = torch.empty((n + 3) // 4, dtype=torch.int64, device=device)
-    words.random_(-(1 << 63), None)  # the whole int64 range: 64 uniform bits a word
+    words.random_(-(1 << 63), None, generator=generator)  # the whole int64 range: 64 uniform bits a word
     lanes = words.view(torch.int16)[:n]  # uniform over -32768..32767
     # P(lane >= t - 32768) = (65536 - t) / 65536 = 1 - p'
     return (lanes >= round(p * _LANES) - 32768).view(shape)
 
 
-def dropout(x: Tensor, p: float, training: bool) -> Tensor:
+def dropout(x: Tensor, p: float, training: bool, generator: torch.Generator | None = None) -> Tensor:
     """Inverted dropout of ``x`` (any shape) at rate ``p`` in ``[0, 1)``, with a bool mask
-    saved for the backward pass (see the module docstring for the CPU rate ``p'``)."""
+    saved for the backward pass (see the module docstring for the CPU rate ``p'``).
+    ``generator`` (on ``x``'s device) draws the mask instead of the global generator; on CUDA
+    it takes the 16-bit-lane path too, since ``native_dropout`` draws from the global one only."""
     if not training or p == 0.0:
         return x
-    if x.device.type == "cuda":
+    if x.device.type == "cuda" and generator is None:
         return torch.native_dropout(x, p, True)[0]
     q = 1.0 - applied_rate(p)
     if q == 1.0:  # p below 2^-17: nothing is dropped
         return x
     if q == 0.0:  # p above 1 - 2^-17: everything is
         return x * 0.0
-    return _KeepScale.apply(x, keep_mask(x.shape, p, x.device), 1.0 / q)
+    return _KeepScale.apply(x, keep_mask(x.shape, p, x.device, generator), 1.0 / q)
