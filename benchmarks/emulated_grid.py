@@ -133,6 +133,7 @@ def _plan(ns: argparse.Namespace, out: Path, ds: str, link: str, net: Path) -> P
         scale: float | None = None
         if ns.plan_compute_scale == "cluster":
             if not (probes / "exact" / "summary.json").is_file():  # the exact probe alone
+                probes.mkdir(parents=True, exist_ok=True)  # `commgnn plan --out` wants its folder
                 subprocess.run([*cmd, "--plans", "exact", "--out", str(probes / "exact-only.toml")], check=True)
             scale = _cluster_compute_scale(out, ds, link, probes)
         elif ns.plan_compute_scale != "probe":
