@@ -1,5 +1,6 @@
 """The models' dropout: inverted dropout at the rate asked (to 2^-17), unbiased, a 1-byte
-mask kept for backward, seeded by the global generator; the mask drawn 16 bits at a time."""
+mask kept for backward, seeded by the global generator or a given one; the mask drawn 16 bits
+at a time."""
 
 from __future__ import annotations
 
@@ -98,6 +99,18 @@ def test_a_given_generator_draws_the_mask_and_the_global_one_is_untouched():
     assert not torch.equal(dropout(x, 0.5, True, generator=torch.Generator().manual_seed(8)), a)
     torch.manual_seed(7)  # the same seed on the global generator: the same stream
     assert torch.equal(dropout(x, 0.5, True), a)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_a_cuda_generator_draws_the_mask_on_the_device():
+    x = torch.randn(100, 30, device="cuda")
+    state = torch.cuda.get_rng_state()
+    a = dropout(x, 0.5, True, generator=torch.Generator(device="cuda").manual_seed(7))
+    assert torch.equal(torch.cuda.get_rng_state(), state)
+    assert torch.equal(dropout(x, 0.5, True, generator=torch.Generator(device="cuda").manual_seed(7)), a)
+    kept = a != 0
+    assert torch.allclose(a[kept], x[kept] / (1 - applied_rate(0.5)))
 
 
 def test_it_keeps_a_bool_mask_where_f_dropout_keeps_float_noise():

@@ -21,7 +21,8 @@ checkpointed generator state still fix it (resumes stay exact); a caller with it
 (a federated client's generator) passes it instead. It is a different stream
 from ``F.dropout``'s: the same seed drops other entries. On CUDA, ``torch.native_dropout``
 (which ``F.dropout`` uses there, with a bool mask, from the device's Philox generator) is
-kept as it is: ``F.dropout``'s mask and values.
+kept as it is: ``F.dropout``'s mask and values. Given a generator, CUDA takes the 16-bit-lane
+path too (rate ``p'``), since ``native_dropout`` draws from the device's global generator only.
 
 Written here: torch has no dropout that draws fewer than one generator word per element.
 """
