@@ -14,8 +14,9 @@ table says which.
 loopback (`commgnn calibrate --parts P`): what that model leaves unexplained in the loopback
 run (`commgnn.netmodel.predict.residual_s`: waiting in collectives for peers, each
 collective's own cost) joins the emulated links' price, in its own columns: added
-(no overlap), as the larger of the two (full overlap) and as the midpoint the library
-predicts with (`commgnn.netmodel.predict.with_overhead`).
+(no overlap), as the larger of the two (full overlap) and as the library's rule
+(`commgnn.netmodel.predict.with_overhead`: half of the smaller of the residual and the
+links' price in excess of the loopback's price overlaps).
 
     sudo python benchmarks/cost_model.py --hosts 2 4 --ranks-per-host 2 --rates 1gbit 100mbit
     sudo python benchmarks/cost_model.py --hosts 4 --rates 1gbit 100mbit --layers 3 \
@@ -144,7 +145,8 @@ def main() -> None:
                             "comm_predicted_s": f"{p['predicted_comm_s']:.3f}"})
                 if entry in residual:
                     r, lo_comm = residual[entry]
-                    q = {o: predict_run(run, model, overhead_s=r, overlap=o) for o in (0.0, 1.0, OVERLAP)}
+                    q = {o: predict_run(run, model, overhead_s=r, overlap=o,
+                                        reference=lo_model if o == OVERLAP else None) for o in (0.0, 1.0, OVERLAP)}
                     row.update({"loopback_comm_s": f"{lo_comm:.3f}", "loopback_residual_s": f"{r:.3f}",
                                 "error_residual_added_%": f"{100 * q[0.0]['error']:+.1f}",
                                 "error_residual_max_%": f"{100 * q[1.0]['error']:+.1f}",
@@ -163,7 +165,8 @@ def main() -> None:
         "recorded per-pair bytes."
         + (" Residual: what the loopback model leaves unexplained in the same entry's run on P local ranks "
            "over loopback (its measured epoch less its predicted one), joined to the links' price as a sum "
-           "(added), as the larger of the two (max) or as their midpoint (`with_overhead`, the library's rule)."
+           "(added), as the larger of the two (max) or by the library's rule (`with_overhead`: half of the smaller of "
+           "the residual and the links' price in excess of the loopback's overlaps)."
            if ns.reference == "loopback" else "")])
     print(stem.with_suffix(".md").read_text())
 

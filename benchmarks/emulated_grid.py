@@ -265,7 +265,8 @@ def report(ns: argparse.Namespace, out: Path) -> None:
                 model = ClusterModel.from_dict(json.loads(net.read_text())) if net.is_file() else None
                 preds = [predict_run(p, model) for p in runs.values()] if model is not None else []
                 res = _residual(ns, out, ds, link, name, lo_model) if lo_model is not None and model else None
-                preds_res = [predict_run(p, model, overhead_s=res) for p in runs.values()] if res is not None else []
+                preds_res = [predict_run(p, model, overhead_s=res, reference=lo_model)
+                             for p in runs.values()] if res is not None else []
                 sp = {k: statistics.mean(x[k] for x in split) for k in ("compute", "comm", "idle")}
                 plan_name = ""
                 if name.partition("@")[0] == "plan":

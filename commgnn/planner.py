@@ -57,8 +57,8 @@ from commgnn.runner.config import RunConfig
 from commgnn.config import dump_toml, from_dict, set_path, to_dict
 from commgnn.errors import UserError
 from commgnn.netmodel import ClusterModel
-from commgnn.netmodel.predict import (overlapped_classes, per_epoch_traffic, pipelined, read_metrics_rows, residual_s,
-                                      with_overhead)
+from commgnn.netmodel.predict import (barriers_per_epoch, overlapped_classes, per_epoch_traffic, pipelined,
+                                      read_metrics_rows, residual_s, with_overhead)
 
 HALO_PLANS: dict[str, dict[str, Any]] = {
     "exact": {},
@@ -134,14 +134,17 @@ def measured_compute_scale(run_dir: Path, P: int) -> float:
 
 
 def _score(run_dir: Path, model: ClusterModel, compute_scale: float, overhead_s: float = 0.0,
-           shared_cores: bool = False) -> tuple[list[float], list[float], float, float, float]:
+           shared_cores: bool = False, reference: ClusterModel | None = None,
+           ) -> tuple[list[float], list[float], float, float, float]:
     """Per-epoch validation accuracies, predicted cumulative seconds (set-up first),
     predicted comm s/epoch, bytes per epoch and the predicted set-up seconds of a probe run;
-    ``overhead_s`` joins every epoch's priced communication (``with_overhead``);
+    ``overhead_s`` joins every epoch's priced communication (``with_overhead``; with the
+    probes' link model ``reference``, only the price in excess of that link's hides it);
     ``shared_cores``: no epoch is shorter than the probe's own (see :func:`plan`)."""
     rows = read_metrics_rows(run_dir)
     pairs, calls = per_epoch_traffic(run_dir)
-    comm = model.predict_epoch(0.0, pairs, calls)["comm"]
+    barriers = barriers_per_epoch(rows)
+    comm = model.predict_epoch(0.0, pairs, calls, barriers=barriers)["comm"]
     # set-up (a precomputed aggregation, a filled cache) counts, as in time_to_best_val_s;
     # it is mostly compute here, so it takes the compute scale
     setup = compute_scale * float(_summary(run_dir).get("setup_s", 0.0))
@@ -151,8 +154,13 @@ def _score(run_dir: Path, model: ClusterModel, compute_scale: float, overhead_s:
         b = r["time_busiest_s"]
         compute = compute_scale * (b["compute"] + b.get("sample", 0.0))
         # a pipelined plan's stale epochs hide their halo exchange behind compute
-        exposed = model.predict_epoch(compute, pairs, calls, overlapped_classes(r, is_pipelined))["epoch"] - compute
-        epoch = compute + with_overhead(exposed, overhead_s)
+        stale = overlapped_classes(r, is_pipelined)
+        exposed = model.predict_epoch(compute, pairs, calls, stale, barriers=barriers)["epoch"] - compute
+        hide = None
+        if reference is not None and overhead_s > 0:
+            hide = max(exposed - (reference.predict_epoch(compute, pairs, calls, stale, barriers=barriers)["epoch"]
+                                  - compute), 0.0)
+        epoch = compute + with_overhead(exposed, overhead_s, overlappable_s=hide)
         if shared_cores:  # all ranks' work on the same cores, as in the probe
             epoch = max(epoch, b["compute"] + b.get("sample", 0.0))
         t += epoch
@@ -258,7 +266,7 @@ def plan(base: RunConfig, model: ClusterModel, *, tolerance: float, probe_epochs
                     overheads[name] = scale * residual_s(run_dir, probe_model) if probe_model is not None else 0.0
                 except ValueError as exc:  # a probe of one epoch has nothing to compare
                     raise UserError(f"--probe-net: cannot price probe {name!r}: {exc}") from None
-                curves[name] = (levers, *_score(run_dir, model, scale, overheads[name], shared_cores))
+                curves[name] = (levers, *_score(run_dir, model, scale, overheads[name], shared_cores, probe_model))
 
             price(out)
             if auto and name == "exact":

@@ -52,6 +52,10 @@ def test_a_probe_is_scored_with_the_measured_compute_scale_and_its_set_up(tmp_pa
     step = with_overhead(comm, 0.3) - comm
     assert step == pytest.approx(0.3 - comm / 2)
     assert joined[0] == pytest.approx(cum[0] + step) and joined[1] == pytest.approx(cum[1] + 2 * step)
+    # priced beside the probes' own link (the same model here): no excess price hides the
+    # overhead, so it adds in full
+    beside = _score(tmp_path, m, scale, 0.3, reference=m)[1]
+    assert beside[0] == pytest.approx(cum[0] + 0.3) and beside[1] == pytest.approx(cum[1] + 0.6)
     # hosts that share the probes' cores: no epoch is shorter than the probe's own compute
     # (0.8 s here, against 0.25 x 0.8 + comm priced with scaled compute)
     floored = _score(tmp_path, m, scale, shared_cores=True)[1]
@@ -226,7 +230,7 @@ def test_an_auto_probe_cheaper_than_exacts_time_is_probed_again_longer(tmp_path,
     # exact: 1 s an epoch, best 0.80 at epoch 10 (the patience ends its probe there)
     # 8-bit: 0.1 s an epoch, climbing 0.01 an epoch from 0.50: 0.795 only at epoch 30
     # 4-bit: 2 s an epoch, never above 0.70
-    def fake_score(out, model, compute_scale, overhead_s=0.0, shared_cores=False):
+    def fake_score(out, model, compute_scale, overhead_s=0.0, shared_cores=False, reference=None):
         n = tomllib.loads((out / "config.toml").read_text())["train"]["epochs"]
         if out.name == "exact":
             n = 10

@@ -20,7 +20,7 @@ from commgnn.errors import UserError
 
 
 def add_parser(sub: Any) -> None:
-    c = sub.add_parser("calibrate", help="ping-pong and all-to-all microbenchmark: the links' alpha-beta model")
+    c = sub.add_parser("calibrate", help="ping-pong, all-to-all and all-reduce microbenchmark: the links' alpha-beta model")
     c.add_argument("--out", required=True, help="JSON file to write the fitted model to")
     c.add_argument("--parts", type=int, default=2, help="local ranks when not under torchrun (default: 2)")
     c.add_argument("--timeout", type=float, default=300.0, help="collective time-out, s (default: 300)")
@@ -43,7 +43,8 @@ def _rank(info: Any, out: str, timeout_s: float, sizes: list[int] | None) -> Non
     from commgnn.netmodel.calibrate import calibrate
 
     ctx = init_distributed(info, RuntimeConfig(parts=info.world_size, timeout_s=timeout_s, threads=1))
-    model = calibrate(ctx, info.local_world_size, **({"sizes": sizes, "a2a_sizes": sizes[-2:]} if sizes else {}))
+    given = {"sizes": sizes, "a2a_sizes": sizes[-2:], "ar_sizes": sorted({4_000, *sizes[-2:]})} if sizes else {}
+    model = calibrate(ctx, info.local_world_size, **given)
     if ctx.is_main:
         tmp = Path(out).with_suffix(".tmp")
         tmp.write_text(json.dumps(model.to_dict(), indent=1) + "\n")
@@ -61,6 +62,14 @@ def describe(d: dict[str, Any]) -> str:
     if a2a:
         for n, m, p in zip(a2a["sizes"], a2a["measured_s"], a2a["predicted_s"]):
             lines.append(f"  all-to-all {n / 1e3:g} kB/peer: measured {m * 1e3:.2f} ms, model {p * 1e3:.2f} ms")
+    ar = d.get("fits", {}).get("all_reduce")
+    if ar:
+        for n, m, r in zip(ar["sizes"], ar["measured_s"], ar["ring_s"]):
+            lines.append(f"  all-reduce {n / 1e3:g} kB: measured {m * 1e3:.2f} ms, ring over the links {r * 1e3:.2f} ms")
+    if d.get("scalar_allreduce_s") is not None:
+        lines.append(f"  all-reduce of 4 scalars: {d['scalar_allreduce_s'] * 1e3:.2f} ms")
+    if d.get("barrier_s") is not None:
+        lines.append(f"  barrier: {d['barrier_s'] * 1e3:.2f} ms")
     return "\n".join(lines)
 
 

@@ -1,4 +1,4 @@
-"""The calibration microbenchmark: ping-pong and all-to-all at several sizes, fitted.
+"""The calibration microbenchmark: ping-pong, all-to-all, all-reduce and barrier, fitted.
 
 Written by hand over ``torch.distributed`` point-to-point and ``all_to_all_single``. All
 ranks call :func:`calibrate` together. Rank 0 ping-pongs with rank 1 (same host, when a
@@ -6,8 +6,17 @@ host has two ranks or more) and with the first rank of host 1 (another host); th
 time of ``n`` bytes is half the median round trip. Each link class is fitted to
 ``alpha + n * beta`` (:func:`commgnn.netmodel.model.fit_link`). Then every rank sends
 ``n`` bytes to every other rank in one ``all_to_all_single`` (slowest rank's median time),
-the largest size calibrates ``collective_factor`` (measured over the links' prediction);
-every size's measurement and prediction are kept in ``fits`` for the record. Under NCCL
+the sizes' (links' price, measured) pairs are the model's all-to-all curve
+(``a2a_points``), and the largest size calibrates ``collective_factor`` (measured over the
+links' prediction; files without a curve use it); every size's measurement and prediction
+are kept in ``fits`` for the record. Last, every
+rank all-reduces ``n`` bytes (float32) at a few sizes, fitted to ``alpha + n * beta`` as
+the model's ``allreduce`` (whatever algorithm the backend runs; the links' ring price is
+kept beside it in ``fits``); the trainer's scalar all-reduce (4 float64) is timed apart as
+``scalar_allreduce_s``, and a barrier as ``barrier_s``. Why apart: gloo's ring cuts a
+tensor into two segments per rank and skips the empty ones, so a tensor of fewer than
+``2 P`` elements takes fewer steps (measured on 4 emulated hosts x 2 ranks at 100 Mbit/s +
+5 ms: 4 float64 took 45-50 ms, 16 float32 148 ms, 215 kB 160 ms). Under NCCL
 the buffers are device tensors and every timing waits for the device; under gloo they are
 host tensors.
 """
@@ -17,7 +26,7 @@ from __future__ import annotations
 import statistics
 import time
 from dataclasses import replace
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 import torch.distributed as dist
@@ -27,6 +36,11 @@ from commgnn.netmodel.model import ClusterModel, Link, fit_link
 
 PINGPONG_SIZES = (1_000, 10_000, 100_000, 1_000_000, 4_000_000)
 A2A_SIZES = (10_000, 100_000, 1_000_000)
+AR_SIZES = (4_000, 100_000, 1_000_000, 4_000_000)
+"""All-reduce payloads per rank (bytes, float32), from a bias vector to a large model's
+gradient; the slope comes from the two largest, where bytes dominate."""
+SCALARS = 4
+"""Elements (float64) of the trainer's scalar all-reduce: the loss and three accuracy counts."""
 
 
 def _reps(nbytes: int) -> int:
@@ -82,8 +96,35 @@ def _all_to_all(ctx: DistContext, sizes: Sequence[int]) -> list[float]:
     return out
 
 
+def _timed(ctx: DistContext, op: Callable[[], Any], reps: int) -> float:
+    """Slowest rank's median seconds of ``op`` (a collective every rank runs), each try
+    started from a barrier; the first try (buffers, connections) is dropped."""
+    times = []
+    for rep in range(reps + 1):
+        ctx.barrier()
+        t0 = time.perf_counter()
+        op()
+        _settle(ctx.comm_device)
+        if rep:
+            times.append(time.perf_counter() - t0)
+    t = torch.tensor([statistics.median(times)], dtype=torch.float64)
+    return float(ctx.all_reduce(t, "max")[0])
+
+
+def _all_reduce(ctx: DistContext, sizes: Sequence[int]) -> list[float]:
+    """Slowest rank's median seconds of one all-reduce of ``n`` bytes (float32) per size
+    (at least 10 tries up to 1 MB and 5 above: on fast links the fit's slope is a small
+    difference of two medians)."""
+    out = []
+    for n in sizes:
+        buf = torch.zeros(max(n // 4, 1), dtype=torch.float32, device=ctx.comm_device)
+        reps = max(_reps(n), 10 if n <= 1_000_000 else 5)
+        out.append(_timed(ctx, lambda: dist.all_reduce(buf, group=ctx.group), reps))
+    return out
+
+
 def calibrate(ctx: DistContext, ranks_per_host: int, *, sizes: Sequence[int] = PINGPONG_SIZES,
-              a2a_sizes: Sequence[int] = A2A_SIZES) -> ClusterModel:
+              a2a_sizes: Sequence[int] = A2A_SIZES, ar_sizes: Sequence[int] = AR_SIZES) -> ClusterModel:
     """Measure and fit this job's links (all ranks call it; every rank gets the model)."""
     P, R = ctx.world_size, ranks_per_host
     if P < 2:
@@ -112,7 +153,19 @@ def calibrate(ctx: DistContext, ranks_per_host: int, *, sizes: Sequence[int] = P
     # the factor from the largest size, where the volume term dominates
     factor = max((measured[-1] - latency) / max(links_only.collective_s(matrices[-1]) - latency, 1e-12), 0.1)
     model = replace(links_only, collective_factor=factor, source="calibrated", fits=fits)
+    links_s = [links_only.collective_s(B) for B in matrices]
     fits["all_to_all"] = {"sizes": list(a2a_sizes), "measured_s": measured,
-                          "predicted_s": [model.collective_s(B) for B in matrices],
-                          "links_only_s": [links_only.collective_s(B) for B in matrices]}
-    return model
+                          "predicted_s": [model.collective_s(B) for B in matrices],  # by the one factor
+                          "links_only_s": links_s}
+    model = replace(model, a2a_points=tuple(sorted(zip(links_s, measured))))
+    ar = _all_reduce(ctx, ar_sizes)
+    allreduce, resid = fit_link(ar_sizes, ar)
+    scalars = torch.zeros(SCALARS, dtype=torch.float64, device=ctx.comm_device)
+    scalar = _timed(ctx, lambda: dist.all_reduce(scalars, group=ctx.group), _reps(0))
+    barrier = _timed(ctx, ctx.barrier, _reps(0))
+    fits["all_reduce"] = {"sizes": list(ar_sizes), "measured_s": ar, "max_rel_residual": resid,
+                          "ring_s": [links_only.allreduce_s(n) for n in ar_sizes]}
+    fits["scalar_all_reduce"] = {"elements": SCALARS, "measured_s": scalar,
+                                 "ring_s": links_only.allreduce_s(8.0 * SCALARS)}
+    fits["barrier"] = {"measured_s": barrier, "ring_s": links_only.allreduce_s(0.0)}
+    return replace(model, allreduce=allreduce, scalar_allreduce_s=scalar, barrier_s=barrier)

@@ -3,11 +3,13 @@
 Inputs, all from the run directory: ``bytes_by_pair`` (``[P, P]`` per traffic class, the
 whole run), ``bytes_by_layer`` (how many collectives per epoch carry each class: one per
 layer with bytes), the epochs' byte totals (to take set-up traffic out), and each epoch's
-busiest-rank compute (``time_busiest_s``). Gradient sync and control traffic are ring
-all-reduces: ``grad_sync`` one per optimiser step (one an epoch in full-graph training,
-``steps`` in mini-batch training); ``control`` three latency-bound collectives an epoch (the
-all-reduce of loss and accuracy counts, the barrier before gradient sync and the meter's
-all-gather, priced alike). A mini-batch run's feature fetch is a request-reply round every
+busiest-rank compute (``time_busiest_s``). Gradient sync and control traffic are
+all-reduces (:meth:`ClusterModel.allreduce_s`): ``grad_sync`` per optimiser step (one an
+epoch in full-graph training, ``steps`` in mini-batch training) as many as the strategy
+issues (:func:`grad_allreduces_per_step`: torch's PowerSGD hook three, the rank-1 tensors,
+P and Q); ``control`` one an epoch (loss and accuracy counts). A full-graph epoch also
+holds one barrier (before gradient sync). The meter's all-gather runs after an epoch's
+clock stops and is not priced. A mini-batch run's feature fetch is a request-reply round every
 step (``fetch_ids``: the count exchange and the ids, two all-to-alls; ``fetch_rows``: one),
 and owner-side sampling one round per layer and step (``topology``). A pipelined halo
 exchange (``staleness.mode = "pipeline"``) overlaps compute in the epochs that ran stale
@@ -48,7 +50,11 @@ import torch
 
 from commgnn.netmodel.model import ClusterModel
 
-ALLREDUCE_CALLS = {"grad_sync": 1, "control": 3}
+ALLREDUCE_CALLS = {"grad_sync": 1, "control": 1}
+"""All-reduces per step (``grad_sync``, before :func:`grad_allreduces_per_step`) and per
+epoch (``control``)."""
+BARRIERS_FULLGRAPH = 1
+"""Barriers in a full-graph epoch (the wait for the slowest rank before gradient sync)."""
 MINIBATCH_ROUNDS = {"fetch_ids": 2, "fetch_rows": 1, "topology": 3}
 """All-to-alls per step (per layer for ``topology``: counts, ids, sampled neighbours)."""
 
@@ -92,6 +98,33 @@ def overlapped_classes(row: Mapping[str, Any], is_pipelined: bool) -> tuple[str,
     return PIPELINED if stale else ()
 
 
+def grad_allreduces_per_step(grad: Mapping[str, Any], total_steps: int) -> float:
+    """Mean all-reduces a gradient sync issues per optimiser step over ``total_steps``,
+    for the run's ``[comm.grad]`` table.
+
+    ``powersgd``: torch's hook all-reduces the rank-1 tensors, then P, then Q (3) after
+    ``start_iter`` plain steps (1); ``localsgd``: a plain all-reduce for ``start_iter``
+    steps, then one model average every ``period``; ``fp16`` (and PowerSGD's ``half``) add
+    the prescale's scalar all-reduce (:mod:`commgnn.comm.grad.prescale`, on unless turned
+    off). Strategies that all-gather compressed payloads count as one."""
+    strategy = grad.get("strategy", "allreduce")
+    start = min(max(2, int(grad.get("start_iter", 10))), max(total_steps, 1))
+    later = max(total_steps - start, 0)
+    prescale = grad.get("prescale", None) is not False
+    if strategy == "powersgd":
+        per = 3 + (1 if grad.get("half", False) and prescale else 0)
+        return (start + per * later) / max(total_steps, 1)
+    if strategy == "localsgd":
+        return (start + later / max(int(grad.get("period", 4)), 1)) / max(total_steps, 1)
+    return 2.0 if strategy == "fp16" and prescale else 1.0
+
+
+def barriers_per_epoch(rows: list[dict[str, Any]]) -> int:
+    """Barriers in one epoch of a run whose epoch log is ``rows``: a full-graph epoch has
+    one, a mini-batch epoch (its rows log ``steps``) none."""
+    return 0 if rows and rows[0].get("steps") else BARRIERS_FULLGRAPH
+
+
 def per_epoch_traffic(run_dir: Path) -> tuple[dict[str, torch.Tensor], dict[str, float]]:
     """``[P, P]`` bytes per class in one (mean) epoch, and collectives per class per epoch
     (negative: ring all-reduces)."""
@@ -109,8 +142,11 @@ def per_epoch_traffic(run_dir: Path) -> tuple[dict[str, torch.Tensor], dict[str,
         pairs[c] = B * (in_epochs / total) / n  # set-up traffic is not an epoch's
         layers = summary["bytes_by_layer"].get(c, {})
         with_bytes = float(sum(1 for k, v in layers.items() if k != "other" and v > 0) or 1)
-        if c in ALLREDUCE_CALLS:
-            calls[c] = -ALLREDUCE_CALLS[c] * (steps if steps and c == "grad_sync" else 1)
+        if c == "grad_sync":
+            per_step = grad_allreduces_per_step(_config(run_dir).get("comm", {}).get("grad", {}), n * (steps or 1))
+            calls[c] = -ALLREDUCE_CALLS[c] * per_step * (steps or 1)
+        elif c in ALLREDUCE_CALLS:
+            calls[c] = -ALLREDUCE_CALLS[c]
         elif steps and c in MINIBATCH_ROUNDS:
             calls[c] = float(steps * MINIBATCH_ROUNDS[c] * (_layers(run_dir) if c == "topology" else 1))
         else:
@@ -123,26 +159,44 @@ OVERLAP = 0.5
 hides the smaller). The midpoint of the two bounds; see the module docstring."""
 
 
-def with_overhead(exposed_s: float, overhead_s: float, overlap: float = OVERLAP) -> float:
+def with_overhead(exposed_s: float, overhead_s: float, overlap: float = OVERLAP, *,
+                  overlappable_s: float | None = None) -> float:
     """Seconds of an epoch's communication: ``exposed_s`` priced on the links (after any
     pipelined overlap) and ``overhead_s`` the links do not explain (:func:`residual_s`),
-    overlapping by ``overlap * min(exposed_s, overhead_s)``.
+    overlapping by ``overlap * min(overlappable_s, overhead_s)``.
 
-    ``overlap = 0`` gives ``exposed + overhead``, ``1`` gives ``max(exposed, overhead)``."""
+    ``overlappable_s``: the part of ``exposed_s`` that can hide the overhead, by default
+    all of it; :func:`predict_run` passes the link's price in excess of the reference
+    link's (where the residual was measured), so that the reference run is predicted as
+    measured. ``overlap = 0`` gives ``exposed + overhead``, ``1`` with the default gives
+    ``max(exposed, overhead)``."""
     if not 0.0 <= overlap <= 1.0:  # NaN too
         raise ValueError(f"overlap must be in [0, 1], got {overlap}")
     if not overhead_s >= 0:
         raise ValueError(f"overhead_s must be >= 0, got {overhead_s}")
-    return exposed_s + overhead_s - overlap * min(max(exposed_s, 0.0), overhead_s)
+    hide = exposed_s if overlappable_s is None else min(overlappable_s, exposed_s)
+    return exposed_s + overhead_s - overlap * min(max(hide, 0.0), overhead_s)
+
+
+def _exposed(model: ClusterModel, compute: float, pairs: Mapping[str, torch.Tensor], calls: Mapping[str, float],
+             barriers: int, stale: list[tuple[str, ...]]) -> float:
+    """Priced communication seconds an epoch does not hide (the mean over epochs whose
+    ``stale`` classes ran behind compute)."""
+    if not any(stale):
+        return model.predict_epoch(compute, pairs, calls, barriers=barriers)["comm"]
+    return statistics.mean(model.predict_epoch(compute, pairs, calls, o, barriers=barriers)["epoch"] - compute
+                           for o in stale)
 
 
 def predict_run(run_dir: Path | str, model: ClusterModel, *, overhead_s: float = 0.0,
-                overlap: float = OVERLAP) -> dict[str, Any]:
+                overlap: float = OVERLAP, reference: ClusterModel | None = None) -> dict[str, Any]:
     """Measured and predicted seconds per epoch (means over epochs 2..n) for ``run_dir``.
 
     ``overhead_s``: seconds per epoch the links do not explain, measured on a reference
     run (:func:`residual_s`), combined with the priced link time by :func:`with_overhead`
-    (``overlap``) and reported as ``overhead_s``."""
+    (``overlap``) and reported as ``overhead_s``. ``reference``: the model of the link the
+    overhead was measured on; then only the link's price in excess of that link's price
+    for the same traffic overlaps the overhead (without it, all of the price may)."""
     with_overhead(0.0, overhead_s, overlap)  # validates both
     run_dir = Path(run_dir)
     rows = read_metrics_rows(run_dir)
@@ -154,13 +208,19 @@ def predict_run(run_dir: Path | str, model: ClusterModel, *, overhead_s: float =
     pairs, calls = per_epoch_traffic(run_dir)
     later = rows[1:]
     compute = statistics.mean(r["time_busiest_s"]["compute"] + r["time_busiest_s"].get("sample", 0.0) for r in later)
-    pred = model.predict_epoch(compute, pairs, calls)
+    barriers = barriers_per_epoch(rows)
+    pred = model.predict_epoch(compute, pairs, calls, barriers=barriers)
     is_pipelined = pipelined(run_dir)
     stale = [overlapped_classes(r, is_pipelined) for r in later]
-    if any(stale):  # the mean over epochs, each priced with or without its overlap
-        pred["hidden"] = statistics.mean(model.predict_epoch(compute, pairs, calls, o)["hidden"] for o in stale)
-        pred["epoch"] = compute + pred["comm"] - pred["hidden"]
-    pred["epoch"] = compute + with_overhead(pred["epoch"] - compute, overhead_s, overlap)
+    pred["hidden"] = pred["comm"] - _exposed(model, compute, pairs, calls, barriers, stale)
+    pred["epoch"] = compute + pred["comm"] - pred["hidden"]
+    exposed = pred["epoch"] - compute
+    hide = None
+    if reference is not None and overhead_s > 0:
+        if reference.world_size != model.world_size:
+            raise ValueError(f"the reference model has {reference.world_size} ranks; the model {model.world_size}")
+        hide = max(exposed - _exposed(reference, compute, pairs, calls, barriers, stale), 0.0)
+    pred["epoch"] = compute + with_overhead(exposed, overhead_s, overlap, overlappable_s=hide)
     measured = statistics.mean(r["epoch_s"] for r in later)
     comm_measured = statistics.mean(r["time_busiest_s"]["comm"] + r["time_busiest_s"].get("fetch", 0.0)
                                     for r in later)

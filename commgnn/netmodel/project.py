@@ -9,7 +9,8 @@ and prices an epoch's traffic on a written :class:`ClusterModel`:
   ``bits`` per value (quantized rows carry the codec's header); ``halo_bwd``: the
   gradients of layers 1..L-1 go back, ``V^T``; ``halo_eval``: one fp32 pass per epoch at
   the same widths;
-* ``grad_sync``: one ring all-reduce of the parameters (fp32), ``control``: 3 tiny ones;
+* ``grad_sync``: one all-reduce of the parameters (fp32), ``control``: one tiny one, and
+  one barrier (as :mod:`commgnn.netmodel.predict` prices a full-graph run);
 * compute: measured ``compute_ref_s`` (one rank's forward and backward alone, e.g. a run's
   ``compute_alone_s``) at ``P_ref`` ranks, scaled by the busiest rank's work
   ``n_r (F + (L-1) h) h + e_r h L`` (dense transforms plus aggregation) at P over that at
@@ -85,8 +86,8 @@ def project_epoch(edge_index: Tensor, num_nodes: int, model: ClusterModel, *, F:
     traffic = epoch_traffic(V, F=F, h=h, L=L, params=params, levers=levers)
     calls = {"halo_fwd": L - (1 if levers.precompute else 0), "halo_bwd": L - 1,
              "halo_eval": L - (1 if levers.precompute else 0),
-             "grad_sync": -1, "control": -3}
+             "grad_sync": -1, "control": -1}
     compute = compute_ref_s * float(work(edge_index, parts, P, F, h, L).max()) / work_ref
-    pred = model.predict_epoch(compute, traffic, calls)
+    pred = model.predict_epoch(compute, traffic, calls, barriers=1)
     pred["bytes"] = float(sum(float(B.sum()) for B in traffic.values()))
     return pred
