@@ -151,6 +151,12 @@ TWIN_EPOCHS = 6
 """Epochs of a loopback twin (``--residual``): the first is left out, as in every comparison."""
 
 
+def twin_dir(out: Path, ds: str, link: str, base: str, P: int, layers: int, hidden: int) -> Path:
+    """Where entry ``base``'s loopback twin lives (a plan's twin: the plan that link chose)."""
+    slug = f"plan-{link.replace('+', '-')}" if base == "plan" else re.sub(r"[^A-Za-z0-9]+", "-", base)
+    return out / f"loopback-P{P}-{ds}-L{layers}x{hidden}-e{TWIN_EPOCHS}-{slug}-twin"
+
+
 def _residual(ns: argparse.Namespace, out: Path, ds: str, link: str, name: str, lo_model: ClusterModel) -> float:
     """Seconds per epoch the calibrated links leave unexplained for this entry's
     configuration: its loopback twin (the same flags on P local ranks, TWIN_EPOCHS epochs,
@@ -159,10 +165,8 @@ def _residual(ns: argparse.Namespace, out: Path, ds: str, link: str, name: str, 
     the plan file that link chose."""
     P = ns.hosts * ns.ranks_per_host
     base, _ = _entry(name, ns.epochs)
-    extra, slug = ENTRIES[base], re.sub(r"[^A-Za-z0-9]+", "-", base)
-    if base == "plan":
-        extra, slug = ["--config", str(out / f"{ds}-{link}-plan.toml")], f"plan-{link.replace('+', '-')}"
-    twin = out / f"loopback-P{P}-{ds}-L{ns.layers}x{ns.hidden}-e{TWIN_EPOCHS}-{slug}-twin"
+    extra = ["--config", str(out / f"{ds}-{link}-plan.toml")] if base == "plan" else ENTRIES[base]
+    twin = twin_dir(out, ds, link, base, P, ns.layers, ns.hidden)
     if not (twin / "summary.json").is_file():
         subprocess.run(["rm", "-rf", str(twin)], check=True)
         subprocess.run([sys.executable, "-m", "commgnn", "train", *extra, "--dataset", ds, "--data-root", ns.root,
