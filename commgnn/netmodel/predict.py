@@ -32,10 +32,15 @@ How it adds (:func:`with_overhead`). The waiting and the transfers are not indep
 a slow link the ranks sit in transfers, so the cores are free and late peers catch up while
 bytes are on the wire. Adding the two (no overlap) bounds the epoch from above; taking the
 larger (one hides the other) bounds it from below. The prediction takes the midpoint,
-``link + residual - min(link, residual) / 2``. On the 36 emulated runs of 2026-12-03/04 (CS
-and Computers; 2 and 4 hosts; 1 Gbit/s, 100 Mbit/s, 100 Mbit/s + 5 ms; three plans) the sum
-erred by -11.1..+22.8%, the maximum by -19.0..+6.4% and the midpoint by -12.1..+12.8%
-(`benchmarks/results/2026-12-04-cost-model-overlap.md`, where held-out runs test it).
+``link + residual - min(hide, residual) / 2``, where ``hide`` is the link's price in excess
+of the reference link's price for the same traffic (``predict_run(..., reference=...)``;
+without a reference, all of the link's price): only the extra wire time frees the cores,
+and the reference run itself is then predicted as measured. On the 36 emulated runs of
+2026-12-03/04 the sum erred by -11.1..+22.8%, the maximum by -19.0..+6.4% and the midpoint
+over the whole price by -12.1..+12.8% (`benchmarks/results/2026-12-04-cost-model-overlap.md`,
+under the model of that day). On the 29 stored grid entries of 2026-12-05 (3 seeds each;
+`benchmarks/results/2026-12-05-cost-model-grids.md`) the current model with the residual
+is within -14.7..+15.9%.
 """
 
 from __future__ import annotations
