@@ -13,10 +13,10 @@ are kept in ``fits`` for the record. Last, every
 rank all-reduces ``n`` bytes (float32) at a few sizes, fitted to ``alpha + n * beta`` as
 the model's ``allreduce`` (whatever algorithm the backend runs; the links' ring price is
 kept beside it in ``fits``); the trainer's scalar all-reduce (4 float64) is timed apart as
-``scalar_allreduce_s``, and a barrier as ``barrier_s``. Why apart: gloo's ring cuts a
-tensor into two segments per rank and skips the empty ones, so a tensor of fewer than
-``2 P`` elements takes fewer steps (measured on 4 emulated hosts x 2 ranks at 100 Mbit/s +
-5 ms: 4 float64 took 45-50 ms, 16 float32 148 ms, 215 kB 160 ms). Under NCCL
+``scalar_allreduce_s``, and a barrier as ``barrier_s``. Why apart: a tensor of a few
+elements need not cost what the fit gives a few bytes (measured on 4 emulated hosts x 2
+ranks at 100 Mbit/s + 5 ms under gloo: 4 float64 took 45-50 ms, 16 float32 148 ms, 215 kB
+160 ms; the cause inside gloo was not examined). Under NCCL
 the buffers are device tensors and every timing waits for the device; under gloo they are
 host tensors.
 """
