@@ -34,9 +34,9 @@ bytes are on the wire. Adding the two (no overlap) bounds the epoch from above; 
 larger (one hides the other) bounds it from below. The prediction takes the midpoint,
 ``link + residual - min(hide, residual) / 2``, where ``hide`` is the link's price in excess
 of the reference link's price for the same traffic (``predict_run(..., reference=...)``;
-without a reference, all of the link's price): only the extra wire time frees the cores,
-and the reference run itself is then predicted as measured (the model's assumption, tested
-only through the validation below). On the 36 emulated runs of
+without a reference, all of the link's price): only the extra wire time frees the cores
+(the model's assumption, tested only through the validation below), and the reference run
+itself is then predicted as measured. On the 36 emulated runs of
 2026-12-03/04 the sum erred by -11.1..+22.8%, the maximum by -19.0..+6.4% and the midpoint
 over the whole price by -12.1..+12.8% (`benchmarks/results/2026-12-04-cost-model-overlap.md`,
 under the model of that day). On the 29 stored grid entries of 2026-12-05 (3 seeds each;
