@@ -50,14 +50,25 @@ def _grafted(model: ClusterModel, donor: Path | None) -> ClusterModel:
                                           if k in d.fits}})
 
 
-def _errors(seeds: list[Path], model: ClusterModel, twin: Path, lo: ClusterModel) -> tuple[float, float, float]:
-    """Mean error (%) over seeds, links only and with the twin's residual; the residual."""
-    links = statistics.mean(predict_run(s, model)["error"] for s in seeds)
-    res = residual_s(twin, lo) if (twin / "summary.json").is_file() else float("nan")
-    if res != res:
-        return 100 * links, float("nan"), res
-    full = statistics.mean(predict_run(s, model, overhead_s=res, reference=lo)["error"] for s in seeds)
-    return 100 * links, 100 * full, res
+def _errors(seeds: list[Path], model: ClusterModel, twin: Path, lo: ClusterModel) -> dict[str, Any]:
+    """Mean measured epoch and errors (%) over ``seeds``, links only and with the twin's
+    residual (None without a twin), and the residual."""
+    plain = [predict_run(s, model) for s in seeds]
+    out = {"measured": statistics.mean(p["measured_epoch_s"] for p in plain),
+           "links": 100 * statistics.mean(p["error"] for p in plain), "full": None, "residual": None}
+    if (twin / "summary.json").is_file():
+        res = residual_s(twin, lo)
+        out["full"] = 100 * statistics.mean(predict_run(s, model, overhead_s=res, reference=lo)["error"] for s in seeds)
+        out["residual"] = res
+    return out
+
+
+def _pct(x: float | None) -> str:
+    return "—" if x is None else f"{x:+.1f}"
+
+
+def _sec(x: float | None) -> str:
+    return "—" if x is None else f"{x:.3f}"
 
 
 def main() -> None:
@@ -82,6 +93,8 @@ def main() -> None:
     lo = _grafted(_load(out / f"loopback-parts{P}-net.json"), donor("loopback"))
     lo_new = _load(ns.calibrations / "loopback.json") if ns.calibrations else None
     rows: list[dict[str, Any]] = []
+    full: list[float | None] = []
+    full2: list[float | None] = []
     for ds in ns.datasets:
         for link in ns.links:
             net, runs = out / f"{ds}-{link}-net.json", out / ds / link
@@ -94,22 +107,26 @@ def main() -> None:
                 if not seeds:
                     continue
                 twin = twin_dir(out, ds, link, entry.name.split("@")[0], P, ns.layers, ns.hidden)
-                links, full, res = _errors(seeds, model, twin, lo)
+                e = _errors(seeds, model, twin, lo)
                 row = {"graph": ds, "link": link, "entry": entry.name, "seeds": len(seeds),
-                       "measured epoch s": f"{statistics.mean(predict_run(s, model)['measured_epoch_s'] for s in seeds):.3f}",
-                       "links only %": f"{links:+.1f}", "+ residual %": f"{full:+.1f}", "residual s": f"{res:.3f}"}
+                       "measured epoch s": f"{e['measured']:.3f}", "links only %": _pct(e["links"]),
+                       "+ residual %": _pct(e["full"]), "residual s": _sec(e["residual"])}
+                full.append(e["full"])
                 if fresh is not None and lo_new is not None:
-                    links2, full2, res2 = _errors(seeds, fresh, twin, lo_new)
-                    row.update({"recalibrated: links only %": f"{links2:+.1f}",
-                                "recalibrated: + residual %": f"{full2:+.1f}", "recalibrated: residual s": f"{res2:.3f}"})
+                    e2 = _errors(seeds, fresh, twin, lo_new)
+                    row.update({"recalibrated: links only %": _pct(e2["links"]),
+                                "recalibrated: + residual %": _pct(e2["full"]),
+                                "recalibrated: residual s": _sec(e2["residual"])})
+                    full2.append(e2["full"])
                 rows.append(row)
     if not rows:
         raise SystemExit(f"{out}: no grid runs with calibrations for {ns.datasets} x {ns.links}")
-    full_errs = [float(r["+ residual %"]) for r in rows if r["+ residual %"] != "+nan"]
-    summary = [f"With the residual, as run: {min(full_errs):+.1f}% to {max(full_errs):+.1f}% over {len(full_errs)} rows."]
-    if ns.calibrations:
-        errs2 = [float(r["recalibrated: + residual %"]) for r in rows if r["recalibrated: + residual %"] != "+nan"]
-        summary.append(f"Recalibrated: {min(errs2):+.1f}% to {max(errs2):+.1f}%.")
+    done = [x for x in full if x is not None]
+    summary = [f"With the residual, as run: {min(done):+.1f}% to {max(done):+.1f}% over {len(done)} rows."
+               if done else "No loopback twins: no residual."]
+    done2 = [x for x in full2 if x is not None]
+    if done2:
+        summary.append(f"Recalibrated: {min(done2):+.1f}% to {max(done2):+.1f}%.")
     stamp = ns.stamp or datetime.date.today().isoformat()
     stem = Path(__file__).resolve().parent / "results" / f"{stamp}-cost-model{'-' + ns.tag if ns.tag else ''}"
     write_table(rows, stem, f"The cost model on the stored emulated-grid runs ({stamp})", [

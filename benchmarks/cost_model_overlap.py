@@ -7,7 +7,9 @@ its bytes and the loopback twin's residual) and prices each row three ways
 
 * added: ``compute + link + residual`` (no overlap: an upper bound);
 * max: ``compute + max(link, residual)`` (full overlap: a lower bound);
-* midpoint: ``compute + link + residual - min(link, residual) / 2`` (the library's rule).
+* midpoint: ``compute + link + residual - min(link, residual) / 2`` (the library's rule until
+  2026-12-05; since then, with the reference link's model at hand, only the link's price in
+  excess of the reference's takes the place of ``link`` inside ``min``).
 
 ``--fit`` tables are the rows the rule was chosen on; ``--held-out`` tables are rows run
 after it was fixed. The entries must not be pipelined (their link price is all exposed),

@@ -57,8 +57,8 @@ from commgnn.runner.config import RunConfig
 from commgnn.config import dump_toml, from_dict, set_path, to_dict
 from commgnn.errors import UserError
 from commgnn.netmodel import ClusterModel
-from commgnn.netmodel.predict import (barriers_per_epoch, overlapped_classes, per_epoch_traffic, pipelined,
-                                      read_metrics_rows, residual_s, with_overhead)
+from commgnn.netmodel.predict import (barriers_per_epoch, joined_s, overlapped_classes, per_epoch_traffic, pipelined,
+                                      read_metrics_rows, residual_s)
 
 HALO_PLANS: dict[str, dict[str, Any]] = {
     "exact": {},
@@ -154,13 +154,8 @@ def _score(run_dir: Path, model: ClusterModel, compute_scale: float, overhead_s:
         b = r["time_busiest_s"]
         compute = compute_scale * (b["compute"] + b.get("sample", 0.0))
         # a pipelined plan's stale epochs hide their halo exchange behind compute
-        stale = overlapped_classes(r, is_pipelined)
-        exposed = model.predict_epoch(compute, pairs, calls, stale, barriers=barriers)["epoch"] - compute
-        hide = None
-        if reference is not None and overhead_s > 0:
-            hide = max(exposed - (reference.predict_epoch(compute, pairs, calls, stale, barriers=barriers)["epoch"]
-                                  - compute), 0.0)
-        epoch = compute + with_overhead(exposed, overhead_s, overlappable_s=hide)
+        stale = [overlapped_classes(r, is_pipelined)]
+        epoch = compute + joined_s(model, compute, pairs, calls, barriers, stale, overhead_s, reference=reference)
         if shared_cores:  # all ranks' work on the same cores, as in the probe
             epoch = max(epoch, b["compute"] + b.get("sample", 0.0))
         t += epoch

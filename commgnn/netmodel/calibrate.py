@@ -77,25 +77,6 @@ def _pingpong(ctx: DistContext, partner: int, sizes: Sequence[int]) -> list[floa
     return out
 
 
-def _all_to_all(ctx: DistContext, sizes: Sequence[int]) -> list[float]:
-    """Slowest rank's median seconds of one all-to-all with ``n`` bytes to every peer."""
-    P, out, dev = ctx.world_size, [], ctx.comm_device
-    for n in sizes:
-        send = torch.zeros(n * P, dtype=torch.uint8, device=dev)
-        recv = torch.empty_like(send)
-        times = []
-        for rep in range(_reps(n) + 1):
-            ctx.barrier()
-            t0 = time.perf_counter()
-            dist.all_to_all_single(recv, send, group=ctx.group)
-            _settle(dev)
-            if rep:
-                times.append(time.perf_counter() - t0)
-        t = torch.tensor([statistics.median(times)], dtype=torch.float64)
-        out.append(float(ctx.all_reduce(t, "max")[0]))
-    return out
-
-
 def _timed(ctx: DistContext, op: Callable[[], Any], reps: int) -> float:
     """Slowest rank's median seconds of ``op`` (a collective every rank runs), each try
     started from a barrier; the first try (buffers, connections) is dropped."""
@@ -109,6 +90,16 @@ def _timed(ctx: DistContext, op: Callable[[], Any], reps: int) -> float:
             times.append(time.perf_counter() - t0)
     t = torch.tensor([statistics.median(times)], dtype=torch.float64)
     return float(ctx.all_reduce(t, "max")[0])
+
+
+def _all_to_all(ctx: DistContext, sizes: Sequence[int]) -> list[float]:
+    """Slowest rank's median seconds of one all-to-all with ``n`` bytes to every peer."""
+    P, out, dev = ctx.world_size, [], ctx.comm_device
+    for n in sizes:
+        send = torch.zeros(n * P, dtype=torch.uint8, device=dev)
+        recv = torch.empty_like(send)
+        out.append(_timed(ctx, lambda: dist.all_to_all_single(recv, send, group=ctx.group), _reps(n)))
+    return out
 
 
 def _all_reduce(ctx: DistContext, sizes: Sequence[int]) -> list[float]:

@@ -39,7 +39,7 @@ without a reference, all of the link's price): only the extra wire time frees th
 itself is then predicted as measured. On the 36 emulated runs of
 2026-12-03/04 the sum erred by -11.1..+22.8%, the maximum by -19.0..+6.4% and the midpoint
 over the whole price by -12.1..+12.8% (`benchmarks/results/2026-12-04-cost-model-overlap.md`,
-under the model of that day). On the 29 stored grid entries of 2026-12-05 (3 seeds each;
+under the model of that day). On the 30 stored grid entries of 2026-12-05 (3 seeds each;
 `benchmarks/results/2026-12-05-cost-model-grids.md`) the current model with the residual
 is within -14.7..+15.9%.
 """
@@ -184,14 +184,30 @@ def with_overhead(exposed_s: float, overhead_s: float, overlap: float = OVERLAP,
     return exposed_s + overhead_s - overlap * min(max(hide, 0.0), overhead_s)
 
 
-def _exposed(model: ClusterModel, compute: float, pairs: Mapping[str, torch.Tensor], calls: Mapping[str, float],
-             barriers: int, stale: list[tuple[str, ...]]) -> float:
+def exposed_s(model: ClusterModel, compute: float, pairs: Mapping[str, torch.Tensor], calls: Mapping[str, float],
+              barriers: int, stale: list[tuple[str, ...]]) -> float:
     """Priced communication seconds an epoch does not hide (the mean over epochs whose
     ``stale`` classes ran behind compute)."""
     if not any(stale):
         return model.predict_epoch(compute, pairs, calls, barriers=barriers)["comm"]
     return statistics.mean(model.predict_epoch(compute, pairs, calls, o, barriers=barriers)["epoch"] - compute
                            for o in stale)
+
+
+def joined_s(model: ClusterModel, compute: float, pairs: Mapping[str, torch.Tensor], calls: Mapping[str, float],
+             barriers: int, stale: list[tuple[str, ...]], overhead_s: float, *, overlap: float = OVERLAP,
+             reference: ClusterModel | None = None) -> float:
+    """An epoch's communication seconds: :func:`exposed_s` on ``model`` joined to
+    ``overhead_s`` by :func:`with_overhead`; with ``reference`` (the link the overhead was
+    measured on), only the price in excess of that link's price for the same traffic may
+    hide it."""
+    exposed = exposed_s(model, compute, pairs, calls, barriers, stale)
+    hide = None
+    if reference is not None and overhead_s > 0:
+        if reference.world_size != model.world_size:
+            raise ValueError(f"the reference model has {reference.world_size} ranks; the model {model.world_size}")
+        hide = max(exposed - exposed_s(reference, compute, pairs, calls, barriers, stale), 0.0)
+    return with_overhead(exposed, overhead_s, overlap, overlappable_s=hide)
 
 
 def predict_run(run_dir: Path | str, model: ClusterModel, *, overhead_s: float = 0.0,
@@ -218,15 +234,9 @@ def predict_run(run_dir: Path | str, model: ClusterModel, *, overhead_s: float =
     pred = model.predict_epoch(compute, pairs, calls, barriers=barriers)
     is_pipelined = pipelined(run_dir)
     stale = [overlapped_classes(r, is_pipelined) for r in later]
-    pred["hidden"] = pred["comm"] - _exposed(model, compute, pairs, calls, barriers, stale)
-    pred["epoch"] = compute + pred["comm"] - pred["hidden"]
-    exposed = pred["epoch"] - compute
-    hide = None
-    if reference is not None and overhead_s > 0:
-        if reference.world_size != model.world_size:
-            raise ValueError(f"the reference model has {reference.world_size} ranks; the model {model.world_size}")
-        hide = max(exposed - _exposed(reference, compute, pairs, calls, barriers, stale), 0.0)
-    pred["epoch"] = compute + with_overhead(exposed, overhead_s, overlap, overlappable_s=hide)
+    pred["hidden"] = pred["comm"] - exposed_s(model, compute, pairs, calls, barriers, stale)
+    pred["epoch"] = compute + joined_s(model, compute, pairs, calls, barriers, stale, overhead_s, overlap=overlap,
+                                       reference=reference)
     measured = statistics.mean(r["epoch_s"] for r in later)
     comm_measured = statistics.mean(r["time_busiest_s"]["comm"] + r["time_busiest_s"].get("fetch", 0.0)
                                     for r in later)
