@@ -294,3 +294,25 @@ def test_a_plan_only_marginally_sooner_than_exact_gives_way_to_exact():
     for bad in (-0.1, 1.0):
         with pytest.raises(UserError, match="fraction"):
             choose([exact], min_gain=bad)
+
+
+def test_of_plans_predicted_within_min_gain_the_cheaper_epoch_is_chosen():
+    """``choose``: lossy plans within ``min_gain`` of the leader's predicted time are a tie,
+    broken by the cheaper predicted epoch; outside the margin, or with min_gain 0, the leader
+    stays; a plan that never reaches the target and exact never win a tie."""
+    from commgnn.planner import PlanResult, choose
+
+    def r(name: str, t: float | None, epoch_s: float) -> PlanResult:
+        return PlanResult(name, {}, 0.9, epoch_s, 0.1, t, 1.0)
+
+    exact = r("exact", 600.0, 0.05)  # the cheapest epoch of all, but not in the tie
+    lead, cheap = r("precompute", 31.4, 0.763), r("precompute + 4-bit", 31.7, 0.647)
+    never = r("pipelined", None, 0.1)
+    assert choose([lead, cheap, exact, never]) is cheap  # 1% apart: the cheaper epoch
+    assert choose([lead, cheap, exact], min_gain=0.0) is lead
+    far = r("precompute + 4-bit", 35.0, 0.647)  # 10.3% later: 31.4 <= 0.9 * 35.0
+    assert choose([lead, far, exact]) is lead
+    assert choose([lead, r("8-bit", 34.8, 0.9), cheap, exact]) is cheap  # the cheapest of three
+    assert choose([cheap, lead, exact]) is cheap  # the leader with the cheaper epoch stays
+    near_exact = r("exact", 33.0, 0.05)  # the leader is under 10% sooner than exact: exact
+    assert choose([lead, cheap, near_exact]) is near_exact
