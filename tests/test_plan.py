@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import tomllib
 
 import pytest
 
@@ -190,6 +191,27 @@ def test_plan_shared_cores_flag_reaches_the_planner(tmp_path, monkeypatch):
     for extra in ([], ["--shared-cores"]):
         assert main(["plan", "--out", str(tmp_path / "p.toml"), "--probe-epochs", "2", *extra]) == 2
     assert seen == [False, True]
+
+
+def test_plan_cli_writes_the_cheaper_epoch_of_a_near_tie_and_says_why(tmp_path, monkeypatch, capsys):
+    """The CLI writes :func:`choose`'s plan: of two plans 1% apart, the cheaper epoch's levers
+    (4-bit rows), with a line naming both; ``--min-gain 0`` writes the fastest."""
+    import commgnn.planner
+    from commgnn.planner import PlanResult
+
+    ranked = [PlanResult("precompute", {"comm.halo.precompute": True}, 0.93, 0.763, 0.5, 31.4, 37e6),
+              PlanResult("precompute + 4-bit", {"comm.halo.precompute": True, "comm.halo.bits": 4},
+                         0.93, 0.647, 0.4, 31.7, 30e6),
+              PlanResult("exact", {}, 0.93, 18.4, 17.4, 609.6, 771e6)]
+    monkeypatch.setattr(commgnn.planner, "plan", lambda *a, **k: ranked)
+    out = tmp_path / "p.toml"
+    assert main(["plan", "--out", str(out), "--probe-epochs", "2"]) == 0
+    said = capsys.readouterr().out
+    assert "precompute + 4-bit is predicted within 10% of precompute's" in said
+    written = tomllib.loads(out.read_text())["comm"]["halo"]
+    assert written["bits"] == {"forward": 4, "backward": 4} and written["precompute"] is True
+    assert main(["plan", "--out", str(out), "--probe-epochs", "2", "--min-gain", "0"]) == 0
+    assert tomllib.loads(out.read_text())["comm"]["halo"]["bits"]["forward"] == 32
 
 
 @pytest.mark.parametrize("argv, message", [
