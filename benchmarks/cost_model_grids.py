@@ -30,7 +30,7 @@ from typing import Any
 
 from commgnn.netmodel import ClusterModel
 from commgnn.netmodel.predict import predict_run, residual_s
-from emulated_grid import twin_dir
+from emulated_grid import TWIN_EPOCHS, twin_dir
 from tables import write_table
 
 COLLECTIVES = ("allreduce", "scalar_allreduce_s", "barrier_s")
@@ -83,6 +83,8 @@ def main() -> None:
     ap.add_argument("--collectives", type=Path, help="folder of later calibrations ({link}.json, loopback.json) "
                                                      "whose collectives join the files taken beside the runs")
     ap.add_argument("--calibrations", type=Path, help="folder of later calibrations priced whole, side by side")
+    ap.add_argument("--twin-epochs", dest="twin_epochs", type=int, default=TWIN_EPOCHS,
+                    help="epochs of the loopback twins to read (emulated_grid.py --twin-epochs)")
     ap.add_argument("--tag", default="")
     ap.add_argument("--stamp", default="")
     ns = ap.parse_args()
@@ -106,7 +108,7 @@ def main() -> None:
                 seeds = [s for s in sorted(entry.glob("s*")) if (s / "summary.json").is_file()]
                 if not seeds:
                     continue
-                twin = twin_dir(out, ds, link, entry.name.split("@")[0], P, ns.layers, ns.hidden)
+                twin = twin_dir(out, ds, link, entry.name.split("@")[0], P, ns.layers, ns.hidden, ns.twin_epochs)
                 e = _errors(seeds, model, twin, lo)
                 row = {"graph": ds, "link": link, "entry": entry.name, "seeds": len(seeds),
                        "measured epoch s": f"{e['measured']:.3f}", "links only %": _pct(e["links"]),
@@ -133,7 +135,8 @@ def main() -> None:
         f"`python benchmarks/cost_model_grids.py` on `{out}`: {ns.hosts} emulated hosts x {ns.ranks_per_host} ranks, "
         f"GCN {ns.layers}x{ns.hidden}, every seed's run re-priced from its recorded per-pair bytes and its busiest "
         "rank's compute, epochs 2..n; error = (predicted - measured) / measured, mean over seeds. + residual: the "
-        "entry's loopback twin's unexplained seconds joined by `commgnn.netmodel.predict.with_overhead`, only the "
+        f"entry's loopback twin's ({ns.twin_epochs} epochs, the first left out) unexplained seconds joined by "
+        "`commgnn.netmodel.predict.with_overhead`, only the "
         "links' price in excess of the loopback's overlapping it.",
         "As run: the link calibrations taken beside the runs"
         + (f", with the all-reduce, scalar all-reduce and barrier from `{ns.collectives}` (calibrated later on the "

@@ -151,27 +151,30 @@ TWIN_EPOCHS = 6
 """Epochs of a loopback twin (``--residual``): the first is left out, as in every comparison."""
 
 
-def twin_dir(out: Path, ds: str, link: str, base: str, P: int, layers: int, hidden: int) -> Path:
-    """Where entry ``base``'s loopback twin lives (a plan's twin: the plan that link chose)."""
+def twin_dir(out: Path, ds: str, link: str, base: str, P: int, layers: int, hidden: int,
+             epochs: int = TWIN_EPOCHS) -> Path:
+    """Where entry ``base``'s loopback twin of ``epochs`` epochs lives (a plan's twin: the
+    plan that link chose)."""
     slug = f"plan-{link.replace('+', '-')}" if base == "plan" else re.sub(r"[^A-Za-z0-9]+", "-", base)
-    return out / f"loopback-P{P}-{ds}-L{layers}x{hidden}-e{TWIN_EPOCHS}-{slug}-twin"
+    return out / f"loopback-P{P}-{ds}-L{layers}x{hidden}-e{epochs}-{slug}-twin"
 
 
 def _residual(ns: argparse.Namespace, out: Path, ds: str, link: str, name: str, lo_model: ClusterModel) -> float:
     """Seconds per epoch the calibrated links leave unexplained for this entry's
-    configuration: its loopback twin (the same flags on P local ranks, TWIN_EPOCHS epochs,
+    configuration: its loopback twin (the same flags on P local ranks, ``--twin-epochs`` epochs,
     trained once and kept) measured less predicted (:func:`commgnn.netmodel.predict.residual_s`),
     as ``benchmarks/cost_model.py --reference loopback`` validates it. A plan's twin runs
     the plan file that link chose."""
     P = ns.hosts * ns.ranks_per_host
     base, _ = _entry(name, ns.epochs)
     extra = ["--config", str(out / f"{ds}-{link}-plan.toml")] if base == "plan" else ENTRIES[base]
-    twin = twin_dir(out, ds, link, base, P, ns.layers, ns.hidden)
+    twin = twin_dir(out, ds, link, base, P, ns.layers, ns.hidden, ns.twin_epochs)
     if not (twin / "summary.json").is_file():
         subprocess.run(["rm", "-rf", str(twin)], check=True)
         subprocess.run([sys.executable, "-m", "commgnn", "train", *extra, "--dataset", ds, "--data-root", ns.root,
                         "--partition-dir", str(out / f"{ds}-parts{P}"), "--parts", str(P), "--model", "gcn",
-                        "--layers", str(ns.layers), "--hidden", str(ns.hidden), "--epochs", str(TWIN_EPOCHS), "--patience", "0",
+                        "--layers", str(ns.layers), "--hidden", str(ns.hidden), "--epochs", str(ns.twin_epochs),
+                        "--patience", "0",
                         "--seed", "0", "--quiet", "--no-energy", "--out", str(twin)], check=True,
                        stdout=subprocess.DEVNULL)
     return residual_s(twin, lo_model)
@@ -311,7 +314,7 @@ def report(ns: argparse.Namespace, out: Path) -> None:
         "(predicted - measured) / measured, mean over seeds."
         + (" Model + loopback residual: the library's whole prediction, as `benchmarks/cost_model.py --reference "
            "loopback` validates it: the seconds per epoch the calibrated loopback leaves unexplained in the entry's "
-           f"loopback twin (the same configuration on {ns.hosts * ns.ranks_per_host} local ranks, {TWIN_EPOCHS} "
+           f"loopback twin (the same configuration on {ns.hosts * ns.ranks_per_host} local ranks, {ns.twin_epochs} "
            "epochs, seed 0), joined to the links' price by `commgnn.netmodel.predict.with_overhead`."
            if ns.residual else ""),
         "MB/epoch counts every payload handed to a collective (halo forward, backward, evaluation, gradients). "
@@ -350,6 +353,8 @@ def main() -> None:
                     help="also report the model with each entry's loopback residual (trains a short loopback twin "
                          "per configuration, once: run it with nothing else on the machine)")
     ap.add_argument("--note", action="append", default=[], help="a note on this run for the table")
+    ap.add_argument("--twin-epochs", dest="twin_epochs", type=int, default=TWIN_EPOCHS,
+                    help=f"epochs of each loopback twin (--residual; default {TWIN_EPOCHS}, the first left out)")
     ns = ap.parse_args()
     for e in [*ns.entries, *ns.one_seed]:
         _entry(e, ns.epochs)
