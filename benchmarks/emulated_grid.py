@@ -148,7 +148,14 @@ def _plan(ns: argparse.Namespace, out: Path, ds: str, link: str, net: Path) -> P
 
 
 TWIN_EPOCHS = 6
-"""Epochs of a loopback twin (``--residual``): the first is left out, as in every comparison."""
+"""Epochs of a loopback twin (``--residual``): the first is left out, as in every comparison.
+Longer twins (``--twin-epochs 21``, 2026-12-05) are not better references here: every
+21-epoch twin of a precompute plan (12 of 12; none of the 5 others) held one epoch about
+1.1 s longer than its median (epoch 7 on CS, 9 on Computers), which the 300-epoch runs on
+the emulated cluster do not show; it lifts their residual by about 0.05 s an epoch
+(``benchmarks/results/2026-12-05-cost-model-*-twins21.md``). Its cause is not found: a
+12-epoch seed-0 run (Computers) showed it again at epoch 9, two 14-epoch runs with seeds 1
+and 2 did not, and Python's garbage collector paused at most 0.21 s in that run."""
 
 
 def twin_dir(out: Path, ds: str, link: str, base: str, P: int, layers: int, hidden: int,
