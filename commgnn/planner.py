@@ -322,7 +322,7 @@ def choose(ranked: list[PlanResult], min_gain: float = 0.1) -> PlanResult:
     only marginally sooner is within that noise (that 8-bit plan, predicted 1.5% sooner than
     exact, measured 0.66x exact's speed), and exact carries no accuracy risk. Between lossy
     plans that close, the epoch price is the better-measured half of the prediction (the cost
-    model, validated within 20% on every grid row), so the cheaper epoch is preferred. (This
+    model, validated within about 20% on the emulated grids), so the cheaper epoch is preferred. (This
     second rule was added after a grid had shown the need: CS on 4 emulated hosts at
     100 Mbit/s, where precompute + transform-first was predicted 1% sooner than it + 4-bit,
     from 0.76 s against 0.65 s epochs, and reached exact's best 15.3x sooner than exact against
