@@ -322,12 +322,11 @@ def choose(ranked: list[PlanResult], min_gain: float = 0.1) -> PlanResult:
     only marginally sooner is within that noise (that 8-bit plan, predicted 1.5% sooner than
     exact, measured 0.66x exact's speed), and exact carries no accuracy risk. Between lossy
     plans that close, the epoch price is the better-measured half of the prediction (the cost
-    model, validated within about 20% on the emulated grids), so the cheaper epoch is preferred. (This
-    second rule was added after a grid had shown the need: CS on 4 emulated hosts at
-    100 Mbit/s, where precompute + transform-first was predicted 1% sooner than it + 4-bit,
-    from 0.76 s against 0.65 s epochs, and reached exact's best 15.3x sooner than exact against
-    17.6x, 3 seeds.)
-    ``min_gain = 0`` turns both rules off."""
+    model, validated within about 20% on the emulated grids), so the cheaper epoch is
+    preferred. This second rule was added after a grid had shown the need: CS on 4 emulated
+    hosts at 100 Mbit/s, where precompute + transform-first was predicted 1% sooner than it +
+    4-bit, from 0.76 s against 0.65 s epochs, and reached exact's best 15.3x sooner than exact
+    against 17.6x (3 seeds). ``min_gain = 0`` turns both rules off."""
     _check_min_gain(min_gain)
     best = ranked[0]
     exact = next((r for r in ranked if r.name == "exact"), None)
@@ -336,8 +335,8 @@ def choose(ranked: list[PlanResult], min_gain: float = 0.1) -> PlanResult:
     if exact is not None and exact.time_to_target_s is not None \
             and best.time_to_target_s > (1.0 - min_gain) * exact.time_to_target_s:
         return exact
-    ties = [r for r in ranked if r is best or r.name != "exact" and r.time_to_target_s is not None
-            and (1.0 - min_gain) * r.time_to_target_s < best.time_to_target_s]
+    ties = [r for r in ranked if r is best or (r.name != "exact" and r.time_to_target_s is not None
+                                               and (1.0 - min_gain) * r.time_to_target_s < best.time_to_target_s)]
     return min(ties, key=lambda r: (r.epoch_s, r.time_to_target_s))
 
 
