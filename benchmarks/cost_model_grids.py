@@ -103,7 +103,8 @@ def main() -> None:
             if not net.is_file() or not runs.is_dir():
                 continue
             model = _grafted(_load(net), donor(link))
-            fresh = _load(ns.calibrations / f"{link}.json") if ns.calibrations else None
+            redo = ns.calibrations / f"{link}.json" if ns.calibrations else None
+            fresh = _load(redo) if redo is not None and redo.is_file() else None  # "—" where none was taken
             for entry in sorted(runs.iterdir()):
                 seeds = [s for s in sorted(entry.glob("s*")) if (s / "summary.json").is_file()]
                 if not seeds:
@@ -121,6 +122,8 @@ def main() -> None:
                                 "recalibrated: residual s": _sec(e2["residual"])})
                     full2.append(e2["full"])
                 rows.append(row)
+    cols = list(dict.fromkeys(k for r in rows for k in r))
+    rows = [{k: r.get(k, "—") for k in cols} for r in rows]
     if not rows:
         raise SystemExit(f"{out}: no grid runs with calibrations for {ns.datasets} x {ns.links}")
     done = [x for x in full if x is not None]
