@@ -85,6 +85,8 @@ def main() -> None:
     ap.add_argument("--calibrations", type=Path, help="folder of later calibrations priced whole, side by side")
     ap.add_argument("--twin-epochs", dest="twin_epochs", type=int, default=TWIN_EPOCHS,
                     help="epochs of the loopback twins to read (emulated_grid.py --twin-epochs)")
+    ap.add_argument("--legacy-twins", dest="legacy_twins", action="store_true",
+                    help="read the twins trained without energy measurement (emulated_grid.py --legacy-twins)")
     ap.add_argument("--tag", default="")
     ap.add_argument("--stamp", default="")
     ns = ap.parse_args()
@@ -109,7 +111,8 @@ def main() -> None:
                 seeds = [s for s in sorted(entry.glob("s*")) if (s / "summary.json").is_file()]
                 if not seeds:
                     continue
-                twin = twin_dir(out, ds, link, entry.name.split("@")[0], P, ns.layers, ns.hidden, ns.twin_epochs)
+                twin = twin_dir(out, ds, link, entry.name.split("@")[0], P, ns.layers, ns.hidden, ns.twin_epochs,
+                                legacy=ns.legacy_twins)
                 e = _errors(seeds, model, twin, lo)
                 row = {"graph": ds, "link": link, "entry": entry.name, "seeds": len(seeds),
                        "measured epoch s": f"{e['measured']:.3f}", "links only %": _pct(e["links"]),

@@ -147,42 +147,55 @@ def _plan(ns: argparse.Namespace, out: Path, ds: str, link: str, net: Path) -> P
     return plan
 
 
-TWIN_EPOCHS = 6
+TWIN_EPOCHS = 21
 """Epochs of a loopback twin (``--residual``): the first is left out, as in every comparison.
-Longer twins (``--twin-epochs 21``, 2026-12-05) are not better references here: every
-21-epoch twin of a precompute plan (12 of 12; none of the 5 others) held one epoch about
-1.1 s longer than its median (epoch 7 on CS, 9 on Computers), which the 300-epoch runs on
-the emulated cluster do not show; it lifts their residual by about 0.05 s an epoch
-(``benchmarks/results/2026-12-05-cost-model-*-twins21.md``). Its cause is not found: a
-12-epoch seed-0 run (Computers) showed it again at epoch 9, two 14-epoch runs with seeds 1
-and 2 did not, and Python's garbage collector paused at most 0.21 s in that run."""
+
+A twin runs the grid run's own flags, energy measurement included. Twins trained with
+``--no-energy`` (before 2026-12-05 evening; ``--legacy-twins`` reads them) differed from
+their runs in two ways that mattered on 8 ranks sharing 2 cores:
+
+* Without CodeCarbon's objects on the heap, Python's full (generation-2) collection fell
+  due at the same epoch in every rank (epoch 9 on Computers, 7 on CS, seed 0) and ran in
+  all 8 at once: 0.29-0.83 s each on the shared cores, a 1.1-1.3 s epoch (measured with a
+  ``gc.callbacks`` log beside ``/proc/stat``: all 8 ranks' main threads busy in user mode,
+  the kernel's page reclaim beside them). The grid runs measure energy and show no such
+  epoch in 200-300; 21-epoch twins without energy all held one.
+* The 6-epoch twins without it measured Computers' precompute entries 0.010 s an epoch
+  faster than 60-epoch runs of the same plan with energy (0.158 against 0.164-0.173 s).
+
+With energy on, the plan's twin leaves 0.040-0.044 s unexplained at 6, 21 and 60 epochs
+alike (two runs each); 21 epochs take CodeCarbon's start-up probe (in the first epochs)
+into a mean over 20."""
 
 
 def twin_dir(out: Path, ds: str, link: str, base: str, P: int, layers: int, hidden: int,
-             epochs: int = TWIN_EPOCHS) -> Path:
+             epochs: int = TWIN_EPOCHS, *, legacy: bool = False) -> Path:
     """Where entry ``base``'s loopback twin of ``epochs`` epochs lives (a plan's twin: the
-    plan that link chose)."""
+    plan that link chose); ``legacy``: a twin trained without energy measurement (see
+    :data:`TWIN_EPOCHS`)."""
     slug = f"plan-{link.replace('+', '-')}" if base == "plan" else re.sub(r"[^A-Za-z0-9]+", "-", base)
-    return out / f"loopback-P{P}-{ds}-L{layers}x{hidden}-e{epochs}-{slug}-twin"
+    return out / f"loopback-P{P}-{ds}-L{layers}x{hidden}-e{epochs}-{slug}-{'twin' if legacy else 'energy-twin'}"
 
 
 def _residual(ns: argparse.Namespace, out: Path, ds: str, link: str, name: str, lo_model: ClusterModel) -> float:
     """Seconds per epoch the calibrated links leave unexplained for this entry's
-    configuration: its loopback twin (the same flags on P local ranks, ``--twin-epochs`` epochs,
+    configuration: its loopback twin (the run's flags on P local ranks, ``--twin-epochs`` epochs,
     trained once and kept) measured less predicted (:func:`commgnn.netmodel.predict.residual_s`),
     as ``benchmarks/cost_model.py --reference loopback`` validates it. A plan's twin runs
     the plan file that link chose."""
     P = ns.hosts * ns.ranks_per_host
     base, _ = _entry(name, ns.epochs)
     extra = ["--config", str(out / f"{ds}-{link}-plan.toml")] if base == "plan" else ENTRIES[base]
-    twin = twin_dir(out, ds, link, base, P, ns.layers, ns.hidden, ns.twin_epochs)
+    twin = twin_dir(out, ds, link, base, P, ns.layers, ns.hidden, ns.twin_epochs, legacy=ns.legacy_twins)
     if not (twin / "summary.json").is_file():
+        if ns.legacy_twins:
+            raise SystemExit(f"{twin}: no such legacy twin (--legacy-twins reads twins, it does not train them)")
         subprocess.run(["rm", "-rf", str(twin)], check=True)
         subprocess.run([sys.executable, "-m", "commgnn", "train", *extra, "--dataset", ds, "--data-root", ns.root,
                         "--partition-dir", str(out / f"{ds}-parts{P}"), "--parts", str(P), "--model", "gcn",
                         "--layers", str(ns.layers), "--hidden", str(ns.hidden), "--epochs", str(ns.twin_epochs),
                         "--patience", "0",
-                        "--seed", "0", "--quiet", "--no-energy", "--out", str(twin)], check=True,
+                        "--seed", "0", "--quiet", "--out", str(twin)], check=True,
                        stdout=subprocess.DEVNULL)
     return residual_s(twin, lo_model)
 
@@ -322,7 +335,7 @@ def report(ns: argparse.Namespace, out: Path) -> None:
         + (" Model + loopback residual: the library's whole prediction, as `benchmarks/cost_model.py --reference "
            "loopback` validates it: the seconds per epoch the calibrated loopback leaves unexplained in the entry's "
            f"loopback twin (the same configuration on {ns.hosts * ns.ranks_per_host} local ranks, {ns.twin_epochs} "
-           "epochs, seed 0), joined to the links' price by `commgnn.netmodel.predict.with_overhead`."
+           f"epochs, seed 0, {'without' if ns.legacy_twins else 'with'} energy measurement), joined to the links' price by `commgnn.netmodel.predict.with_overhead`."
            if ns.residual else ""),
         "MB/epoch counts every payload handed to a collective (halo forward, backward, evaluation, gradients). "
         "Energy: CodeCarbon offline (CPU + RAM, all ranks) plus network bytes x 2.34e-5 J/byte.", *ns.note])
@@ -362,6 +375,8 @@ def main() -> None:
     ap.add_argument("--note", action="append", default=[], help="a note on this run for the table")
     ap.add_argument("--twin-epochs", dest="twin_epochs", type=int, default=TWIN_EPOCHS,
                     help=f"epochs of each loopback twin (--residual; default {TWIN_EPOCHS}, the first left out)")
+    ap.add_argument("--legacy-twins", dest="legacy_twins", action="store_true",
+                    help="read the twins trained without energy measurement (before 2026-12-05 evening) instead")
     ns = ap.parse_args()
     for e in [*ns.entries, *ns.one_seed]:
         _entry(e, ns.epochs)

@@ -39,11 +39,14 @@ without a reference, all of the link's price): only the extra wire time frees th
 itself is then predicted as measured. On the 36 emulated runs of
 2026-12-03/04 the sum erred by -11.1..+22.8%, the maximum by -19.0..+6.4% and the midpoint
 over the whole price by -12.1..+12.8% (`benchmarks/results/2026-12-04-cost-model-overlap.md`,
-under the model of that day). With the current model and the residual: the 30 stored grid
-entries of 2026-12-05 (4 hosts, 3 seeds each; `benchmarks/results/2026-12-05-cost-model-grids.md`)
-within -14.7..+15.9%, 9 later ones (`...-cost-model-tie-twins6.md`) within -20.0..+16.8%
-(one row at -20.003%: Computers at 1 Gbit/s, where shared cores dominate), and 18 runs on
-2 hosts (`...-cost-model-2hosts-current-{CS,Computers}.md`) within -16.1..+3.7%.
+under the model of that day). With the current model and the residual, each twin run with
+its runs' own flags (energy measurement on, 21 epochs; ``benchmarks/emulated_grid.py``'s
+``TWIN_EPOCHS`` says why): the 30 stored grid entries of 2026-12-05 (4 hosts, 3 seeds each;
+`benchmarks/results/2026-12-05-cost-model-grids-energy-twins.md`) within -17.2..+15.4%, 9
+later ones (`...-cost-model-tie-energy-twins.md`) within -15.2..+15.9%, every twin trained
+again -17.4..+16.0% (`...-repeat.md`), and 18 runs on 2 hosts
+(`...-cost-model-2hosts-current-{CS,Computers}.md`) within -16.1..+3.7%. The weakest rows are
+Computers at 1 Gbit/s (0.2 s epochs, mostly shared-core waiting): -8.6..-17.4%.
 """
 
 from __future__ import annotations
