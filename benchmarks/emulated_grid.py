@@ -151,21 +151,17 @@ TWIN_EPOCHS = 21
 """Epochs of a loopback twin (``--residual``): the first is left out, as in every comparison.
 
 A twin runs the grid run's own flags, energy measurement included. Twins trained with
-``--no-energy`` (before 2026-12-05 evening; ``--legacy-twins`` reads them) differed from
-their runs in two ways that mattered on 8 ranks sharing 2 cores:
-
-* Without CodeCarbon's objects on the heap, Python's full (generation-2) collection fell
-  due at the same epoch in every rank (epoch 9 on Computers, 7 on CS, seed 0) and ran in
-  all 8 at once: 0.29-0.83 s each on the shared cores, a 1.1-1.3 s epoch (measured with a
-  ``gc.callbacks`` log beside ``/proc/stat``: all 8 ranks' main threads busy in user mode,
-  the kernel's page reclaim beside them). The grid runs measure energy and show no such
-  epoch in 200-300; 21-epoch twins without energy all held one.
-* The 6-epoch twins without it measured Computers' precompute entries 0.010 s an epoch
-  faster than 60-epoch runs of the same plan with energy (0.158 against 0.164-0.173 s).
-
-With energy on, the plan's twin leaves 0.040-0.044 s unexplained at 6, 21 and 60 epochs
-alike (two runs each); 21 epochs take CodeCarbon's start-up probe (in the first epochs)
-into a mean over 20."""
+``--no-energy`` (before 2026-12-05 evening; ``--legacy-twins`` reads them) were not the
+runs they stood for. On 8 local ranks sharing 2 cores without CodeCarbon, every rank ran a
+full (generation-2) garbage collection at the same epoch (epoch 9 on Computers, seed 0;
+the CS twins' one long epoch, epoch 7, is presumably the same, not logged). The 8 collections ran at once on the shared cores, up to 0.84 s each, and that
+epoch took 1.16-1.24 s against a median of 0.16 s. With energy measurement on, no rank ran
+one during training, and neither did the ranks on the emulated cluster, with or without it
+(``benchmarks/twin_flags.py``: ``gc.callbacks`` logs beside ``/proc/stat``,
+``benchmarks/results/2026-12-05-twin-flags.md``). With energy on, the Computers 1 Gbit/s
+plan's loopback runs left 0.038-0.044 s an epoch unexplained over their first 6, 21 and 60
+epochs alike (two 60-epoch runs). 21 epochs also spread CodeCarbon's start-up probe, in the first epochs, over a
+mean of 20."""
 
 
 def twin_dir(out: Path, ds: str, link: str, base: str, P: int, layers: int, hidden: int,
