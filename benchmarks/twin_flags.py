@@ -15,6 +15,11 @@ user, system, softirq; epochs 5..n-5) and the full collections during training.
 
     sudo python benchmarks/twin_flags.py --config runs/bench-tie/Computers-1gbit-plan.toml \\
         --partition-dir runs/bench-tie/Computers-parts8 --dataset Computers
+    python benchmarks/twin_flags.py ... --loopback-only --train-flag=--no-gc-freeze --tag no-gc-freeze
+
+``--train-flag`` adds a ``commgnn train`` flag to every run: ``--no-gc-freeze`` turns off
+``runtime.gc_freeze`` (on by default since 2026-12-05; the first table of that day ran
+before it existed).
 """
 
 from __future__ import annotations
@@ -110,15 +115,18 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=2)
     ap.add_argument("--out", default="runs/twin-flags")
     ap.add_argument("--tag", default="")
+    ap.add_argument("--loopback-only", action="store_true", help="leave out the emulated cluster (no root needed)")
+    ap.add_argument("--train-flag", action="append", default=[], dest="train_flags",
+                    help="an extra `commgnn train` argument for every run (repeatable; e.g. --train-flag=--no-gc-freeze)")
     ns = ap.parse_args()
     out = Path(ns.out)
     out.mkdir(parents=True, exist_ok=True)
     train = ["train", "--config", ns.config, "--dataset", ns.dataset, "--data-root", ns.root, "--partition-dir",
              ns.partition_dir, "--model", "gcn", "--layers", "3", "--hidden", "64", "--epochs", str(ns.epochs),
-             "--patience", "0", "--seed", "0", "--quiet"]
+             "--patience", "0", "--seed", "0", "--quiet", *ns.train_flags]
     rows = []
     for rep in range(ns.reps):
-        for where in ("loopback", ns.rate):
+        for where in ("loopback",) if ns.loopback_only else ("loopback", ns.rate):
             for energy in (True, False):
                 run = out / f"{where}-{'energy' if energy else 'no-energy'}-{rep}"
                 shutil.rmtree(run, ignore_errors=True)

@@ -156,6 +156,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="also write embeddings.pt: every node's output of this layer (0-based)")
     t.add_argument("--checkpoint-every", dest="checkpoint_every", type=int,
                    help="write an atomic checkpoint every k epochs (0 = never)")
+    t.add_argument("--no-gc-freeze", dest="gc_freeze", action="store_const", const=False,
+                   help="leave the set-up heap in Python's full garbage collections during the epochs")
     t.add_argument("--memory-limit-gb", dest="memory_limit_gb", type=float,
                    help="refuse a job whose estimated memory exceeds this (0 = available memory)")
     t.add_argument("--force", action="store_const", const=True,

@@ -185,6 +185,7 @@ FLAG_KEYS: dict[str, str] = {
     "backend": "runtime.backend",
     "out": "output.out",
     "checkpoint_every": "runtime.checkpoint_every",
+    "gc_freeze": "runtime.gc_freeze",
     "embeddings_layer": "output.embeddings_layer",
     "memory_limit_gb": "runtime.memory_limit_gb",
     "force": "runtime.force",

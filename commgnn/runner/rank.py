@@ -13,9 +13,11 @@ records as an uninterrupted one. Without a checkpoint the run starts again from 
 
 from __future__ import annotations
 
+import gc
 import json
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 from torch import nn
@@ -55,6 +57,22 @@ def _logged_rows(path: Path, upto: int) -> list[dict[str, Any]]:
     tmp.write_text("".join(json.dumps(r) + "\n" for r in rows))
     tmp.replace(path)
     return rows
+
+
+@contextmanager
+def frozen_heap(enabled: bool) -> Iterator[None]:
+    """While open (``enabled``), the objects alive at its start are out of the garbage
+    collector's scans (``gc.freeze``), so a full collection costs what the block allocated
+    (``RuntimeConfig.gc_freeze``); on leaving, they are handed back (``gc.unfreeze``), and any
+    garbage among them is collected as usual from then on."""
+    if not enabled:
+        yield
+        return
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
 
 
 def _resume(ctx: DistContext, trainer: FullGraphTrainer, meter: Meter, out: Path,
@@ -101,7 +119,7 @@ def run_rank(ctx: DistContext, cfg: RunConfig, part: LocalPartition, out: Path, 
     show = ctx.is_main and not cfg.output.quiet
     every = cfg.runtime.checkpoint_every
     try:
-        with EpochProgress(cfg.train.epochs, enabled=show) as progress:
+        with frozen_heap(cfg.runtime.gc_freeze), EpochProgress(cfg.train.epochs, enabled=show) as progress:
             if trainer.epoch:
                 progress.skip(trainer.epoch)
             for res in trainer.run():
