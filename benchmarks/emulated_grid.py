@@ -158,12 +158,12 @@ twins' one long epoch, epoch 7, is presumably the same, not logged). The 8 colle
 at once on the shared cores, up to 0.84 s each, and that epoch took 1.16-1.24 s against a
 median of 0.16 s. With energy measurement on, no rank ran one during training, and neither
 did the ranks on the emulated cluster, with or without it (``benchmarks/twin_flags.py``:
-``gc.callbacks`` logs beside ``/proc/stat``, ``benchmarks/results/2026-12-05-twin-
-flags.md``). With energy on, the Computers 1 Gbit/s plan's loopback runs left 0.038-0.044 s
-an epoch unexplained over their first 6, 21 and 60 epochs alike (two 60-epoch runs). 21
-epochs also spread CodeCarbon's start-up probe, in the first epochs, over a mean of 20.
-Since ``runtime.gc_freeze`` (on by default, added after these twins), no local rank ran a
-full collection during training with or without energy
+``gc.callbacks`` logs beside ``/proc/stat``,
+``benchmarks/results/2026-12-05-twin-flags.md``). With energy on, the Computers 1 Gbit/s
+plan's loopback runs left 0.038-0.044 s an epoch unexplained over their first 6, 21 and 60
+epochs alike (two 60-epoch runs). 21 epochs also spread CodeCarbon's start-up probe, in the
+first epochs, over a mean of 20. Since ``runtime.gc_freeze`` (on by default, added after
+these twins), no local rank ran a full collection during training with or without energy
 (``benchmarks/results/2026-12-05-twin-flags-gc-freeze.md``); twins still run their runs'
 flags."""
 
