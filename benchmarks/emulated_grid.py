@@ -335,7 +335,8 @@ def report(ns: argparse.Namespace, out: Path) -> None:
         + (" Model + loopback residual: the library's whole prediction, as `benchmarks/cost_model.py --reference "
            "loopback` validates it: the seconds per epoch the calibrated loopback leaves unexplained in the entry's "
            f"loopback twin (the same configuration on {ns.hosts * ns.ranks_per_host} local ranks, {ns.twin_epochs} "
-           f"epochs, seed 0, {'without' if ns.legacy_twins else 'with'} energy measurement), joined to the links' price by `commgnn.netmodel.predict.with_overhead`."
+           f"epochs, seed 0, {'without' if ns.legacy_twins else 'with'} energy measurement), joined to the links' "
+           "price by `commgnn.netmodel.predict.with_overhead`."
            if ns.residual else ""),
         "MB/epoch counts every payload handed to a collective (halo forward, backward, evaluation, gradients). "
         "Energy: CodeCarbon offline (CPU + RAM, all ranks) plus network bytes x 2.34e-5 J/byte.", *ns.note])

@@ -11,7 +11,9 @@ Written by hand: no library samples a process tree's CPU against a training log.
 
 Per run: the mean epoch over epochs 2..6 and 2..21 (what a 6- and a 21-epoch twin measure),
 the median and the longest epoch after the first, machine CPU seconds per epoch (all cores;
-user, system, softirq; epochs 5..n-5) and the full collections during training.
+user, system, irq, softirq; from the sample that saw epoch 5 logged to the first that saw
+epoch n-5) and the full collections from the sample that saw epoch 1 logged to the last
+that did not see epoch n (so none from start-up, and none after the epochs).
 
     sudo python benchmarks/twin_flags.py --config runs/bench-tie/Computers-1gbit-plan.toml \\
         --partition-dir runs/bench-tie/Computers-parts8 --dataset Computers
@@ -19,13 +21,15 @@ user, system, softirq; epochs 5..n-5) and the full collections during training.
 
 ``--train-flag`` adds a ``commgnn train`` flag to every run: ``--no-gc-freeze`` turns off
 ``runtime.gc_freeze`` (on by default since 2026-12-05; the first table of that day ran
-before it existed).
+before it existed). ``--compare-flag F`` runs every configuration twice in a row, without
+and with ``F``, so that a flag's effect is not confounded with drift between batches.
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime
+import itertools
 import json
 import os
 import shutil
@@ -66,7 +70,7 @@ def _lines(run: Path) -> int:
 def sampled(cmd: list[str], run: Path, env: dict[str, str]) -> list[tuple[float, list[int], int]]:
     """Run ``cmd``; (time, /proc/stat jiffies, epochs logged) every 0.1 s until it ends."""
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, env=env)
-    samples = []
+    samples: list[tuple[float, list[int], int]] = []
     while proc.poll() is None:
         samples.append((time.time(), _stat(), _lines(run)))
         time.sleep(0.1)
@@ -84,8 +88,9 @@ def summarise(run: Path, samples: list[tuple[float, list[int], int]], logdir: Pa
     b = next(s for s in samples if s[2] >= n - 5)
     hz = os.sysconf("SC_CLK_TCK")
     d = [(y - x) / hz / max(b[2] - a[2], 1) for x, y in zip(a[1], b[1])]
-    # from the first epoch's line to the last's: collections at start-up and after training are not the epochs'
-    t0, t1 = next(s for s in samples if s[2] >= 1)[0], next(s for s in samples if s[2] >= n)[0]
+    # collections at start-up and after the last epoch are not the epochs'
+    t0 = next(s for s in samples if s[2] >= 1)[0]
+    t1 = max(s[0] for s in samples if s[2] < n)
     gcs = []
     for log in logdir.glob("gc-*.log"):
         for line in log.read_text().splitlines():
@@ -94,7 +99,8 @@ def summarise(run: Path, samples: list[tuple[float, list[int], int]], logdir: Pa
                 gcs.append(took)
     later = epochs[1:]
     worst = max(range(1, n), key=lambda i: epochs[i])
-    return {"epochs 2-6 s": f"{statistics.mean(epochs[1:6]):.3f}", "epochs 2-21 s": f"{statistics.mean(epochs[1:21]):.3f}",
+    return {"epochs 2-6 s": f"{statistics.mean(epochs[1:6]):.3f}",
+            "epochs 2-21 s": f"{statistics.mean(epochs[1:21]):.3f}",
             "median s": f"{statistics.median(later):.3f}", "mean s": f"{statistics.mean(later):.3f}",
             "longest s (epoch)": f"{epochs[worst]:.3f} ({worst + 1})",
             "CPU s/epoch": f"{sum(d[STAT.index(k)] for k in ('user', 'nice', 'system', 'softirq', 'irq')):.3f}",
@@ -117,44 +123,54 @@ def main() -> None:
     ap.add_argument("--tag", default="")
     ap.add_argument("--loopback-only", action="store_true", help="leave out the emulated cluster (no root needed)")
     ap.add_argument("--train-flag", action="append", default=[], dest="train_flags",
-                    help="an extra `commgnn train` argument for every run (repeatable; e.g. --train-flag=--no-gc-freeze)")
+                    help="an extra `commgnn train` argument for every run (repeatable; "
+                         "e.g. --train-flag=--no-gc-freeze)")
+    ap.add_argument("--compare-flag", dest="compare_flag", default="",
+                    help="run each configuration without and then with this `commgnn train` flag")
     ns = ap.parse_args()
+    if ns.epochs < 26:
+        raise SystemExit(f"--epochs must be at least 26 (the table reads epochs 2-21 and 5..n-5), got {ns.epochs}")
     out = Path(ns.out)
     out.mkdir(parents=True, exist_ok=True)
     train = ["train", "--config", ns.config, "--dataset", ns.dataset, "--data-root", ns.root, "--partition-dir",
              ns.partition_dir, "--model", "gcn", "--layers", "3", "--hidden", "64", "--epochs", str(ns.epochs),
              "--patience", "0", "--seed", "0", "--quiet", *ns.train_flags]
-    rows = []
-    for rep in range(ns.reps):
-        for where in ("loopback",) if ns.loopback_only else ("loopback", ns.rate):
-            for energy in (True, False):
-                run = out / f"{where}-{'energy' if energy else 'no-energy'}-{rep}"
-                shutil.rmtree(run, ignore_errors=True)
-                flags = [*train, *([] if energy else ["--no-energy"]), "--out", str(run)]
-                cmd = [sys.executable, "-m", "commgnn", *flags, "--parts", "8"] if where == "loopback" else \
-                    [sys.executable, "-m", "commgnn", "cluster", "--hosts", "4", "--ranks-per-host", "2",
-                     "--rate", ns.rate, "--", *flags]
-                site = out / f"{run.name}-gc"  # the sitecustomize and the ranks' collection logs, kept
-                shutil.rmtree(site, ignore_errors=True)
-                site.mkdir()
-                (site / "sitecustomize.py").write_text(SITE.format(logdir=str(site.resolve())))
-                env = {**os.environ, "PYTHONPATH": os.pathsep.join(
-                    [str(site.resolve()), *filter(None, [os.environ.get("PYTHONPATH")])])}
-                samples = sampled(cmd, run, env)
-                (site / "samples.json").write_text(json.dumps(samples))
-                rows.append({"link": where, "energy": "on" if energy else "off", "rep": rep + 1,
-                             **summarise(run, samples, site)})
-                print(rows[-1], flush=True)
+    rows: list[dict[str, Any]] = []
+    wheres = ("loopback",) if ns.loopback_only else ("loopback", ns.rate)
+    compared = ("", ns.compare_flag) if ns.compare_flag else ("",)
+    for rep, where, energy, extra in itertools.product(range(ns.reps), wheres, (True, False), compared):
+        run = out / f"{where}-{'energy' if energy else 'no-energy'}{extra.replace('--', '-')}-{rep}"
+        shutil.rmtree(run, ignore_errors=True)
+        flags = [*train, *([] if energy else ["--no-energy"]), *([extra] if extra else []), "--out", str(run)]
+        cmd = [sys.executable, "-m", "commgnn", *flags, "--parts", "8"] if where == "loopback" else \
+            [sys.executable, "-m", "commgnn", "cluster", "--hosts", "4", "--ranks-per-host", "2",
+             "--rate", ns.rate, "--", *flags]
+        site = out / f"{run.name}-gc"  # the sitecustomize and the ranks' collection logs, kept
+        shutil.rmtree(site, ignore_errors=True)
+        site.mkdir()
+        (site / "sitecustomize.py").write_text(SITE.format(logdir=str(site.resolve())))
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+            [str(site.resolve()), *filter(None, [os.environ.get("PYTHONPATH")])])}
+        samples = sampled(cmd, run, env)
+        (site / "samples.json").write_text(json.dumps(samples))
+        rows.append({"link": where, "energy": "on" if energy else "off",
+                     **({"flag": extra or "—"} if ns.compare_flag else {}), "rep": rep + 1,
+                     **summarise(run, samples, site)})
+        print(rows[-1], flush=True)
     stamp = datetime.date.today().isoformat()
     stem = Path(__file__).resolve().parent / "results" / f"{stamp}-twin-flags{'-' + ns.tag if ns.tag else ''}"
     write_table(rows, stem, f"Loopback twins with and without energy measurement ({stamp})", [
-        f"`python benchmarks/twin_flags.py` (root): `{ns.config}` on {ns.dataset}, {ns.epochs} epochs, seed 0, on 8 "
-        f"local ranks over loopback and on 4 emulated hosts x 2 ranks at {ns.rate}, CodeCarbon on and off, "
-        f"{ns.reps} times each, one run at a time. All ranks share the machine's cores.",
+        f"`python benchmarks/twin_flags.py`: `{ns.config}` on {ns.dataset}, {ns.epochs} epochs, seed 0, on 8 "
+        "local ranks over loopback" + ("" if ns.loopback_only else f" and on 4 emulated hosts x 2 ranks at {ns.rate}")
+        + ", CodeCarbon on and off" + (f", each without and then with `{ns.compare_flag}`" if ns.compare_flag else "")
+        + f", {ns.reps} times each, one run at a time"
+        + (f"; every run with `{' '.join(ns.train_flags)}`" if ns.train_flags else "")
+        + ". All ranks share the machine's cores.",
         "Epochs 2-6 / 2-21: the mean a 6- or 21-epoch twin measures. Longest: the longest epoch after the "
         "first. CPU s/epoch: the whole machine's busy CPU seconds (all cores; user, system, irq, softirq) per "
-        "epoch over epochs 5..n-5, from /proc/stat. Full collections: generation-2 garbage collections any "
-        "rank ran while the run trained (gc.callbacks), and the longest of them (wall seconds, shared cores)."])
+        "epoch over epochs 6..n-5, from /proc/stat. Full collections: generation-2 garbage collections any "
+        "process of the run ran in epochs 2..n (gc.callbacks), and the longest of them (wall seconds, shared "
+        "cores)."])
     print(stem.with_suffix(".md").read_text())
 
 

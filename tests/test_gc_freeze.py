@@ -17,6 +17,7 @@ import torch
 from torch_geometric.data import Data
 
 import commgnn
+from commgnn.cli.main import _flags, build_parser
 from commgnn.errors import ConfigError
 from commgnn.runner.config import RunConfig, resolve_config
 from commgnn.runner.rank import frozen_heap
@@ -37,6 +38,19 @@ def test_frozen_heap_hides_the_objects_alive_at_its_start_and_hands_them_back():
         assert gc.get_freeze_count() == 0
 
 
+def test_frozen_heap_leaves_a_process_that_froze_objects_itself_as_it_was():
+    mine = [[i] for i in range(1000)]
+    gc.freeze()  # e.g. a pre-forking server that calls commgnn.train(parts=1)
+    try:
+        held = gc.get_freeze_count()
+        with frozen_heap(True):
+            later = [[j] for j in range(100)]
+            assert gc.get_freeze_count() == held  # not frozen again, so not handed back either
+        assert gc.get_freeze_count() == held and len(mine) + len(later) == 1100
+    finally:
+        gc.unfreeze()
+
+
 def test_frozen_heap_unfreezes_when_the_epochs_raise():
     with pytest.raises(RuntimeError):
         with frozen_heap(True):
@@ -44,12 +58,16 @@ def test_frozen_heap_unfreezes_when_the_epochs_raise():
     assert gc.get_freeze_count() == 0
 
 
-def test_the_flag_and_the_toml_key_turn_it_off(tmp_path):
+def test_the_flags_and_the_toml_key_set_it(tmp_path):
     assert RunConfig().runtime.gc_freeze is True
-    assert resolve_config(None, {"gc_freeze": False}, {}).runtime.gc_freeze is False
+    parser = build_parser()
+    assert resolve_config(None, _flags(parser.parse_args(["train", "--no-gc-freeze"])), {}).runtime.gc_freeze is False
+    assert "gc_freeze" not in _flags(parser.parse_args(["train"]))  # unset: the config decides
     toml = tmp_path / "run.toml"
     toml.write_text("[runtime]\ngc_freeze = false\n")
     assert resolve_config(str(toml), {}, {}).runtime.gc_freeze is False
+    on = _flags(parser.parse_args(["train", "--gc-freeze"]))
+    assert resolve_config(str(toml), on, {}).runtime.gc_freeze is True  # the flag wins over the file
     toml.write_text("[runtime]\ngc_freez = false\n")
     with pytest.raises(ConfigError, match="gc_freez"):
         resolve_config(str(toml), {}, {})
@@ -66,7 +84,7 @@ class _FreezeProbe(torch.nn.Module):
         self.conv = GCNConv(d_in, classes)
         self.log_dir = log_dir
 
-    def forward(self, x, edge_index):
+    def forward(self, x: torch.Tensor, edge_index: torch.Tensor) -> torch.Tensor:
         with open(Path(self.log_dir, str(os.getpid())), "a") as fh:
             fh.write(f"{gc.get_freeze_count()}\n")
         return self.conv(x, edge_index)

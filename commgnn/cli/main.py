@@ -156,8 +156,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="also write embeddings.pt: every node's output of this layer (0-based)")
     t.add_argument("--checkpoint-every", dest="checkpoint_every", type=int,
                    help="write an atomic checkpoint every k epochs (0 = never)")
-    t.add_argument("--no-gc-freeze", dest="gc_freeze", action="store_const", const=False,
-                   help="leave the set-up heap in Python's full garbage collections during the epochs")
+    t.add_argument("--gc-freeze", dest="gc_freeze", action=argparse.BooleanOptionalAction, default=None,
+                   help="keep the heap held at the first epoch out of Python's full garbage collections "
+                        "during the epochs (runtime.gc_freeze; on unless the config says otherwise)")
     t.add_argument("--memory-limit-gb", dest="memory_limit_gb", type=float,
                    help="refuse a job whose estimated memory exceeds this (0 = available memory)")
     t.add_argument("--force", action="store_const", const=True,
@@ -286,9 +287,10 @@ def cmd_train(ns: argparse.Namespace) -> int:
         return 0
     run_dir = Path(resume)
     if ns.config or set(flags) - {"epochs", "quiet", "timeout", "threads", "port", "checkpoint_every",
-                                     "memory_limit_gb", "force"}:
+                                     "memory_limit_gb", "force", "gc_freeze"}:
         raise UserError("--resume takes the run's own config.toml; only --epochs, --quiet, --timeout, "
-                        "--threads, --port, --checkpoint-every, --memory-limit-gb and --force may change")
+                        "--threads, --port, --checkpoint-every, --memory-limit-gb, --force and "
+                        "--[no-]gc-freeze may change")
     if not (run_dir / "config.toml").is_file() or not (run_dir / "manifest.json").is_file():
         raise UserError(f"{run_dir} is not a commgnn run directory (no config.toml and manifest.json)")
     flags["out"] = str(run_dir)

@@ -63,9 +63,12 @@ def _logged_rows(path: Path, upto: int) -> list[dict[str, Any]]:
 def frozen_heap(enabled: bool) -> Iterator[None]:
     """While open (``enabled``), the objects alive at its start are out of the garbage
     collector's scans (``gc.freeze``), so a full collection costs what the block allocated
-    (``RuntimeConfig.gc_freeze``); on leaving, they are handed back (``gc.unfreeze``), and any
-    garbage among them is collected as usual from then on."""
-    if not enabled:
+    (``RuntimeConfig.gc_freeze``); on leaving, they are handed back (``gc.unfreeze``). Cyclic
+    garbage among them waits for the hand-back (no collection first: it would stall every
+    rank at once, the thing this avoids). A process that holds frozen objects already (a
+    user's pre-forking server calling ``commgnn.train`` with ``parts=1``, or a torchrun
+    script) is left as it is: ``gc.unfreeze`` would hand back the user's objects too."""
+    if not enabled or gc.get_freeze_count():
         yield
         return
     gc.freeze()
