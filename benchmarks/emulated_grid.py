@@ -162,9 +162,9 @@ did the ranks on the emulated cluster, with or without it (``benchmarks/twin_fla
 ``benchmarks/results/2026-12-05-twin-flags.md``). With energy on, the Computers 1 Gbit/s
 plan's loopback runs left 0.038-0.044 s an epoch unexplained over their first 6, 21 and 60
 epochs alike (two 60-epoch runs). 21 epochs also spread CodeCarbon's start-up probe, in the
-first epochs, over a mean of 20. Since ``runtime.gc_freeze`` (on by default, added after
-these twins), no local rank ran a full collection during training with or without energy
-(``benchmarks/results/2026-12-05-twin-flags-gc-freeze.md``); twins still run their runs'
+first epochs, over a mean of 20. ``runtime.gc_freeze`` (off by default, added after these
+twins) also keeps a local rank from collecting during training without energy
+(``benchmarks/results/2026-12-05-twin-flags-gc-freeze*.md``); twins still run their runs'
 flags."""
 
 

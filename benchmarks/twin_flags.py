@@ -17,12 +17,14 @@ that did not see epoch n (so none from start-up, and none after the epochs).
 
     sudo python benchmarks/twin_flags.py --config runs/bench-tie/Computers-1gbit-plan.toml \\
         --partition-dir runs/bench-tie/Computers-parts8 --dataset Computers
-    python benchmarks/twin_flags.py ... --loopback-only --train-flag=--no-gc-freeze --tag no-gc-freeze
+    python benchmarks/twin_flags.py ... --loopback-only --energy off --compare-flag=--gc-freeze
 
-``--train-flag`` adds a ``commgnn train`` flag to every run: ``--no-gc-freeze`` turns off
-``runtime.gc_freeze`` (on by default since 2026-12-05; the first table of that day ran
-before it existed). ``--compare-flag F`` runs every configuration twice in a row, without
-and with ``F``, so that a flag's effect is not confounded with drift between batches.
+``--train-flag`` adds a ``commgnn train`` flag to every run. ``--compare-flag F`` runs every
+configuration twice in a row, without and with ``F``, so that a flag's effect is not
+confounded with drift between batches. (``runtime.gc_freeze`` was on by default for part of
+2026-12-05: the tables ``twin-flags-gc-freeze``, ``-gc-freeze-ab`` and ``-ab-no-energy`` of
+that day ran with it on unless ``--no-gc-freeze`` is named; the first ``twin-flags`` table
+ran before it existed.)
 """
 
 from __future__ import annotations
@@ -125,6 +127,8 @@ def main() -> None:
     ap.add_argument("--train-flag", action="append", default=[], dest="train_flags",
                     help="an extra `commgnn train` argument for every run (repeatable; "
                          "e.g. --train-flag=--no-gc-freeze)")
+    ap.add_argument("--energy", choices=["both", "on", "off"], default="both",
+                    help="runs with CodeCarbon on, off, or both (default)")
     ap.add_argument("--compare-flag", dest="compare_flag", default="",
                     help="run each configuration without and then with this `commgnn train` flag")
     ns = ap.parse_args()
@@ -138,7 +142,8 @@ def main() -> None:
     rows: list[dict[str, Any]] = []
     wheres = ("loopback",) if ns.loopback_only else ("loopback", ns.rate)
     compared = ("", ns.compare_flag) if ns.compare_flag else ("",)
-    for rep, where, energy, extra in itertools.product(range(ns.reps), wheres, (True, False), compared):
+    energies = {"both": (True, False), "on": (True,), "off": (False,)}[ns.energy]
+    for rep, where, energy, extra in itertools.product(range(ns.reps), wheres, energies, compared):
         run = out / f"{where}-{'energy' if energy else 'no-energy'}{extra.replace('--', '-')}-{rep}"
         shutil.rmtree(run, ignore_errors=True)
         flags = [*train, *([] if energy else ["--no-energy"]), *([extra] if extra else []), "--out", str(run)]
@@ -162,7 +167,7 @@ def main() -> None:
     write_table(rows, stem, f"Loopback twins with and without energy measurement ({stamp})", [
         f"`python benchmarks/twin_flags.py`: `{ns.config}` on {ns.dataset}, {ns.epochs} epochs, seed 0, on 8 "
         "local ranks over loopback" + ("" if ns.loopback_only else f" and on 4 emulated hosts x 2 ranks at {ns.rate}")
-        + ", CodeCarbon on and off" + (f", each without and then with `{ns.compare_flag}`" if ns.compare_flag else "")
+        + {"both": ", CodeCarbon on and off", "on": ", CodeCarbon on", "off": ", CodeCarbon off"}[ns.energy] + (f", each without and then with `{ns.compare_flag}`" if ns.compare_flag else "")
         + f", {ns.reps} times each, one run at a time"
         + (f"; every run with `{' '.join(ns.train_flags)}`" if ns.train_flags else "")
         + ". All ranks share the machine's cores.",

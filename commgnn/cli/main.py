@@ -158,7 +158,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="write an atomic checkpoint every k epochs (0 = never)")
     t.add_argument("--gc-freeze", dest="gc_freeze", action=argparse.BooleanOptionalAction, default=None,
                    help="keep the heap held at the first epoch out of Python's full garbage collections "
-                        "during the epochs (runtime.gc_freeze; on unless the config says otherwise)")
+                        "during the epochs (runtime.gc_freeze; off unless the config says otherwise)")
     t.add_argument("--memory-limit-gb", dest="memory_limit_gb", type=float,
                    help="refuse a job whose estimated memory exceeds this (0 = available memory)")
     t.add_argument("--force", action="store_const", const=True,

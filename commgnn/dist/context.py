@@ -55,12 +55,15 @@ class RuntimeConfig:
     """After full-graph training, time each rank's forward and backward with the machine to
     itself, one rank at a time (``compute_alone_s`` in ``summary.json``): the ranks of one
     machine share its cores, a cluster's hosts do not."""
-    gc_freeze: bool = True
+    gc_freeze: bool = False
     """Move the objects alive when training starts (modules, graph, model) out of Python's
-    garbage collector's view for the epochs (``gc.freeze``; ``gc.unfreeze`` after). A full
-    collection then scans only what the epochs allocate. Why: ranks with the same code reach
-    a full collection at the same epoch, and 8 local ranks on 2 cores collecting at once
-    made a 1.2 s epoch out of a 0.16 s one (``benchmarks/results/2026-12-05-twin-flags*.md``)."""
+    garbage collector's view for the epochs (``gc.freeze``; ``gc.unfreeze`` after). Why:
+    ranks running the same code reach a full collection at the same epoch; 8 local ranks on
+    2 cores collecting at once made a 0.94-1.03 s epoch out of 0.16-0.17 s ones. Measured
+    (``benchmarks/results/2026-12-05-twin-flags-gc-freeze-ab*.md``, 7 interleaved pairs of
+    100-epoch runs without energy measurement): on, no such epoch and a 2.3% lower mean over
+    the run, but epochs 10-100 3.8% slower (0.169 against 0.163 s; cause not found). So it is
+    off by default: for short runs whose epochs must be even (probes, twins), not long ones."""
     checkpoint_every: int = 0
     """Write an atomic checkpoint of every rank's state every k epochs (0 = never); a
     resumed or elastically restarted run continues from the newest complete one."""
