@@ -201,12 +201,13 @@ def exposed_s(model: ClusterModel, compute: float, pairs: Mapping[str, torch.Ten
 
 def joined_s(model: ClusterModel, compute: float, pairs: Mapping[str, torch.Tensor], calls: Mapping[str, float],
              barriers: int, stale: list[tuple[str, ...]], overhead_s: float, *, overlap: float = OVERLAP,
-             reference: ClusterModel | None = None) -> float:
-    """An epoch's communication seconds: :func:`exposed_s` on ``model`` joined to
-    ``overhead_s`` by :func:`with_overhead`; with ``reference`` (the link the overhead was
-    measured on), only the price in excess of that link's price for the same traffic may
-    hide it."""
-    exposed = exposed_s(model, compute, pairs, calls, barriers, stale)
+             reference: ClusterModel | None = None, exposed: float | None = None) -> float:
+    """An epoch's communication seconds: :func:`exposed_s` on ``model`` (``exposed``, when the
+    caller has it already) joined to ``overhead_s`` by :func:`with_overhead`; with
+    ``reference`` (the link the overhead was measured on), only the price in excess of that
+    link's price for the same traffic may hide it."""
+    if exposed is None:
+        exposed = exposed_s(model, compute, pairs, calls, barriers, stale)
     hide = None
     if reference is not None and overhead_s > 0:
         if reference.world_size != model.world_size:
@@ -239,9 +240,10 @@ def predict_run(run_dir: Path | str, model: ClusterModel, *, overhead_s: float =
     pred = model.predict_epoch(compute, pairs, calls, barriers=barriers)
     is_pipelined = pipelined(run_dir)
     stale = [overlapped_classes(r, is_pipelined) for r in later]
-    pred["hidden"] = pred["comm"] - exposed_s(model, compute, pairs, calls, barriers, stale)
+    exposed = exposed_s(model, compute, pairs, calls, barriers, stale)
+    pred["hidden"] = pred["comm"] - exposed
     pred["epoch"] = compute + joined_s(model, compute, pairs, calls, barriers, stale, overhead_s, overlap=overlap,
-                                       reference=reference)
+                                       reference=reference, exposed=exposed)
     measured = statistics.mean(r["epoch_s"] for r in later)
     comm_measured = statistics.mean(r["time_busiest_s"]["comm"] + r["time_busiest_s"].get("fetch", 0.0)
                                     for r in later)
