@@ -21,9 +21,9 @@ from pathlib import Path
 
 import torch
 
-from commgnn.dist.context import LaunchInfo, RuntimeConfig, free_port, init_distributed, shutdown
-from commgnn.dist.events import Hooks
-from commgnn.dist.launch import spawn_ranks
+from commgnn.distributed.context import LaunchInfo, RuntimeConfig, free_port, init_distributed, shutdown
+from commgnn.distributed.events import Hooks
+from commgnn.distributed.spawn import spawn_ranks
 from commgnn.fetch.fetcher import FeatureFetcher
 
 

@@ -212,7 +212,7 @@ def fullgraph_bench(device: torch.device, nodes: int, epochs: int, parts: int, f
     from commgnn.runner.config import RunConfig
     from commgnn.comm.config import CommConfig, HaloConfig
     from commgnn.data import SyntheticConfig, make_csbm
-    from commgnn.dist.context import RuntimeConfig
+    from commgnn.distributed.context import RuntimeConfig
 
     layers = 3
     t0 = time.perf_counter()

@@ -28,9 +28,9 @@ from typing import Any
 
 import torch
 
-from commgnn.dist.context import LaunchInfo, RuntimeConfig, free_port, init_distributed, shutdown
-from commgnn.dist.events import CommEvent, Hooks
-from commgnn.dist.launch import spawn_ranks
+from commgnn.distributed.context import LaunchInfo, RuntimeConfig, free_port, init_distributed, shutdown
+from commgnn.distributed.events import CommEvent, Hooks
+from commgnn.distributed.spawn import spawn_ranks
 from commgnn.fetch.config import FetchConfig
 from commgnn.models import ModelConfig
 from commgnn.partition import load_partition

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from commgnn.dist.context import DistContext
+from commgnn.distributed.context import DistContext
 from commgnn.errors import DataError
 from commgnn.federated.transport import Transport
 

@@ -30,9 +30,9 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from commgnn.dist.context import (DistContext, LaunchInfo, RuntimeConfig, free_port, init_distributed,
+from commgnn.distributed.context import (DistContext, LaunchInfo, RuntimeConfig, free_port, init_distributed,
                                   shutdown)
-from commgnn.dist.launch import first_line, spawn_ranks
+from commgnn.distributed.spawn import first_line, spawn_ranks
 
 CUDA = torch.cuda.is_available()
 #: A stuck collective fails after this many seconds, naming itself (GPU_TEST_COLLECTIVE_TIMEOUT_S

@@ -16,9 +16,9 @@ import torch.nn.functional as F
 from torch_geometric.data import Data
 from torch_geometric.utils import coalesce, remove_self_loops, to_undirected
 
-from commgnn.dist.context import DistContext, LaunchInfo, RuntimeConfig, free_port, init_distributed, shutdown
-from commgnn.dist.events import CommEvent, Hooks
-from commgnn.dist.launch import spawn_ranks
+from commgnn.distributed.context import DistContext, LaunchInfo, RuntimeConfig, free_port, init_distributed, shutdown
+from commgnn.distributed.events import CommEvent, Hooks
+from commgnn.distributed.spawn import spawn_ranks
 from commgnn.models import ModelConfig, ReferenceGNN
 
 if TYPE_CHECKING:

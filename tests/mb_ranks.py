@@ -8,9 +8,9 @@ from typing import Any
 import torch
 
 from commgnn.comm.config import CommConfig
-from commgnn.dist.context import DistContext
-from commgnn.dist.events import CommEvent, Hooks, TimeEvent
-from commgnn.fetch.cache import LRUCache, StaticCache
+from commgnn.distributed.context import DistContext
+from commgnn.distributed.events import CommEvent, Hooks, TimeEvent
+from commgnn.fetch.row_cache import LRUCache, StaticCache
 from commgnn.fetch.config import FetchConfig
 from commgnn.fetch.fetcher import FeatureFetcher
 from commgnn.models import ModelConfig
@@ -305,7 +305,7 @@ def fetch_adaptive_after_fill(ctx: DistContext, data: Any, parts: torch.Tensor, 
 def request_rounds(ctx: DistContext, m: int) -> dict[str, Any]:
     """Ask random owners for random rows (``serve`` answers ``[row, 10 row + owner]``), once
     in request order and once left in owner order."""
-    from commgnn.dist.request import request_reply, request_reply_sorted
+    from commgnn.distributed.request import request_reply, request_reply_sorted
     hooks, events = _counting_hooks()
     g = torch.Generator().manual_seed(7 + ctx.rank)
     owners = torch.randint(0, ctx.world_size, (m,), generator=g)

@@ -29,8 +29,8 @@ from torch_geometric.nn import (APPNP, MLP, BatchNorm, ChebConv, GATConv, GATv2C
 from commgnn.comm.build import build_halo
 from commgnn.comm.config import HaloConfig
 from commgnn.comm.halo.alltoall import AllToAllHalo
-from commgnn.dist.context import DistContext
-from commgnn.dist.events import CommEvent, Hooks
+from commgnn.distributed.context import DistContext
+from commgnn.distributed.events import CommEvent, Hooks
 from commgnn.errors import ConfigError
 from commgnn.models.byo import DistributedModel, UnsupportedLayerError
 from commgnn.models.graph import LocalGraph

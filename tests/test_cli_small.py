@@ -16,8 +16,8 @@ from commgnn.runner.config import (FLAG_KEYS, RunConfig, config_from_partition_d
                                 default_for_key, resolve_config)
 from commgnn.cli.main import main
 from commgnn.config import from_dict
-from commgnn.dist.context import DistContext
-from commgnn.dist.events import CommEvent, Hooks
+from commgnn.distributed.context import DistContext
+from commgnn.distributed.events import CommEvent, Hooks
 from commgnn.errors import ConfigError, PartitionError
 from commgnn.metrics import Meter
 from commgnn.metrics.meter import CLASSES

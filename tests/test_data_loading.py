@@ -16,7 +16,7 @@ import torch
 from torch_geometric.data import Data
 
 from commgnn.data import DataConfig, dataset_names, load_dataset, stratified_split
-from commgnn.data.cache import MARKER, ensure_copy, root_key
+from commgnn.data.staging import MARKER, ensure_copy, root_key
 from commgnn.data.datasets import resolve_dataset
 from commgnn.errors import ConfigError, DataError
 

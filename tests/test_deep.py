@@ -21,8 +21,8 @@ import torch
 from commgnn.runner.config import RunConfig, resolve_config
 from commgnn.cli.main import build_parser
 from commgnn.comm.config import CommConfig, HaloConfig
-from commgnn.dist.context import DistContext
-from commgnn.dist.events import Hooks
+from commgnn.distributed.context import DistContext
+from commgnn.distributed.events import Hooks
 from commgnn.errors import ConfigError
 from commgnn.models import LocalGraph, ModelConfig, PartitionGNN, ReferenceGNN
 from commgnn.models.deep import ResPlusGNN

@@ -7,8 +7,8 @@ import torch
 from commgnn.comm.config import CommConfig, GossipConfig
 from commgnn.comm.gossip.dpsgd import DPSGDAdaptThenCombine
 from commgnn.data import SyntheticConfig, make_csbm
-from commgnn.dist.context import DistContext
-from commgnn.dist.events import CommEvent, Hooks
+from commgnn.distributed.context import DistContext
+from commgnn.distributed.events import CommEvent, Hooks
 from commgnn.models import ModelConfig
 from commgnn.partition import PartitionConfig, build_local_partition, partition_graph
 from commgnn.trainers import FullGraphTrainer, TrainConfig

@@ -36,8 +36,8 @@ import torch
 from torch_geometric.data import Data
 
 import commgnn
-from commgnn.dist.context import DistContext, RuntimeConfig
-from commgnn.dist.events import Hooks
+from commgnn.distributed.context import DistContext, RuntimeConfig
+from commgnn.distributed.events import Hooks
 from commgnn.models import ModelConfig
 from commgnn.models.graph import CSRPair, LocalGraph, spmm
 from commgnn.models.sparse import SparseRows

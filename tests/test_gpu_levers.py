@@ -39,8 +39,8 @@ from commgnn.comm.config import CommConfig, GossipConfig, GradConfig, HaloConfig
 from commgnn.comm.halo.alltoall import AllToAllHalo
 from commgnn.comm.halo.protocol import HaloPlan
 from commgnn.data import SyntheticConfig, make_csbm
-from commgnn.dist.context import DistContext
-from commgnn.dist.events import Hooks
+from commgnn.distributed.context import DistContext
+from commgnn.distributed.events import Hooks
 from commgnn.models import ModelConfig
 from commgnn.models.maxk import maxk
 from commgnn.partition import PartitionConfig, build_local_partition, partition_graph

@@ -18,8 +18,8 @@ from commgnn.comm.grad.cltk import CyclicTopKSync
 from commgnn.comm.grad.qsgd import QSGDSync
 from commgnn.comm.grad.signsgd import SignSGDSync
 from commgnn.comm.grad.topk import TopKSync
-from commgnn.dist.context import DistContext
-from commgnn.dist.events import CommEvent, Hooks
+from commgnn.distributed.context import DistContext
+from commgnn.distributed.events import CommEvent, Hooks
 from commgnn.errors import ConfigError, UserError
 from commgnn.models import ModelConfig
 from commgnn.partition import PartitionConfig, build_local_partition, partition_graph
@@ -367,7 +367,7 @@ def big_model_rank(ctx: DistContext) -> dict:
     model = nn.Sequential(nn.Linear(600, 600), nn.ReLU(), nn.Linear(600, 600))
     import time
 
-    from commgnn.dist.events import TimeEvent
+    from commgnn.distributed.events import TimeEvent
 
     hooks, comm = Hooks(), []
     hooks.subscribe(lambda e: comm.append(e.seconds) if isinstance(e, TimeEvent) and e.phase == "comm" else None)

@@ -14,8 +14,8 @@ from commgnn.comm.config import HaloConfig
 from commgnn.comm.halo.adaptive import relative_stats, solve_bits
 from commgnn.comm.halo.alltoall import AllToAllHalo
 from commgnn.config import from_dict
-from commgnn.dist.context import DistContext
-from commgnn.dist.events import CommEvent, Hooks
+from commgnn.distributed.context import DistContext
+from commgnn.distributed.events import CommEvent, Hooks
 from commgnn.errors import ConfigError
 from commgnn.partition import PartitionConfig, build_local_partition, partition_graph
 from commgnn.trainers import halo_plan

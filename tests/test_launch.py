@@ -9,10 +9,10 @@ import time
 import pytest
 import torch
 
-from commgnn.dist.context import (LaunchInfo, RuntimeConfig, check_port_free, free_port, init_distributed,
+from commgnn.distributed.context import (LaunchInfo, RuntimeConfig, check_port_free, free_port, init_distributed,
                                   launch_info_from_env, pick_device, shutdown, threads_per_rank)
-from commgnn.dist.launch import spawn_ranks
-from commgnn.dist.watchdog import _parent_of
+from commgnn.distributed.spawn import spawn_ranks
+from commgnn.distributed.watchdog import _parent_of
 from commgnn.errors import RankFailure, UserError
 
 
@@ -110,7 +110,7 @@ def test_ranks_get_their_own_gpu_share_one_only_under_gloo_or_run_on_the_cpu(mon
 
 
 def test_host_payloads_go_to_the_device_only_under_nccl():
-    from commgnn.dist.context import DistContext
+    from commgnn.distributed.context import DistContext
 
     def ctx(backend: str, device: str) -> DistContext:
         return DistContext(rank=0, world_size=2, local_rank=0, local_world_size=2, device=torch.device(device),
@@ -161,12 +161,12 @@ def test_a_rank_whose_launcher_is_gone_exits_at_once(launcher, alive):
     import subprocess
     import sys
 
-    from commgnn.dist.watchdog import EXIT_PEER_FAILED
+    from commgnn.distributed.watchdog import EXIT_PEER_FAILED
 
     # The child's parent is this process; its grandparent is this process's parent (the
     # fork server case). Anyone else means the launcher died before the rank started.
     pid = {"parent": os.getpid(), "grandparent": os.getppid(), "stranger": 999999}[launcher]
-    res = subprocess.run([sys.executable, "-c", "from commgnn.dist.watchdog import die_with_launcher as d; "
+    res = subprocess.run([sys.executable, "-c", "from commgnn.distributed.watchdog import die_with_launcher as d; "
                           f"print(d({pid}))"], capture_output=True, text=True, timeout=60)
     if alive:
         assert (res.returncode, res.stdout.strip()) == (0, str(os.getpid())), res.stderr
@@ -190,7 +190,7 @@ def test_a_killed_launcher_takes_its_ranks_and_fork_server_before_they_start_tra
     import psutil
 
     script = ("import sys; sys.path.insert(0, sys.argv[1]); from test_launch import sleeping_rank; "
-              "from commgnn.dist.launch import spawn_ranks; from commgnn.dist.context import free_port; "
+              "from commgnn.distributed.spawn import spawn_ranks; from commgnn.distributed.context import free_port; "
               "spawn_ranks(sleeping_rank, (sys.argv[2],), nprocs=2, master_addr='127.0.0.1', port=free_port())")
     launcher = subprocess.Popen([sys.executable, "-c", script, os.path.dirname(__file__), str(tmp_path)])
     deadline = time.monotonic() + 90
@@ -252,7 +252,7 @@ def test_a_sigterm_to_the_fork_server_leaves_its_ranks_running(tmp_path):
 
 
 def _start_method_here(q) -> None:  # type: ignore[no-untyped-def]
-    from commgnn.dist.forkserver import start_context
+    from commgnn.distributed.forkserver import start_context
 
     q.put(start_context(cuda=False).get_start_method())
 
@@ -262,7 +262,7 @@ def test_the_fork_server_is_used_only_where_it_is_safe():
     import sys
     import threading
 
-    from commgnn.dist.forkserver import start_context
+    from commgnn.distributed.forkserver import start_context
 
     assert start_context(cuda=True).get_start_method() == "spawn"  # CUDA is never forked
     here = start_context(cuda=False).get_start_method()
@@ -290,7 +290,7 @@ def test_prestart_starts_the_server_that_the_launch_then_uses(tmp_path):
     import sys
     from multiprocessing import forkserver
 
-    from commgnn.dist.forkserver import prestart
+    from commgnn.distributed.forkserver import prestart
 
     prestart(cuda=True)  # CUDA ranks are spawned: nothing to start for them
     if not sys.platform.startswith("linux"):

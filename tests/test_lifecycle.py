@@ -1,7 +1,7 @@
 """What commgnn guarantees on failure: no orphaned ranks, fast failure naming the right
 rank in one line, pre-flight refusals, and runs that say whether they finished.
 
-Faults are injected with a ``[fault]`` table (commgnn/dist/faults.py) or by signalling the
+Faults are injected with a ``[fault]`` table (commgnn/distributed/faults.py) or by signalling the
 launcher from the test; each test checks the exit code, the single stderr line, the time
 the job took to end after the fault, ``status.json`` and that no process is left.
 """
@@ -238,7 +238,7 @@ def test_a_full_disk_at_setup_is_one_line_and_leaves_nothing(tmp_path, capfd):
 @pytest.mark.timeout(150)
 @pytest.mark.skipif(shutil.which("torchrun") is None, reason="torchrun is not on PATH")
 def test_ranks_die_with_a_killed_torchrun_agent(tmp_path):
-    from commgnn.dist.context import free_port
+    from commgnn.distributed.context import free_port
 
     out = tmp_path / "run"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", "2",

@@ -231,8 +231,8 @@ def test_adaptive_widths_size_the_values_of_maxk_pairs(tmp_path):
 def test_maxk_pairs_need_the_solver_right_below():
     """A lever between MaxKRows and the solver would see (index, value) bytes: refused."""
     from commgnn.comm.halo.adaptive import AdaptiveQuantized
-    from commgnn.dist.context import DistContext
-    from commgnn.dist.events import Hooks
+    from commgnn.distributed.context import DistContext
+    from commgnn.distributed.events import Hooks
 
     ctx = DistContext.single()
     plan = HaloPlan(send_index=torch.zeros(0, dtype=torch.long), send_counts=[0], recv_counts=[0])

@@ -14,8 +14,8 @@ from commgnn.runner.config import RunConfig
 from commgnn.cli.main import main
 from commgnn.comm.sparse_codec import block_bytes
 from commgnn.config import from_dict
-from commgnn.dist.context import DistContext
-from commgnn.dist.events import Hooks
+from commgnn.distributed.context import DistContext
+from commgnn.distributed.events import Hooks
 from commgnn.errors import ConfigError, UserError
 from commgnn.fetch.config import FetchConfig
 from commgnn.models import ModelConfig

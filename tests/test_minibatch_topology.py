@@ -10,7 +10,7 @@ import torch
 
 from commgnn.errors import ConfigError
 from commgnn.fetch.config import FetchConfig
-from commgnn.sampling.config import ClusterConfig, SamplerConfig
+from commgnn.sampling.config import ClusterGCNConfig, SamplerConfig
 from helpers import run_on_ranks, small_graph
 import mb_ranks
 from mb_ranks import mkdir as _mk, random_parts as _parts, small_cfgs as _cfgs
@@ -81,7 +81,7 @@ def test_cluster_gcn_trains_alike_on_a_partitioned_topology(tmp_path):
     runs = {}
     for topology in ("replicated", "partitioned"):
         sampler = SamplerConfig(sampler="cluster", topology=topology,
-                                cluster=ClusterConfig(num_clusters=6, clusters_per_batch=2))
+                                cluster=ClusterGCNConfig(num_clusters=6, clusters_per_batch=2))
         runs[topology] = run_on_ranks(mb_ranks.train_minibatch, 2, _mk(tmp_path / topology), data, parts, model,
                                       train, sampler, FetchConfig(cache_ratio=0.2), 2)
     for rep, part in zip(runs["replicated"], runs["partitioned"]):
@@ -160,8 +160,8 @@ def test_a_partitioned_topology_needs_a_positive_fanout_where_it_samples():
     """Owners sample a fixed number per node, so -1 (all) is refused in one line: in the
     config when ``topology = 'partitioned'`` (VR-GCN's last entry is unused and may be -1),
     and at set-up when ``auto`` partitions a graph too big to replicate."""
-    from commgnn.dist.context import DistContext
-    from commgnn.dist.events import Hooks
+    from commgnn.distributed.context import DistContext
+    from commgnn.distributed.events import Hooks
     from commgnn.partition import build_local_partition
     from commgnn.trainers.mb_setup import build_sampler
 

@@ -15,8 +15,8 @@ import torch
 
 from commgnn.comm.config import CommConfig, HaloConfig
 from commgnn.comm.halo.exchange import RowExchange
-from commgnn.dist.context import DistContext
-from commgnn.dist.events import Hooks
+from commgnn.distributed.context import DistContext
+from commgnn.distributed.events import Hooks
 from commgnn.models import ModelConfig
 from commgnn.partition import PartitionConfig, build_local_partition, partition_graph
 from commgnn.trainers import FullGraphTrainer, TrainConfig

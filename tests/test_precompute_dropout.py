@@ -14,8 +14,8 @@ from torch import Tensor
 
 from commgnn.comm.config import HaloConfig
 from commgnn.comm.halo.alltoall import AllToAllHalo
-from commgnn.dist.context import DistContext
-from commgnn.dist.events import Hooks
+from commgnn.distributed.context import DistContext
+from commgnn.distributed.events import Hooks
 from commgnn.errors import ConfigError
 from commgnn.models import ModelConfig
 from commgnn.models.graph import spmm

@@ -21,8 +21,8 @@ import torch
 from torch_geometric.data import Data
 
 from commgnn.comm.config import CommConfig
-from commgnn.dist.context import DistContext
-from commgnn.dist.events import Hooks
+from commgnn.distributed.context import DistContext
+from commgnn.distributed.events import Hooks
 from commgnn.errors import ConfigError, PartitionError
 from commgnn.models import ModelConfig
 from commgnn.partition import LocalPartition, PartitionConfig, build_local_partitions, partition_graph

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from commgnn.cli.main import main
-from commgnn.dist.context import free_port
+from commgnn.distributed.context import free_port
 
 CONFIG = """
 [data.synthetic]

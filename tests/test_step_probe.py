@@ -104,7 +104,7 @@ def test_probed_step_bounds_every_batch_of_an_epoch_and_is_below_the_overlap_fre
 def launch_inputs(limit_gb: float = 0.0) -> tuple[Data, torch.Tensor, dict, dict, Any]:
     """The community graph as the launcher sees it: data, parts, graph description,
     partition report, and a neighbour-sampling run's config."""
-    from commgnn.dist.context import RuntimeConfig
+    from commgnn.distributed.context import RuntimeConfig
     from commgnn.models.config import ModelConfig
     from commgnn.partition import partition_report
     from commgnn.runner.config import RunConfig

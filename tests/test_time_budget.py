@@ -10,8 +10,8 @@ import torch
 from commgnn.comm.config import HaloConfig
 from commgnn.comm.halo.adaptive import AdaptiveQuantized
 from commgnn.comm.halo.exchange import RowExchange
-from commgnn.dist.context import DistContext
-from commgnn.dist.events import Hooks
+from commgnn.distributed.context import DistContext
+from commgnn.distributed.events import Hooks
 from commgnn.errors import ConfigError
 
 

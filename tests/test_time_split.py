@@ -8,8 +8,8 @@ import time
 import pytest
 import torch
 
-from commgnn.dist.context import DistContext
-from commgnn.dist.events import Hooks
+from commgnn.distributed.context import DistContext
+from commgnn.distributed.events import Hooks
 from commgnn.metrics import Meter
 from commgnn.report.records import summarise, time_split
 

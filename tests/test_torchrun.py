@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from commgnn.dist.context import free_port
+from commgnn.distributed.context import free_port
 
 CONFIG = """
 [data.synthetic]

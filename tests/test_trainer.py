@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from commgnn.dist.context import DistContext
-from commgnn.dist.events import Hooks
+from commgnn.distributed.context import DistContext
+from commgnn.distributed.events import Hooks
 from commgnn.models import ModelConfig
 from commgnn.partition import build_local_partition
 from commgnn.trainers import FullGraphTrainer, TrainConfig

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from commgnn.dist.context import DistContext
-from commgnn.dist.events import Hooks
+from commgnn.distributed.context import DistContext
+from commgnn.distributed.events import Hooks
 from commgnn.fetch.config import FetchConfig
 from commgnn.models import ModelConfig
 from commgnn.models.blocks import BlockGraph

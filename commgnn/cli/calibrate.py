@@ -39,7 +39,7 @@ def _sizes(text: str) -> list[int]:
 
 
 def _rank(info: Any, out: str, timeout_s: float, sizes: list[int] | None) -> None:
-    from commgnn.dist.context import RuntimeConfig, init_distributed, shutdown
+    from commgnn.distributed.context import RuntimeConfig, init_distributed, shutdown
     from commgnn.netmodel.calibrate import calibrate
 
     ctx = init_distributed(info, RuntimeConfig(parts=info.world_size, timeout_s=timeout_s, threads=1))
@@ -74,8 +74,8 @@ def describe(d: dict[str, Any]) -> str:
 
 
 def cmd_calibrate(ns: argparse.Namespace) -> int:
-    from commgnn.dist.context import free_port, launch_info_from_env
-    from commgnn.dist.launch import spawn_ranks
+    from commgnn.distributed.context import free_port, launch_info_from_env
+    from commgnn.distributed.spawn import spawn_ranks
 
     out = Path(ns.out)
     if not out.parent.is_dir():

@@ -302,7 +302,7 @@ def cmd_federate(ns: argparse.Namespace) -> int:
     from commgnn.config import dump_toml, replace_path, to_dict
     from commgnn.report.records import prepare_out_dir, write_json
 
-    from commgnn.dist.context import launch_info_from_env
+    from commgnn.distributed.context import launch_info_from_env
 
     flags = {dest: getattr(ns, dest, None) for dest in (*FLAG_KEYS, "seed")}
     cfg = resolve_federate_config(ns.config, flags, os.environ)
@@ -317,7 +317,7 @@ def cmd_federate(ns: argparse.Namespace) -> int:
 
     import torch
 
-    from commgnn.dist.context import threads_per_rank
+    from commgnn.distributed.context import threads_per_rank
     from commgnn.federated.engine import Federation
     from commgnn.federated.fairness import fairness_markdown
     from commgnn.federated.run import federate, run_rank

@@ -22,9 +22,9 @@ from commgnn.runner.preflight import check_rank_count
 from commgnn.runner.rank import gather_rows
 from commgnn.comm.config import CommConfig
 from commgnn.data import fingerprint, load_dataset
-from commgnn.dist.context import LaunchInfo, free_port, init_distributed, shutdown
-from commgnn.dist.events import Hooks
-from commgnn.dist.launch import spawn_ranks
+from commgnn.distributed.context import LaunchInfo, free_port, init_distributed, shutdown
+from commgnn.distributed.events import Hooks
+from commgnn.distributed.spawn import spawn_ranks
 from commgnn.errors import DataError, UserError
 from commgnn.partition import build_local_partitions, load_partition, partition_graph, save_partitions
 from commgnn.report import read_json

@@ -23,8 +23,8 @@ from commgnn.comm.halo.protocol import HaloPlan
 from commgnn.comm.halo.quantized import Quantized
 from commgnn.comm.halo.sampled import Sampled
 from commgnn.comm.halo.skip import SkipUnchanged
-from commgnn.dist.context import DistContext
-from commgnn.dist.events import Hooks
+from commgnn.distributed.context import DistContext
+from commgnn.distributed.events import Hooks
 
 
 def build_halo(ctx: DistContext, plan: HaloPlan, hooks: Hooks, cfg: HaloConfig, *, num_layers: int,

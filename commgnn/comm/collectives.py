@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import torch
 
-from commgnn.dist.context import DistContext
-from commgnn.dist.events import Hooks, TrafficClass
+from commgnn.distributed.context import DistContext
+from commgnn.distributed.events import Hooks, TrafficClass
 
 
 def ring_allreduce_bytes(numel: int, elem_size: int, world_size: int) -> int:

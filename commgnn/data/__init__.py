@@ -9,7 +9,7 @@ a :class:`torch_geometric.data.Data` in one form (float32 ``x``, int64 ``edge_in
 
 from commgnn.data.config import DataConfig, SyntheticConfig
 from commgnn.data.datasets import GIVEN_GRAPH, dataset_names, load_dataset
-from commgnn.data.splits import stratified_split
+from commgnn.data.stratified_split import stratified_split
 from commgnn.data.synthetic import make_csbm
 from commgnn.data.validate import fingerprint, graph_notes, validate_graph
 

@@ -48,9 +48,9 @@ from torch_geometric.transforms import NormalizeFeatures
 from torch_geometric.utils import remove_self_loops
 
 from commgnn.config import one_line_errors
-from commgnn.data.cache import ensure_copy, locked, root_key
+from commgnn.data.staging import ensure_copy, locked, root_key
 from commgnn.data.config import DataConfig
-from commgnn.data.splits import stratified_split
+from commgnn.data.stratified_split import stratified_split
 from commgnn.data.synthetic import make_csbm
 from commgnn.data.validate import MASK_NAMES, mask_as_bool, validate_graph
 from commgnn.errors import ConfigError, DataError

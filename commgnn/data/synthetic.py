@@ -29,7 +29,7 @@ from torch import Tensor
 from torch_geometric.data import Data
 
 from commgnn.data.config import SyntheticConfig
-from commgnn.data.splits import stratified_split
+from commgnn.data.stratified_split import stratified_split
 from commgnn.errors import DataError
 
 # Redrawing only the missing edges shrinks the deficit by the collision rate each round;

@@ -10,7 +10,7 @@ A federated run's TOML::
     [dp]          epsilon, delta, clip, noise_at, ...  (federated.dp.DPConfig)
     [policy]      path                                 (a governance policy TOML)
     [output]      out
-    [runtime]     parts, timeout_s, ...                (commgnn.dist.context.RuntimeConfig)
+    [runtime]     parts, timeout_s, ...                (commgnn.distributed.context.RuntimeConfig)
 
 Unknown keys are errors (:func:`commgnn.config.from_dict`); the resolved config is
 written beside the results as ``config.toml``.
@@ -23,7 +23,7 @@ from typing import Literal
 
 from commgnn.config import fraction, positive
 from commgnn.data.config import DataConfig
-from commgnn.dist.context import RuntimeConfig
+from commgnn.distributed.context import RuntimeConfig
 from commgnn.errors import ConfigError
 from commgnn.federated.dp import DPConfig
 from commgnn.federated.neighgen import NeighGenConfig

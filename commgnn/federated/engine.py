@@ -34,8 +34,8 @@ import torch
 from torch import Tensor
 
 from commgnn.data import load_dataset
-from commgnn.dist.context import DistContext
-from commgnn.data.splits import stratified_split
+from commgnn.distributed.context import DistContext
+from commgnn.data.stratified_split import stratified_split
 from commgnn.federated import dp as dpmod
 from commgnn.federated import neighgen
 from commgnn.federated import uplink as up

@@ -1,9 +1,9 @@
 """Run a federation in this process or across ranks, the same way ``commgnn train`` does.
 
 ``runtime.parts = 1``: the server and every client in this process. ``parts = W > 1``: W
-local gloo ranks started by :func:`commgnn.dist.launch.spawn_ranks` (rank 0 the server),
+local gloo ranks started by :func:`commgnn.distributed.spawn.spawn_ranks` (rank 0 the server),
 or, under ``torchrun``, the launcher's ranks (:func:`run_rank` with its
-:class:`~commgnn.dist.context.LaunchInfo`). A dead rank makes the others fail within the
+:class:`~commgnn.distributed.context.LaunchInfo`). A dead rank makes the others fail within the
 collective time-out, naming it. The server's summary comes back to the caller.
 """
 
@@ -14,8 +14,8 @@ import tempfile
 from pathlib import Path
 from typing import Any, Callable
 
-from commgnn.dist.context import LaunchInfo, free_port, init_distributed, shutdown
-from commgnn.dist.launch import rank_failure, spawn_ranks
+from commgnn.distributed.context import LaunchInfo, free_port, init_distributed, shutdown
+from commgnn.distributed.spawn import rank_failure, spawn_ranks
 from commgnn.federated.config import FederateConfig
 from commgnn.federated.engine import Federation
 

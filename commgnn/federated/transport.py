@@ -14,7 +14,7 @@ from typing import Any
 
 import torch.distributed as dist
 
-from commgnn.dist.context import DistContext
+from commgnn.distributed.context import DistContext
 from commgnn.errors import DataError
 
 

@@ -29,10 +29,10 @@ from torch import Tensor
 
 from commgnn.comm import quant
 from commgnn.comm.sparse_codec import block_bytes, decode_block, encode_block, exchange_blocks
-from commgnn.dist.context import DistContext
-from commgnn.dist.events import Hooks, TrafficClass
-from commgnn.fetch.cache import RowCache, StaticCache
-from commgnn.dist.request import all_to_all, request_reply_sorted
+from commgnn.distributed.context import DistContext
+from commgnn.distributed.events import Hooks, TrafficClass
+from commgnn.fetch.row_cache import RowCache, StaticCache
+from commgnn.distributed.request import all_to_all, request_reply_sorted
 from commgnn.fetch.adaptive import AdaptiveBits, decode_rows, encode_rows, row_bytes
 
 

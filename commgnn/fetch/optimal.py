@@ -1,7 +1,7 @@
 """Offline optima for a trace of remote-row requests: what a cache could at best achieve.
 
 A *trace* is one ``[n_i]`` int64 tensor of unique ids per step, in step order (what
-:meth:`~commgnn.fetch.cache.RowCache.lookup` sees). Two bounds, for a cache of ``capacity``
+:meth:`~commgnn.fetch.row_cache.RowCache.lookup` sees). Two bounds, for a cache of ``capacity``
 rows:
 
 * :func:`optimal_static_hit_rate` -- the best *fixed* set of rows in hindsight: the

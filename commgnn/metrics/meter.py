@@ -1,6 +1,6 @@
 """The one meter: bytes by traffic class, layer and peer, and time by phase, fed by hooks.
 
-Subscribe it to the run's :class:`~commgnn.dist.events.Hooks`; exchange code never calls
+Subscribe it to the run's :class:`~commgnn.distributed.events.Hooks`; exchange code never calls
 it directly. At the end of each epoch :meth:`Meter.end_epoch` gathers the epoch's
 counters from all ranks (one small ``all_gather``) and resets them; :meth:`Meter.totals`
 gives the whole run by class, layer and (sender, receiver) pair.
@@ -36,8 +36,8 @@ from typing import Any, get_args
 
 import torch
 
-from commgnn.dist.context import DistContext
-from commgnn.dist.events import CommEvent, Event, TimeEvent, TrafficClass
+from commgnn.distributed.context import DistContext
+from commgnn.distributed.events import CommEvent, Event, TimeEvent, TrafficClass
 
 CLASSES: tuple[str, ...] = get_args(TrafficClass)
 PHASES = ("comm", "wait", "sample", "fetch")

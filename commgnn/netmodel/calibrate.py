@@ -31,7 +31,7 @@ from typing import Any, Callable, Sequence
 import torch
 import torch.distributed as dist
 
-from commgnn.dist.context import DistContext
+from commgnn.distributed.context import DistContext
 from commgnn.netmodel.model import ClusterModel, Link, fit_link
 
 PINGPONG_SIZES = (1_000, 10_000, 100_000, 1_000_000, 4_000_000)

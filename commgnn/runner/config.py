@@ -7,7 +7,7 @@ wrong types are errors)::
     [partition]  commgnn.partition.PartitionConfig
     [model]      commgnn.models.ModelConfig
     [train]      commgnn.trainers.TrainConfig
-    [runtime]    commgnn.dist.RuntimeConfig
+    [runtime]    commgnn.distributed.RuntimeConfig
     [minibatch]  commgnn.sampling.SamplerConfig   (train.mode = "minibatch")
     [fetch]      commgnn.fetch.config.FetchConfig
     [output]     OutputConfig
@@ -27,8 +27,8 @@ from typing import Any, Mapping, get_args
 from commgnn.comm.config import CommConfig
 from commgnn.config import from_dict, load_checked_toml, replace_path, set_path, to_dict
 from commgnn.data import DataConfig
-from commgnn.dist.context import RuntimeConfig
-from commgnn.dist.faults import FaultConfig
+from commgnn.distributed.context import RuntimeConfig
+from commgnn.distributed.faults import FaultConfig
 from commgnn.errors import ConfigError, PartitionError
 from commgnn.fetch.config import FetchConfig
 from commgnn.metrics.energy import EnergyConfig

@@ -32,7 +32,7 @@ from torch import nn
 from commgnn.runner.config import RunConfig, config_from_partition_dir
 from commgnn.config import dump_toml, to_dict
 from commgnn.data import GIVEN_GRAPH, fingerprint, load_dataset
-from commgnn.dist.context import (DistContext, LaunchInfo, check_port_free, free_port, init_distributed,
+from commgnn.distributed.context import (DistContext, LaunchInfo, check_port_free, free_port, init_distributed,
                                   launch_info_from_env, shutdown)
 from commgnn.runner.preflight import (check_disk, check_memory, check_rank_count, estimate_for_config,
                                       estimate_run_bytes)
@@ -40,8 +40,8 @@ from commgnn.runner.own_model import (check_own_model, pack_model, read_own_mode
                                    write_own_model)
 from commgnn.runner.rank import run_rank
 from commgnn.runner.step_probe import probe_graph_from_data, probe_graph_from_dir
-from commgnn.dist.forkserver import prestart
-from commgnn.dist.launch import first_line, is_collective_failure, rank_failure, spawn_ranks
+from commgnn.distributed.forkserver import prestart
+from commgnn.distributed.spawn import first_line, is_collective_failure, rank_failure, spawn_ranks
 from commgnn.errors import PartitionError, RankFailure, UserError
 from commgnn.partition import (LocalPartition, build_local_partition, build_local_partitions, load_meta,
                                load_partition, partition_from_bytes, partition_graph, partition_report,
@@ -467,7 +467,7 @@ def train_torchrun(cfg: RunConfig, info: LaunchInfo, graph: Any = None,
 
 
 def _rank_failure(ctx: DistContext, exc: BaseException, out: Path) -> BaseException:
-    """Under torchrun: :func:`commgnn.dist.launch.rank_failure` (the traceback into this
+    """Under torchrun: :func:`commgnn.distributed.spawn.rank_failure` (the traceback into this
     rank's log in the run directory), and rank 0 marks the run failed."""
     failure = rank_failure(ctx, exc, out / "logs" / f"rank{ctx.rank}.log")
     if ctx.is_main and not is_collective_failure(exc) and not isinstance(exc, KeyboardInterrupt):

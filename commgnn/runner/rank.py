@@ -24,9 +24,9 @@ from torch import nn
 
 from commgnn.runner.config import RunConfig
 from commgnn.comm.collectives import counted_all_reduce
-from commgnn.dist.context import DistContext
-from commgnn.dist.events import Hooks
-from commgnn.dist.faults import FaultInjector
+from commgnn.distributed.context import DistContext
+from commgnn.distributed.events import Hooks
+from commgnn.distributed.faults import FaultInjector
 from commgnn.errors import UserError
 from commgnn.metrics import Meter
 from commgnn.metrics.energy import EnergyMeter, energy_summary

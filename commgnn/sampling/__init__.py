@@ -4,8 +4,8 @@ VR-GCN. Each runs in a single process on a :class:`~commgnn.sampling.csr.CSRTopo
 :mod:`commgnn.sampling.remote` adds owner-side sampling over a partitioned topology."""
 
 from commgnn.sampling.base import Block, MiniBatch, Sampler
-from commgnn.sampling.config import SAMPLERS, ClusterConfig, SaintConfig, SamplerConfig
+from commgnn.sampling.config import SAMPLERS, ClusterGCNConfig, SaintConfig, SamplerConfig
 from commgnn.sampling.csr import CSRTopology
 
-__all__ = ["SAMPLERS", "Block", "CSRTopology", "ClusterConfig", "MiniBatch", "SaintConfig", "Sampler",
+__all__ = ["SAMPLERS", "Block", "CSRTopology", "ClusterGCNConfig", "MiniBatch", "SaintConfig", "Sampler",
            "SamplerConfig"]

@@ -27,7 +27,7 @@ SAMPLERS = ("neighbor", "cluster", "saint-node", "saint-edge", "saint-rw", "vrgc
 
 
 @dataclass(frozen=True, kw_only=True)
-class ClusterConfig:
+class ClusterGCNConfig:
     """Cluster-GCN batches (``sampler = "cluster"``)."""
 
     num_clusters: int = 40
@@ -85,7 +85,7 @@ class SamplerConfig:
     topology_share: float = 0.25
     """auto: the largest fraction of available memory the replicated CSRs of all local
     ranks together may take."""
-    cluster: ClusterConfig = field(default_factory=ClusterConfig)
+    cluster: ClusterGCNConfig = field(default_factory=ClusterGCNConfig)
     """``[minibatch.cluster]``."""
     saint: SaintConfig = field(default_factory=SaintConfig)
     """``[minibatch.saint]``."""
@@ -104,3 +104,16 @@ class SamplerConfig:
         if self.topology == "partitioned" and self.sampler in ("neighbor", "vrgcn") and -1 in used:
             raise ConfigError("minibatch.topology = 'partitioned' needs a positive fan-out per sampled layer "
                               "(not -1)")
+
+
+def __getattr__(name: str) -> object:
+    """``ClusterConfig``, the old name of :class:`ClusterGCNConfig` (renamed so that it is not
+    confused with the emulated cluster's ``commgnn.cluster.ClusterConfig``), still imports for
+    one release, with a warning."""
+    if name == "ClusterConfig":
+        import warnings
+
+        warnings.warn("commgnn.sampling ClusterConfig is now ClusterGCNConfig; the old name goes in the next "
+                      "release", DeprecationWarning, stacklevel=2)
+        return ClusterGCNConfig
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -2,7 +2,7 @@
 
 When the replicated CSR would not fit (``minibatch.topology``), each rank keeps only the
 in-edges of the nodes it owns (its partition's edges, with sources in global ids). A
-layer's frontier is then sampled in one request-reply round (:mod:`commgnn.dist.request`):
+layer's frontier is then sampled in one request-reply round (:mod:`commgnn.distributed.request`):
 frontier nodes go to their owners, each owner draws up to ``fanout`` in-neighbours per
 node from its own CSR, and the answers come back as a fixed-width ``[m, fanout]`` table of
 global ids, ``-1`` where a node has fewer neighbours. The ids out and the table back are
@@ -18,9 +18,9 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from commgnn.dist.context import DistContext
-from commgnn.dist.events import Hooks
-from commgnn.dist.request import request_reply
+from commgnn.distributed.context import DistContext
+from commgnn.distributed.events import Hooks
+from commgnn.distributed.request import request_reply
 from commgnn.sampling.csr import CSRTopology
 from commgnn.sampling.neighbor import sample_neighbors
 

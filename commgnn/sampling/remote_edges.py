@@ -8,7 +8,7 @@ v of the graph, its in-degree ``deg[v]`` and where its list starts in its owner'
 ``start[v]`` (the trainer all-gathers the owners' ``[n_own]`` vectors). A call expands each
 node into its ``deg[v]`` positions ``start[v] .. start[v] + deg[v] - 1`` and asks the owners
 for those entries of their ``indices`` in one request-reply round
-(:func:`~commgnn.dist.request.request_reply`), a position out and a source id back per edge,
+(:func:`~commgnn.distributed.request.request_reply`), a position out and a source id back per edge,
 counted as ``topology`` traffic::
 
     nodes [n]  ->  positions [e] int64 (e = sum deg[nodes])  ->  src [e] int64 global ids
@@ -28,9 +28,9 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from commgnn.dist.context import DistContext
-from commgnn.dist.events import Hooks
-from commgnn.dist.request import request_reply
+from commgnn.distributed.context import DistContext
+from commgnn.distributed.events import Hooks
+from commgnn.distributed.request import request_reply
 from commgnn.sampling.csr import CSRTopology
 
 

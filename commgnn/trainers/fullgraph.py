@@ -31,8 +31,8 @@ from commgnn.comm.halo.exchange import RowExchange
 from commgnn.comm.halo.maxk_rows import MaxKRows
 from commgnn.comm.halo.sparse_setup import SparseSetup
 from commgnn.comm.halo.protocol import HaloExchange, HaloPlan
-from commgnn.dist.context import DistContext
-from commgnn.dist.events import Hooks
+from commgnn.distributed.context import DistContext
+from commgnn.distributed.events import Hooks
 from commgnn.errors import ConfigError
 from commgnn.models.config import ModelConfig
 from commgnn.models.graph import LocalGraph

@@ -21,10 +21,10 @@ import psutil
 import torch
 from torch import Tensor
 
-from commgnn.dist.context import DistContext
-from commgnn.dist.events import Hooks, TrafficClass
+from commgnn.distributed.context import DistContext
+from commgnn.distributed.events import Hooks, TrafficClass
 from commgnn.errors import ConfigError
-from commgnn.fetch.cache import LRUCache, RowCache, StaticCache
+from commgnn.fetch.row_cache import LRUCache, RowCache, StaticCache
 from commgnn.fetch.config import FetchConfig
 from commgnn.fetch.policies import capacity_rows, degree_ranking, hotness_ranking
 from commgnn.partition.local import LocalPartition

@@ -39,10 +39,10 @@ from torch import Tensor, nn
 from commgnn.comm.config import CommConfig
 from commgnn.comm.halo.alltoall import AllToAllHalo
 from commgnn.comm.halo.sparse_setup import SparseSetup
-from commgnn.dist.context import DistContext
-from commgnn.dist.events import Hooks
+from commgnn.distributed.context import DistContext
+from commgnn.distributed.events import Hooks
 from commgnn.errors import ConfigError, UserError
-from commgnn.fetch.cache import RowCache, StaticCache
+from commgnn.fetch.row_cache import RowCache, StaticCache
 from commgnn.fetch.config import FetchConfig
 from commgnn.fetch.fetcher import FeatureFetcher
 from commgnn.fetch.optimal import belady_hit_rate, optimal_static_hit_rate

@@ -34,7 +34,7 @@ from torch import Tensor
 
 from commgnn.comm.halo.alltoall import AllToAllHalo
 from commgnn.comm.halo.exchange import RowExchange, Wrapper
-from commgnn.dist.events import Hooks
+from commgnn.distributed.events import Hooks
 from commgnn.trainers.fullgraph import FullGraphTrainer, halo_plan
 
 

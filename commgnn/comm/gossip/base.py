@@ -35,8 +35,8 @@ from torch.nn.utils import parameters_to_vector, vector_to_parameters
 
 from commgnn.comm.gossip.topology import Topology
 from commgnn.comm.grad_sync import GradSyncBase
-from commgnn.dist.context import DistContext
-from commgnn.dist.events import Hooks
+from commgnn.distributed.context import DistContext
+from commgnn.distributed.events import Hooks
 
 
 def exchange_with_peers(ctx: DistContext, hooks: Hooks, t: Tensor, send_to: list[int],

@@ -33,8 +33,8 @@ from commgnn.comm.collectives import counted_all_reduce
 from commgnn.comm.gossip.base import flat_params, write_params
 from commgnn.comm.gossip.dpsgd import DPSGD
 from commgnn.comm.grad_sync import GradSyncBase
-from commgnn.dist.context import DistContext
-from commgnn.dist.events import Hooks
+from commgnn.distributed.context import DistContext
+from commgnn.distributed.events import Hooks
 
 
 class PeriodicGlobalAverage(GradSyncBase):

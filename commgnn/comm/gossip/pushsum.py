@@ -17,8 +17,8 @@ import torch
 from torch import nn
 
 from commgnn.comm.gossip.base import GossipBase, exchange_with_peers, flat_params, write_params
-from commgnn.dist.context import DistContext
-from commgnn.dist.events import Hooks
+from commgnn.distributed.context import DistContext
+from commgnn.distributed.events import Hooks
 
 
 class PushSum(GossipBase):

@@ -12,8 +12,8 @@ from torch import nn
 
 from commgnn.comm.collectives import counted_all_reduce
 from commgnn.comm.grad_sync import GradSyncBase, flat_grads, set_grads
-from commgnn.dist.context import DistContext
-from commgnn.dist.events import Hooks
+from commgnn.distributed.context import DistContext
+from commgnn.distributed.events import Hooks
 
 
 class AllReduceSync(GradSyncBase):

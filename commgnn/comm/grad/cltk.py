@@ -59,8 +59,8 @@ from torch import Tensor, nn
 from commgnn.comm.collectives import counted_all_reduce
 from commgnn.comm.grad.compressed import CompressedSync, host_copy
 from commgnn.comm.grad_sync import flat_grads, set_grads
-from commgnn.dist.context import DistContext
-from commgnn.dist.events import Hooks
+from commgnn.distributed.context import DistContext
+from commgnn.distributed.events import Hooks
 
 _FP16_MAX = 65504.0
 

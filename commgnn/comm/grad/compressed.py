@@ -23,8 +23,8 @@ import torch.distributed as dist
 from torch import Tensor, nn
 
 from commgnn.comm.grad_sync import GradSyncBase, flat_grads, set_grads
-from commgnn.dist.context import DistContext
-from commgnn.dist.events import Hooks
+from commgnn.distributed.context import DistContext
+from commgnn.distributed.events import Hooks
 
 
 class CompressedSync(GradSyncBase):

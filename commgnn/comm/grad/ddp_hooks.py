@@ -36,8 +36,8 @@ from torch.nn.parallel import DistributedDataParallel
 from commgnn.comm.collectives import ring_allreduce_bytes
 from commgnn.comm.grad.powersgd_layout import bucket_segments, permute_state
 from commgnn.comm.grad_sync import GradSyncBase
-from commgnn.dist.context import DistContext
-from commgnn.dist.events import Hooks, TimeEvent
+from commgnn.distributed.context import DistContext
+from commgnn.distributed.events import Hooks, TimeEvent
 from commgnn.errors import UserError
 
 _patch_lock = threading.Lock()

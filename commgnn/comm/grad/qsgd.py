@@ -17,8 +17,8 @@ from torch import Tensor
 
 from commgnn.comm import quant
 from commgnn.comm.grad.compressed import CompressedSync, as_bytes
-from commgnn.dist.context import DistContext
-from commgnn.dist.events import Hooks
+from commgnn.distributed.context import DistContext
+from commgnn.distributed.events import Hooks
 
 
 def code_bits(levels: int) -> int:

@@ -22,8 +22,8 @@ import torch
 from torch import Tensor
 
 from commgnn.comm.grad.compressed import CompressedSync, as_bytes, host_copy
-from commgnn.dist.context import DistContext
-from commgnn.dist.events import Hooks
+from commgnn.distributed.context import DistContext
+from commgnn.distributed.events import Hooks
 
 
 class TopKSync(CompressedSync):

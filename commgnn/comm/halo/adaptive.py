@@ -38,8 +38,8 @@ from torch import Tensor
 
 from commgnn.comm import quant
 from commgnn.comm.halo.exchange import RowExchange, Wrapper
-from commgnn.dist.context import DistContext
-from commgnn.dist.events import Hooks
+from commgnn.distributed.context import DistContext
+from commgnn.distributed.events import Hooks
 
 _DIRS = ("halo_fwd", "halo_bwd")
 _STATE = ("send_bits", "recv_bits", "r2", "n2", "rows", "width")

@@ -22,8 +22,8 @@ from torch import Tensor
 
 from commgnn.comm.halo.exchange import RowExchange
 from commgnn.comm.halo.protocol import HaloPlan
-from commgnn.dist.context import DistContext
-from commgnn.dist.events import Hooks
+from commgnn.distributed.context import DistContext
+from commgnn.distributed.events import Hooks
 
 
 class AllToAllHalo(RowExchange):

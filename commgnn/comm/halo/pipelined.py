@@ -25,8 +25,8 @@ import torch
 from torch import Tensor
 
 from commgnn.comm.halo.exchange import RowExchange, Wrapper
-from commgnn.dist.context import DistContext
-from commgnn.dist.events import Hooks
+from commgnn.distributed.context import DistContext
+from commgnn.distributed.events import Hooks
 
 
 class Pipelined(Wrapper):

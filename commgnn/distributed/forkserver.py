@@ -10,7 +10,7 @@ around the standard library's fork server) closes the gaps between it and spawne
 * **It dies with the launcher.** Imported in the server (it is on the preload list), it asks
   the kernel to SIGKILL the server when the launcher dies. The server's own liveness pipe
   cannot do that: every rank holds a copy of its write end. Each rank in turn dies with
-  the server (:func:`commgnn.dist.watchdog.die_with_launcher`).
+  the server (:func:`commgnn.distributed.watchdog.die_with_launcher`).
 * **SIGTERM reaches the ranks, not the server.** The server ignores it, so a SIGTERM sent
   to the whole process group (a scheduler cancelling the job) stops the ranks through
   their watchdogs as it would spawned ones, instead of killing them with their server.
@@ -143,7 +143,7 @@ def _on_sigterm(signum: int, frame: Any) -> None:
 def _guard_server() -> None:
     """In our fork server: die with the launcher, and leave SIGTERM to the ranks."""
     global _server_pid
-    from commgnn.dist.watchdog import die_with_parent
+    from commgnn.distributed.watchdog import die_with_parent
 
     _server_pid = os.getpid()
     die_with_parent(os.getppid())  # the server's parent is the launcher, which started it

@@ -29,8 +29,8 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from commgnn.dist.context import DistContext
-from commgnn.dist.events import Hooks, Phase, TrafficClass
+from commgnn.distributed.context import DistContext
+from commgnn.distributed.events import Hooks, Phase, TrafficClass
 
 
 def _row_bytes(t: Tensor) -> int:

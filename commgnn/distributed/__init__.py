@@ -1,8 +1,8 @@
 """Runtime leaf: process groups, launch, and the communication event bus."""
 
-from commgnn.dist.context import (DistContext, LaunchInfo, RuntimeConfig, init_distributed,
+from commgnn.distributed.context import (DistContext, LaunchInfo, RuntimeConfig, init_distributed,
                                   launch_info_from_env, shutdown)
-from commgnn.dist.events import CommEvent, Hooks, TimeEvent
+from commgnn.distributed.events import CommEvent, Hooks, TimeEvent
 
 __all__ = ["DistContext", "LaunchInfo", "RuntimeConfig", "init_distributed", "launch_info_from_env",
            "shutdown", "CommEvent", "Hooks", "TimeEvent"]

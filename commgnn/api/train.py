@@ -1,4 +1,4 @@
-"""The Python API: train from a script or a notebook, get the trained model back.
+"""Train from a script or a notebook, get the trained model back.
 
 ::
 

@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 
 from commgnn.config import positive
-from commgnn.dist.watchdog import Watchdog, block_sigterm, die_with_parent
+from commgnn.distributed.watchdog import Watchdog, block_sigterm, die_with_parent
 from commgnn.errors import ConfigError, UserError
 
 

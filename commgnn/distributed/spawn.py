@@ -6,9 +6,9 @@ error from a crash, and leaves its children running when it is killed. This laun
 
 * **A store in the launcher.** The parent hosts the job's ``TCPStore``; ranks connect to it
   as clients. It outlives any rank, so a dead or stopped rank 0 cannot take the failure
-  record with it (see :mod:`commgnn.dist.watchdog` for what the ranks keep there).
+  record with it (see :mod:`commgnn.distributed.watchdog` for what the ranks keep there).
 * **Fast starts.** On Linux without CUDA, ranks fork from a fork server that imported torch
-  and PyG once, instead of each importing them (see :mod:`commgnn.dist.forkserver`).
+  and PyG once, instead of each importing them (see :mod:`commgnn.distributed.forkserver`).
 * **No orphans.** Each rank asks the kernel to SIGKILL it when its parent dies: the launcher,
   or the fork server, which the kernel kills when the launcher dies. That holds whatever
   killed the launcher (SIGKILL and the OOM killer included). On Ctrl-C or SIGTERM the
@@ -43,9 +43,9 @@ from typing import Any, Callable, TextIO
 import torch
 import torch.distributed as dist
 
-from commgnn.dist.context import DistContext, LaunchInfo
-from commgnn.dist.forkserver import Stream, in_forked_rank, start_context
-from commgnn.dist.watchdog import (EXIT_PEER_FAILED, EXIT_SIGTERM, Failure, block_sigterm, die_with_launcher,
+from commgnn.distributed.context import DistContext, LaunchInfo
+from commgnn.distributed.forkserver import Stream, in_forked_rank, start_context
+from commgnn.distributed.watchdog import (EXIT_PEER_FAILED, EXIT_SIGTERM, Failure, block_sigterm, die_with_launcher,
                                    read_failure)
 from commgnn.errors import RankFailure, UserError
 
@@ -101,7 +101,7 @@ def _child(job: bytes, env: dict[str, str], start_method: str, streams: tuple[in
     # ``streams``: the launcher's stdout and stderr, already in place (Stream's unpickling),
     # or None (spawned: inherited).
     assert info.launcher_pid is not None
-    # Spawned by the launcher, or forked by its fork server (see commgnn.dist.forkserver).
+    # Spawned by the launcher, or forked by its fork server (see commgnn.distributed.forkserver).
     info = dataclasses.replace(info, parent_pid=die_with_launcher(info.launcher_pid))
     in_forked_rank()
     if env != os.environ:  # the launcher's at this launch, before anything is unpickled
@@ -177,7 +177,7 @@ def spawn_ranks(fn: Callable[..., Any], args: tuple, *, nprocs: int, master_addr
     ``fn`` and ``args`` must be picklable: ranks never fork from this process, so none of
     its torch or gloo state (the store's threads included) leaks into them. On Linux without
     CUDA they fork from a fork server that imported torch and PyG once
-    (:mod:`commgnn.dist.forkserver`); otherwise each is spawned and imports them itself.
+    (:mod:`commgnn.distributed.forkserver`); otherwise each is spawned and imports them itself.
     ``heartbeat_s``: a rank whose heartbeat stops for this long (after set-up) is declared
     failed by its peers. ``cuda``: whether the ranks will use CUDA (None: whether there is
     a GPU here).

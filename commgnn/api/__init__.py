@@ -1,0 +1,9 @@
+"""The Python API, the top floor of commgnn: one module per verb.
+
+Every ``commgnn`` command parses its arguments and calls one of these functions; scripts,
+notebooks and benchmarks call them directly. Errors raise :mod:`commgnn.errors` types.
+"""
+
+from commgnn.api.train import TrainResult, build_model, load_result, resume, run, train
+
+__all__ = ["TrainResult", "build_model", "load_result", "resume", "run", "train"]
