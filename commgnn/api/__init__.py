@@ -4,6 +4,7 @@ Every ``commgnn`` command parses its arguments and calls one of these functions;
 notebooks and benchmarks call them directly. Errors raise :mod:`commgnn.errors` types.
 """
 
+from commgnn.api.predict import predict
 from commgnn.api.train import TrainResult, build_model, load_result, resume, run, train
 
-__all__ = ["TrainResult", "build_model", "load_result", "resume", "run", "train"]
+__all__ = ["TrainResult", "build_model", "load_result", "predict", "resume", "run", "train"]
