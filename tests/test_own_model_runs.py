@@ -277,3 +277,19 @@ def test_dir_lists_the_lazily_imported_api():
     assert res.stdout.split() == ["[]", "True"], res.stderr
     for name in ("train", "CommConfig", "predict", "load_result", "RunConfig"):
         assert name in commgnn.__all__ and name in dir(commgnn)
+
+
+def test_resume_rebuilds_the_model_by_name_from_its_starting_weights(trained, tmp_path):
+    """No checkpoint: the resumed run starts again from epoch 0 with the recorded starting
+    weights (own_model_init.pt) and the class imported by name, and repeats the run."""
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(trained.run, run)
+    res = commgnn.resume(run, trained.data)
+    assert type(res.model) is JKGATv2
+
+    def losses(path: Path) -> list[float]:
+        return [json.loads(line)["loss"] for line in (path / "metrics.jsonl").read_text().splitlines()]
+    assert losses(run) == losses(trained.run)
+    assert torch.equal(torch.load(run / "model.pt")["out.weight"], torch.load(trained.run / "model.pt")["out.weight"])

@@ -62,17 +62,23 @@ def train(data: Any = None, *, model: str | nn.Module | None = None, parts: int 
     Args:
         data: a PyG ``Data``, a dict of tensors (``x``, ``edge_index``, ``y``, optional
             masks), an ``InMemoryDataset`` (its first graph), a dataset name or a ``.pt``
-            path; None = the config's dataset (the synthetic graph by default).
+            path; None = the config's dataset (the synthetic graph by default). A graph
+            given in Python is recorded as ``data.dataset = "python:<fingerprint>"``; no file
+            holds it, so resuming or predicting needs it again.
         model: ``"gcn"``, ``"sage"`` or ``"gat"`` (None: the config's, GCN by default), or
             your own ``nn.Module`` built from PyG
             layers (see :mod:`commgnn.models.byo` for the supported ones), whose forward is
             ``forward(x, edge_index)``. It runs partition-parallel with the halo exchange
             inserted before each message-passing layer; its weights are the starting point
             (your module itself is not changed) and ``result.model`` is a trained copy.
+            The run folder records your class by import path (and its constructor
+            arguments where your module keeps them as attributes of the same names) and
+            its weights as state dicts, never a pickle; see :func:`load_result`.
         parts: number of ranks P (default: the config's, 2).
         comm: communication levers (``CommConfig(halo=HaloConfig(...), grad=...)``).
         config: a :class:`RunConfig`, or a TOML file, to start from.
-        out: the run directory (default ``runs/<date>-<dataset>-<model>-p<P>``).
+        out: the run directory (default ``runs/<date>-<dataset>-<model>-p<P>``, with
+            ``python`` for a graph given in Python and your class's name for your model).
         env: the environment to look for ``torchrun``'s variables in (default ``os.environ``).
         **options: any ``commgnn train`` flag by its Python name, e.g. ``epochs=200``,
             ``lr=0.01``, ``hidden=128``, ``layers=3``, ``seed=1``, ``quiet=False``.
