@@ -50,7 +50,8 @@ from commgnn.errors import ConfigError
 from commgnn.federated.robust import make_aggregator
 from commgnn.federated.secagg import ring
 from commgnn.federated.secure_sum import secure_sum
-from commgnn.federated.splits import build_clients, split_from_config, split_stats
+from commgnn.federated.client_data import build_clients, split_stats
+from commgnn.federated.client_split import split_from_config
 from commgnn.federated.transport import Transport
 
 
