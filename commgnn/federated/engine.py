@@ -42,6 +42,7 @@ from commgnn.federated.model import flat_params
 from commgnn.federated.policy import Payload, PolicyGate, reserve_everywhere
 from commgnn.federated.secagg import ring
 from commgnn.federated.secure_sum import secure_sum
+from commgnn.federated.state import federation_state, load_federation_state
 
 
 class Federation(FederationSetup):
@@ -368,19 +369,41 @@ class Federation(FederationSetup):
         return float((pred[mask] == self.graph.y[mask]).float().mean()) if mask.any() else float("nan")
 
     # ---------------------------------------------------------------- the run
-    def run(self, on_eval: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any] | None:
+    def run(self, on_eval: Callable[[dict[str, Any]], None] | None = None, *,
+            state: Mapping[str, Any] | None = None,
+            on_checkpoint: Callable[[int, dict[str, Any]], None] | None = None,
+            checkpoint_every: int = 0) -> dict[str, Any] | None:
         """Train for ``rounds``; return the summary (accuracy at the best validation round)
-        on the server, None on the ranks that only host clients."""
-        fed, g = self.cfg.federated, self.graph
+        on the server, None on the ranks that only host clients.
+
+        ``state``: a checkpoint of this rank (:func:`~commgnn.federated.state.federation_state`)
+        to continue from; the rounds after it are those of the uninterrupted run. Every
+        ``checkpoint_every`` rounds each rank calls ``on_checkpoint(round, state)`` (on every
+        rank alike). A round's state is taken after its evaluation, or before the evaluation
+        that only the last round forces, so that a run stopped there and extended (more
+        ``rounds``) evaluates and draws exactly as one that ran the longer schedule."""
+        fed = self.cfg.federated
         params: Tensor | dict[int, Tensor] = flat_params(self.model)
         if fed.algorithm == "local":
             params = {c: params.clone() for c in self.clients}
-        best = {"val": -1.0, "round": 0, "pred": None}
+        best: dict[str, Any] = {"val": -1.0, "round": 0, "pred": None}
         t_start = time.perf_counter()
-        if self.cfg.neighgen.enabled:
+        if self.cfg.neighgen.enabled:  # before a checkpoint is loaded: it rebuilds the clients
             self._mend()
-        curve = []
-        for r in range(fed.rounds):
+        curve: list[dict[str, Any]] = []
+        start, wall0 = 0, 0.0
+        if state is not None:
+            start, params, best, curve, wall0 = load_federation_state(self, state)
+            if start > fed.rounds:
+                raise ConfigError(f"the checkpoint is of round {start}, past federated.rounds = {fed.rounds}; "
+                                  f"give --rounds {start} or more")
+
+        def save(r: int) -> None:
+            if on_checkpoint is not None:
+                on_checkpoint(r, federation_state(self, round_done=r, params=params, best=best, curve=curve,
+                                                  wall_s=wall0 + time.perf_counter() - t_start))
+
+        for r in range(start, fed.rounds):
             if fed.algorithm in ("fedavg", "fedprox"):
                 params = self._round(r, params)
             else:
@@ -391,29 +414,43 @@ class Federation(FederationSetup):
                 else:
                     params = params + self.clients[0].train(self.model, params, cross=None, gen=self.cgen[0])[0]
                 self.tally.train_s += time.perf_counter() - t0
-            if (r + 1) % fed.eval_every and r + 1 != fed.rounds:
-                continue
-            pred = self._predict(params)
-            if pred is None:  # a client rank: the server evaluates
-                continue
-            row = {"round": r + 1, "val_acc": self._acc(pred, g.val_mask), "test_acc": self._acc(pred, g.test_mask),
-                   "uplink_bytes": self.tally.uplink, "downlink_bytes": self.tally.downlink,
-                   "embedding_bytes": self.tally.embeddings, "evaluation_bytes": self.tally.evaluation,
-                   "wall_s": time.perf_counter() - t_start}
-            if self.accountant is not None:
-                row["epsilon"] = self.accountant.epsilon()
-            if self.adaptive is not None:
-                row["clip"] = self.adaptive.clip  # what the next round clips to
-            curve.append(row)
-            if on_eval:
-                on_eval(row)
-            if row["val_acc"] > best["val"] or best["pred"] is None:
-                best = {"val": row["val_acc"], "round": r + 1, "pred": pred, "test": row["test_acc"]}
+            regular = not (r + 1) % fed.eval_every
+            due = bool(checkpoint_every) and not (r + 1) % checkpoint_every
+            if due and not regular:
+                save(r + 1)
+            if regular or r + 1 == fed.rounds:
+                self._evaluate(r, params, curve, best, on_eval, wall0 - t_start)
+            if due and regular:
+                save(r + 1)
         clamped = self.t.gather(sum(up.clamped_count(c) for c in self.codecs.values()))
         if not self.t.is_server:
             return None
         assert clamped is not None
-        return {**self._summary(best, curve, time.perf_counter() - t_start), "uplink_clamped_values": sum(clamped)}
+        wall = wall0 + time.perf_counter() - t_start
+        return {**self._summary(best, curve, wall), "uplink_clamped_values": sum(clamped)}
+
+    def _evaluate(self, r: int, params: Tensor | dict[int, Tensor], curve: list[dict[str, Any]],
+                  best: dict[str, Any], on_eval: Callable[[dict[str, Any]], None] | None, wall_offset: float) -> None:
+        """Evaluate after round ``r`` (every rank takes part); the server appends the row to
+        ``curve``, hands it to ``on_eval`` and updates ``best`` in place."""
+        g = self.graph
+        pred = self._predict(params)
+        if pred is None:  # a client rank: the server evaluates
+            return
+        row = {"round": r + 1, "val_acc": self._acc(pred, g.val_mask), "test_acc": self._acc(pred, g.test_mask),
+               "uplink_bytes": self.tally.uplink, "downlink_bytes": self.tally.downlink,
+               "embedding_bytes": self.tally.embeddings, "evaluation_bytes": self.tally.evaluation,
+               "wall_s": time.perf_counter() + wall_offset}
+        if self.accountant is not None:
+            row["epsilon"] = self.accountant.epsilon()
+        if self.adaptive is not None:
+            row["clip"] = self.adaptive.clip  # what the next round clips to
+        curve.append(row)
+        if on_eval:
+            on_eval(row)
+        if row["val_acc"] > best["val"] or best["pred"] is None:
+            best.clear()
+            best.update(val=row["val_acc"], round=r + 1, pred=pred, test=row["test_acc"])
 
     def _summary(self, best: dict[str, Any], curve: list[dict[str, Any]], wall: float) -> dict[str, Any]:
         cfg, g = self.cfg, self.graph
