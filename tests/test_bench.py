@@ -109,7 +109,7 @@ def test_grid_entries_change_model_keys(tmp_path):
 def test_an_entrys_model_keys_apply_together(tmp_path, monkeypatch):
     """``activation = "maxk"`` alone would be checked against the default ``maxk_k`` (32),
     above this base's hidden (16): the entry's keys are applied, and validated, at once."""
-    import commgnn.runner.launch as launch
+    import commgnn.runner.local as launch
     from commgnn.cli.bench import run_grid
 
     ran = []

@@ -112,7 +112,7 @@ def test_an_upward_import_is_caught(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     (fake / "data" / "x.py").write_text(
         "from commgnn.trainers import TrainConfig\nfrom . import y\n"
         "from commgnn import api\nfrom .. import cli\nimport importlib\n"
-        "importlib.import_module('commgnn.runner.launch')\nimport commgnn.data.y\n")
+        "importlib.import_module('commgnn.runner.local')\nimport commgnn.data.y\n")
     (fake / "config.py").write_text("from commgnn.data import x\n")
     monkeypatch.setattr(f"{__name__}.ROOT", fake)
     found = violations()

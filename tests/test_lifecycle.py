@@ -197,7 +197,7 @@ def test_too_many_ranks_are_refused_before_anything_starts(tmp_path, capfd):
 
 
 def test_a_job_over_the_memory_limit_is_refused_with_its_estimate(tmp_path, capfd, monkeypatch):
-    import commgnn.runner.launch as run
+    import commgnn.runner.local as run
 
     def no_spawn(*a: object, **k: object) -> None:
         raise AssertionError("a rank was started")
@@ -291,14 +291,14 @@ def test_the_memory_estimate_depends_on_the_model():
 
 def test_a_users_own_module_is_estimated_as_one(tmp_path, monkeypatch):
     """``commgnn.train(module=...)`` reaches the pre-flight check as ``model = "own"``."""
-    import commgnn.runner.launch as launch
+    import commgnn.runner.local as launch
     seen = {}
 
     def record(cfg, graph, report, *, own, **kwargs):
         seen["own"] = own
         raise SystemExit(0)
 
-    monkeypatch.setattr(launch, "_preflight_memory", record)
+    monkeypatch.setattr(launch, "preflight_memory", record)
     monkeypatch.setattr(launch, "check_own_model", lambda module, cfg: None)
     from torch import nn
 

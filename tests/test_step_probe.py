@@ -127,7 +127,7 @@ def test_a_run_the_bound_refuses_passes_with_the_probe(tmp_path):
     the graph or of a saved partition directory."""
     from dataclasses import replace
 
-    from commgnn.runner.launch import _preflight_memory
+    from commgnn.runner.prepare import preflight_memory
 
     data, parts, graph, report, cfg = launch_inputs()
     bound = pf.estimate_for_config(cfg, graph, report)
@@ -135,22 +135,22 @@ def test_a_run_the_bound_refuses_passes_with_the_probe(tmp_path):
     assert probed.total < bound.total
     cfg = replace(cfg, runtime=replace(cfg.runtime, memory_limit_gb=(bound.total + probed.total) / 2e9))
     with pytest.raises(UserError, match="estimated"):
-        _preflight_memory(cfg, graph, report, own=False)
+        preflight_memory(cfg, graph, report, own=False)
     with pytest.raises(UserError, match="estimated"):  # a limit below both refuses either way
-        _preflight_memory(replace(cfg, runtime=replace(cfg.runtime, memory_limit_gb=0.99 * probed.total / 1e9)),
-                          graph, report, own=False, data=data, parts=parts)
-    _preflight_memory(cfg, graph, report, own=False, data=data, parts=parts)
+        preflight_memory(replace(cfg, runtime=replace(cfg.runtime, memory_limit_gb=0.99 * probed.total / 1e9)),
+                         graph, report, own=False, data=data, parts=parts)
+    preflight_memory(cfg, graph, report, own=False, data=data, parts=parts)
     save_partitions(tmp_path / "parts", build_local_partitions(data, parts, P), {"graph_fingerprint": "test"})
-    _preflight_memory(replace(cfg, partition=replace(cfg.partition, dir=str(tmp_path / "parts"))), graph, report,
-                      own=False)
+    preflight_memory(replace(cfg, partition=replace(cfg.partition, dir=str(tmp_path / "parts"))), graph, report,
+                     own=False)
 
 
 def test_the_launcher_probes_only_a_run_the_bound_refuses(monkeypatch):
-    import commgnn.runner.launch as launch
+    import commgnn.runner.prepare as launch
 
     built = []
     real = launch.probe_graph_from_data
     monkeypatch.setattr(launch, "probe_graph_from_data", lambda *a: built.append(1) or real(*a))
     data, parts, graph, report, cfg = launch_inputs(limit_gb=1000.0)
-    launch._preflight_memory(cfg, graph, report, own=False, data=data, parts=parts)
+    launch.preflight_memory(cfg, graph, report, own=False, data=data, parts=parts)
     assert built == []

@@ -103,7 +103,7 @@ def test_federate_policy_refusal_under_torchrun_is_fast_and_one_line(tmp_path):
 # if they load the graph, so a run that succeeds proves they never did.
 NO_LOAD = """
 import os, sys
-import commgnn.runner.launch as run
+import commgnn.runner.torchrun as run
 deny = os.environ.get("COMMGNN_TEST_NO_LOAD", "")
 if deny == "all" or os.environ["RANK"] in deny.split(","):
     def refuse(*args, **kwargs):
@@ -189,7 +189,7 @@ def test_torchrun_bad_graph_on_rank_0_ends_every_rank_with_its_one_line_error(tm
 def test_the_local_launcher_with_a_partition_dir_does_not_load_the_graph(tmp_path, monkeypatch):
     """A directory that records the run's [data] table: the launcher takes the graph's
     description from meta.json; one made from other data settings is still checked."""
-    import commgnn.runner.launch as run_mod
+    import commgnn.runner.local as run_mod
     from commgnn.cli.main import main
 
     cfg = tmp_path / "run.toml"

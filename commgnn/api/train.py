@@ -29,7 +29,8 @@ from torch import Tensor, nn
 
 from commgnn.runner.config import FLAG_KEYS, RunConfig, resolve_config
 from commgnn.runner.own_model import read_own_model
-from commgnn.runner.launch import default_out_dir, train_command
+from commgnn.runner.launching import train_command
+from commgnn.runner.run_dir import default_out_dir
 from commgnn.comm.config import CommConfig
 from commgnn.config import from_dict, replace_path, set_path, to_dict
 from commgnn.errors import ConfigError, UserError

@@ -154,7 +154,7 @@ def load_grid(path: str) -> tuple[RunConfig, GridAxes, list[Setting], str]:
 def run_grid(grid_path: str, out: Path, *, report_only: bool = False) -> list[dict[str, Any]]:
     """Run (or with ``report_only``, only tabulate) every run of the grid; return the table."""
     from commgnn.cli.main import partition_to_dir
-    from commgnn.runner.launch import train_local
+    from commgnn.runner.local import train_local
 
     base, axes, settings, reference = load_grid(grid_path)
     rerun = f"run the grid first (`commgnn bench --grid {grid_path} --out {out}`)"

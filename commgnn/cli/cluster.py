@@ -42,7 +42,7 @@ def _job_args(ns: argparse.Namespace, world: int) -> tuple[list[str], Path | Non
     """The job's command line (checked; a train job gains ``--out``) and its run directory."""
     from commgnn.runner.config import resolve_config
     from commgnn.cli.main import _flags, build_parser
-    from commgnn.runner.launch import default_out_dir
+    from commgnn.runner.run_dir import default_out_dir
 
     args = list(ns.train_args)
     if args[:1] == ["--"]:

@@ -300,7 +300,7 @@ def cmd_train(ns: argparse.Namespace) -> int:
 
 def partition_to_dir(cfg: Any, out: Path) -> str:
     """Partition ``cfg``'s graph into ``cfg.runtime.parts`` parts, save to ``out``; the report text."""
-    from commgnn.runner.launch import partition_for_run, partition_meta
+    from commgnn.runner.prepare import partition_for_run, partition_meta
     from commgnn.data import fingerprint, load_dataset
     from commgnn.partition import PartitionReport, build_local_partitions, format_report, save_partitions
 

@@ -1,0 +1,115 @@
+"""Local ranks (``--parts P``, no torchrun variables): this process loads and validates the
+graph, partitions it, writes the run directory (with ``partitions/``) and only then spawns
+P ranks, each loading its own partition file. Bad input fails before anything is written.
+
+With a ``--partition-dir`` whose ``meta.json`` records the run's ``[data]`` table, the graph
+is not loaded at all (the files carry their checksums; a directory made from other data
+settings is checked against the loaded graph's fingerprint).
+"""
+
+from __future__ import annotations
+
+import shutil
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from commgnn.data import GIVEN_GRAPH, fingerprint, load_dataset
+from commgnn.distributed.context import LaunchInfo, check_port_free, free_port, init_distributed, shutdown
+from commgnn.distributed.forkserver import prestart
+from commgnn.distributed.spawn import first_line, spawn_ranks
+from commgnn.errors import UserError
+from commgnn.partition import load_partition
+from commgnn.report import read_json, write_status
+from commgnn.runner.config import RunConfig, config_from_partition_dir
+from commgnn.runner.own_model import check_own_model, pack_model, read_own_model, unpack_model, write_own_model
+from commgnn.runner.preflight import check_rank_count
+from commgnn.runner.prepare import partition_for_run, partition_meta, preflight_memory, recorded_graph
+from commgnn.runner.rank import run_rank
+from commgnn.runner.run_dir import default_out_dir, describe_graph, mark_ended, previous_attempt, write_run_dir
+
+
+def train_local(cfg: RunConfig, *, resume: bool = False, graph: Any = None,
+                module: nn.Module | None = None) -> dict[str, Any]:
+    """Run P local ranks; return the summary. With ``resume``, ``cfg.output.out`` is an
+    existing run directory to continue from its newest checkpoint. ``graph``: a graph given
+    in Python (PyG ``Data``, dict or ``InMemoryDataset``) instead of ``cfg.data.dataset``."""
+    cfg = config_from_partition_dir(cfg)
+    P, rt = cfg.runtime.parts, cfg.effective_runtime
+    if module is not None:
+        check_own_model(module, cfg)
+    check_rank_count(P, force=rt.force)
+    port = rt.port  # the config keeps the user's value (0 = pick), so it can be rerun
+    cuda = None if rt.device == "auto" else rt.device == "cuda"
+    if P > 1:
+        if port:
+            check_port_free(rt.master_addr, port)
+        else:
+            port = free_port(rt.master_addr)
+        prestart(cuda=torch.cuda.is_available() if cuda is None else cuda)
+    out = Path(cfg.output.out) if cfg.output.out else default_out_dir(cfg)
+    if resume and graph is None and read_json(out / "manifest.json")["dataset"]["name"] == GIVEN_GRAPH:
+        raise UserError(f"{out} trained on a graph given in Python; resume it from Python with "
+                        f"commgnn.resume({str(out)!r}, data)")
+    recorded = recorded_graph(cfg, graph)
+    if recorded is not None:  # a partition directory made for this [data]: the graph is not needed
+        data, (fp, described) = None, recorded
+    else:
+        data = load_dataset(cfg.data, graph)
+        fp = fingerprint(data)
+        described = describe_graph(cfg, data, fp)
+    cfg = replace(cfg, output=replace(cfg.output, out=str(out)))
+    if resume:
+        parts, report = None, read_json(out / "manifest.json")["partition"]["report"]
+        part_dir = cfg.partition.dir or str(out / "partitions")
+        for r in range(P):
+            load_partition(part_dir, r, expected_fingerprint=fp, expected_parts=P)
+        attempt = previous_attempt(out) + 1
+        module = read_own_model(out) if module is None else module
+        mark_ended(out, "running", resumed=True, attempt=attempt)
+    else:
+        parts, report = partition_for_run(cfg, data, fp)
+        preflight_memory(cfg, described, report, own=module is not None, data=data, parts=parts)
+        meta = partition_meta(cfg, fp, report, data) if parts is not None else None
+        write_run_dir(cfg, out, data, described, parts, report, meta)
+        part_dir = cfg.partition.dir or str(out / "partitions")
+        attempt = 0
+        if module is not None:
+            write_own_model(out, module)
+    del data, parts
+    packed = pack_model(module)
+    args = (cfg, str(out), part_dir, fp, report, resume, attempt, packed)
+    try:
+        if P == 1:
+            _local_rank(LaunchInfo(rank=0, world_size=1, local_rank=0, local_world_size=1,
+                                   master_addr=rt.master_addr, port=0), *args)
+        else:
+            spawn_ranks(_local_rank, args, nprocs=P, master_addr=rt.master_addr, port=port,
+                        log_dir=str(out / "logs"), heartbeat_s=rt.heartbeat_timeout_s,
+                        cuda=cuda)
+    except UserError as exc:
+        if resume:
+            mark_ended(out, "failed", error=str(exc), attempt=attempt)
+        else:
+            shutil.rmtree(out, ignore_errors=True)  # bad input found late: leave nothing behind
+        raise
+    except KeyboardInterrupt as exc:
+        mark_ended(out, "interrupted", signal=getattr(exc, "signal_name", "SIGINT"), attempt=attempt)
+        raise
+    except BaseException as exc:
+        mark_ended(out, "failed", error=first_line(exc), attempt=attempt)
+        raise
+    write_status(out, "complete", attempt=attempt)
+    return read_json(out / "summary.json")
+
+
+def _local_rank(info: LaunchInfo, cfg: RunConfig, out: str, part_dir: str, fp: str,
+                report: dict[str, Any], resume: bool, attempt: int, packed: bytes | None) -> None:
+    ctx = init_distributed(info, cfg.effective_runtime)
+    part = load_partition(part_dir, ctx.rank, expected_fingerprint=fp, expected_parts=ctx.world_size)
+    run_rank(ctx, cfg, part, Path(out), report, fingerprint=fp, resume=resume, attempt=attempt,
+             module=unpack_model(packed))
+    shutdown(ctx)  # only after success: after an error a barrier would wait on a dead peer

@@ -1,0 +1,196 @@
+"""Ranks started by ``torchrun`` (``RANK``/``WORLD_SIZE`` set): rank 0 alone loads and
+partitions the graph and hands every rank its partition (or each rank loads its own file of
+``--partition-dir``, without loading the graph); no rank but 0 ever holds the whole graph,
+and rank 0 drops it before training. Rank 0 writes the run directory. Ranks agree that
+preparation succeeded before training starts.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from commgnn.data import fingerprint, load_dataset
+from commgnn.distributed.context import DistContext, LaunchInfo, init_distributed, shutdown
+from commgnn.distributed.spawn import first_line, is_collective_failure, rank_failure
+from commgnn.errors import RankFailure, UserError
+from commgnn.partition import (LocalPartition, build_local_partition, load_meta, load_partition,
+                               partition_from_bytes, partition_to_bytes)
+from commgnn.report import commit_out_dir, prepare_out_dir, read_json, write_status
+from commgnn.runner.config import RunConfig, config_from_partition_dir
+from commgnn.runner.own_model import check_own_model, pack_model, unpack_model, write_own_model
+from commgnn.runner.prepare import partition_for_run, recorded_graph
+from commgnn.runner.rank import run_rank
+from commgnn.runner.run_dir import default_out_dir, describe_graph, mark_ended, write_header
+
+
+def _agree(ctx: DistContext, ok: bool, *checks: str) -> bool:
+    """True when every rank succeeded and all ranks hold the same ``checks`` strings
+    (fingerprints of the graph and the partition: ranks that partitioned on their own
+    must have got the same answer, or the exchange splits would not line up)."""
+    digest = int(hashlib.sha256("|".join(checks).encode()).hexdigest()[:12], 16) if ok else -1
+    lo = ctx.all_reduce(torch.tensor([float(digest)], dtype=torch.float64), "min")
+    hi = ctx.all_reduce(torch.tensor([float(digest)], dtype=torch.float64), "max")
+    return bool(lo[0] == hi[0]) and digest >= 0
+
+
+def _prepare_torchrun(cfg: RunConfig, ctx: DistContext, graph: Any) -> tuple[dict[str, Any], str, LocalPartition,
+                                                                             dict[str, Any]]:
+    """This rank's partition, without any rank holding the whole graph afterwards.
+    Returns ``(graph description, fingerprint, partition, report)``.
+
+    * ``--partition-dir``: every rank loads its own file. The graph is not loaded at all
+      when the directory's ``meta.json`` records this run's ``[data]`` table; otherwise
+      (an older directory, other data settings, or a graph given in Python) every rank
+      loads it to check its fingerprint against the directory's, as before.
+    * otherwise rank 0 alone loads and partitions the graph, and sends each rank its
+      partition point to point; the others wait for it (:meth:`Watchdog.wait_key`, which
+      names rank 0 if it stops, and does not time out while it works), so no rank but 0
+      ever holds the graph, and rank 0 drops it before training.
+    """
+    if cfg.partition.dir:
+        return _prepare_from_dir(cfg, ctx, graph)
+    if not ctx.is_distributed or ctx.watchdog is None:
+        data = load_dataset(cfg.data, graph)
+        fp = fingerprint(data)
+        parts, report = partition_for_run(cfg, data, fp)
+        return describe_graph(cfg, data, fp), fp, build_local_partition(data, parts, 1, 0), report
+    P, wd = ctx.world_size, ctx.watchdog
+    if not ctx.is_main:
+        # Loading and METIS can take long, and pymetis holds the GIL (rank 0's heartbeat
+        # stops meanwhile): an hour of silence, or the time-out if longer, before rank 0 is
+        # declared stopped. The hand-off itself is judged by the time-out.
+        msg = _handoff(wd.wait_key("prepared", 0, silent_s=max(ctx.timeout_s, PREPARE_SILENCE_S)))
+        _handoff(wd.wait_key(f"part/{ctx.rank}", 0, silent_s=ctx.timeout_s))
+        part = partition_from_bytes(ctx.recv_bytes(0), rank=ctx.rank, num_parts=P, num_nodes=msg["num_nodes"])
+        _handoff(wd.wait_key("sent", 0, silent_s=ctx.timeout_s))  # not a collective: rank 0 may still be sending
+        return {}, msg["fingerprint"], part, msg["report"]
+    published = False
+    try:
+        data = load_dataset(cfg.data, graph)
+        fp = fingerprint(data)
+        parts, report = partition_for_run(cfg, data, fp)
+        wd.publish("prepared", json.dumps({"fingerprint": fp, "report": report, "num_nodes": int(data.num_nodes)}))
+        published = True
+        for r in range(1, P):  # one partition in memory at a time beside the graph
+            blob = partition_to_bytes(build_local_partition(data, parts, P, r))
+            wd.publish(f"part/{r}", json.dumps({"send": True}))  # rank r posts its receive only now
+            ctx.send_bytes(blob, r)
+            del blob
+        own = build_local_partition(data, parts, P, 0)
+    except Exception as exc:  # the others wait for these keys: tell them, then fail here
+        user = isinstance(exc, UserError)
+        failed = json.dumps({"error": str(exc) if user else f"rank 0: {first_line(exc)}", "user": user})
+        keys = ([] if published else ["prepared"]) + [f"part/{r}" for r in range(1, P)] + ["sent"]
+        for key in keys:  # a rank already receiving sees its receive fail instead
+            wd.publish(key, failed)
+        raise
+    wd.publish("sent", json.dumps({"sent": True}))
+    return describe_graph(cfg, data, fp), fp, own, report
+
+
+PREPARE_SILENCE_S = 3600.0
+"""How long rank 0 may show no heartbeat while it loads and partitions the graph under
+torchrun (pymetis holds the GIL) before the waiting ranks declare it stopped."""
+
+
+def _handoff(raw: str) -> dict[str, Any]:
+    """A key rank 0 published for the hand-off; its error, raised here, when it failed."""
+    msg = json.loads(raw)
+    if "error" in msg:
+        raise (UserError if msg["user"] else RankFailure)(msg["error"])
+    return msg
+
+
+def _prepare_from_dir(cfg: RunConfig, ctx: DistContext, graph: Any) -> tuple[dict[str, Any], str,
+                                                                              LocalPartition, dict[str, Any]]:
+    """:func:`_prepare_torchrun` from ``--partition-dir``; ranks agree that every one of
+    them loaded its file (and, where the graph was loaded, that it is the directory's)."""
+    error: BaseException | None = None
+    described, fp, part, report, checks = {}, "", None, {}, ()
+    try:
+        report = load_meta(cfg.partition.dir).get("report", {})
+        recorded = recorded_graph(cfg, graph)
+        if recorded is not None:
+            fp, described = recorded
+        else:
+            data = load_dataset(cfg.data, graph)
+            fp = fingerprint(data)
+            described = describe_graph(cfg, data, fp)
+            del data
+        part = load_partition(cfg.partition.dir, ctx.rank, expected_fingerprint=fp, expected_parts=ctx.world_size)
+        checks = (fp,)
+    except Exception as exc:  # every rank must reach the agreement below
+        error = exc
+    if not _agree(ctx, error is None, *checks):
+        if error is not None:
+            raise error
+        raise UserError("ranks disagree on the graph or its partition (different data or "
+                        "library versions on different hosts?); pass a shared --partition-dir")
+    return described, fp, part, report  # type: ignore[return-value]
+
+
+def train_torchrun(cfg: RunConfig, info: LaunchInfo, graph: Any = None,
+                   module: nn.Module | None = None) -> dict[str, Any] | None:
+    """This process is one rank of a torchrun job; rank 0 returns the summary.
+
+    The world size comes from torchrun; ``runtime.parts`` is replaced by it. After an
+    elastic restart (``torchrun --max-restarts N``) the run continues in the same
+    directory from its newest checkpoint (``runtime.checkpoint_every``).
+    """
+    cfg = config_from_partition_dir(replace(cfg, runtime=replace(cfg.runtime, parts=info.world_size)))
+    if module is not None:
+        check_own_model(module, cfg)
+        module = unpack_model(pack_model(module))  # a copy: the caller's module stays untrained
+    ctx = init_distributed(info, cfg.effective_runtime)
+    out = Path(cfg.output.out) if cfg.output.out else default_out_dir(cfg)
+    cfg = replace(cfg, output=replace(cfg.output, out=str(out)))
+    resume = info.restart_count > 0 and (out / "config.toml").is_file()
+    described, fp, part, report = _prepare_torchrun(cfg, ctx, graph)
+    error: BaseException | None = None
+    staging = None
+    if ctx.is_main and not resume:
+        try:
+            staging = prepare_out_dir(out)
+            write_header(staging, cfg, described, report, torchrun=True)
+            commit_out_dir(staging, out)
+            if module is not None:
+                write_own_model(out, module)
+        except Exception as exc:
+            error = exc
+    elif ctx.is_main:
+        mark_ended(out, "running", resumed=True, attempt=info.restart_count)
+    if not _agree(ctx, error is None):
+        if staging is not None:
+            shutil.rmtree(staging, ignore_errors=True)
+        if error is not None:
+            raise error
+        raise UserError("rank 0 could not write the run directory")
+    if ctx.watchdog is not None and ctx.is_main:
+        ctx.watchdog.on_sigterm = lambda: mark_ended(out, "interrupted", signal="SIGTERM")
+    try:
+        run_rank(ctx, cfg, part, out, report, fingerprint=fp, resume=resume, attempt=info.restart_count,
+                 module=module)
+    except BaseException as exc:
+        raise _rank_failure(ctx, exc, out) from None
+    if ctx.is_main:
+        write_status(out, "complete")
+    shutdown(ctx)
+    return read_json(out / "summary.json") if ctx.is_main else None
+
+
+def _rank_failure(ctx: DistContext, exc: BaseException, out: Path) -> BaseException:
+    """Under torchrun: :func:`commgnn.distributed.spawn.rank_failure` (the traceback into this
+    rank's log in the run directory), and rank 0 marks the run failed."""
+    failure = rank_failure(ctx, exc, out / "logs" / f"rank{ctx.rank}.log")
+    if ctx.is_main and not is_collective_failure(exc) and not isinstance(exc, KeyboardInterrupt):
+        user = isinstance(exc, UserError)
+        mark_ended(out, "failed", error=str(exc) if user else f"rank {ctx.rank}: {first_line(exc)}")
+    return failure
