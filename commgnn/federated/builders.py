@@ -85,6 +85,8 @@ class FederationSetup:
         placement = hashlib.sha1()
         for t in (self.owner, g.train_mask, g.val_mask, g.test_mask, g.y):
             placement.update(t.detach().cpu().contiguous().numpy().tobytes())
+        self.split_digest = placement.hexdigest()
+        """Digest of the split, masks and labels: a checkpoint is of this federation only if it records it."""
         placement.update(repr(cfg).encode())  # and the same settings: collectives follow from them
         self.t.agree(placement.hexdigest(), "client split, masks or config")
 

@@ -12,13 +12,14 @@ from __future__ import annotations
 import shutil
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 from torch import nn
 
 from commgnn.data import GIVEN_GRAPH, fingerprint, load_dataset
-from commgnn.distributed.context import LaunchInfo, check_port_free, free_port, init_distributed, shutdown
+from commgnn.distributed.context import (LaunchInfo, RuntimeConfig, check_port_free, free_port, init_distributed,
+                                         shutdown)
 from commgnn.distributed.forkserver import prestart
 from commgnn.distributed.spawn import first_line, spawn_ranks
 from commgnn.errors import UserError
@@ -41,15 +42,7 @@ def train_local(cfg: RunConfig, *, resume: bool = False, graph: Any = None,
     P, rt = cfg.runtime.parts, cfg.effective_runtime
     if module is not None:
         check_own_model(module, cfg)
-    check_rank_count(P, force=rt.force)
-    port = rt.port  # the config keeps the user's value (0 = pick), so it can be rerun
-    cuda = None if rt.device == "auto" else rt.device == "cuda"
-    if P > 1:
-        if port:
-            check_port_free(rt.master_addr, port)
-        else:
-            port = free_port(rt.master_addr)
-        prestart(cuda=torch.cuda.is_available() if cuda is None else cuda)
+    port, cuda = prepare_local_ranks(rt, P)
     out = Path(cfg.output.out) if cfg.output.out else default_out_dir(cfg)
     if resume and graph is None and read_json(out / "manifest.json")["dataset"]["name"] == GIVEN_GRAPH:
         raise UserError(f"{out} trained on a graph given in Python; resume it from Python with "
@@ -82,14 +75,41 @@ def train_local(cfg: RunConfig, *, resume: bool = False, graph: Any = None,
     del data, parts
     packed = pack_model(module)
     args = (cfg, str(out), part_dir, fp, report, resume, attempt, packed)
-    try:
-        if P == 1:
-            _local_rank(LaunchInfo(rank=0, world_size=1, local_rank=0, local_world_size=1,
-                                   master_addr=rt.master_addr, port=0), *args)
+    run_local_ranks(_local_rank, args, out=out, parts=P, runtime=rt, port=port, cuda=cuda, resume=resume,
+                    attempt=attempt)
+    return read_json(out / "summary.json")
+
+
+def prepare_local_ranks(rt: RuntimeConfig, parts: int) -> tuple[int, bool | None]:
+    """Before anything is written: refuse more ranks than cores (unless forced), pick or
+    check the rendezvous port and start the fork server. Returns ``(port, cuda)`` for
+    :func:`run_local_ranks` (``cuda`` None: whether there is a GPU here)."""
+    check_rank_count(parts, force=rt.force)
+    port = rt.port  # the config keeps the user's value (0 = pick), so it can be rerun
+    cuda = None if rt.device == "auto" else rt.device == "cuda"
+    if parts > 1:
+        if port:
+            check_port_free(rt.master_addr, port)
         else:
-            spawn_ranks(_local_rank, args, nprocs=P, master_addr=rt.master_addr, port=port,
-                        log_dir=str(out / "logs"), heartbeat_s=rt.heartbeat_timeout_s,
-                        cuda=cuda)
+            port = free_port(rt.master_addr)
+        prestart(cuda=torch.cuda.is_available() if cuda is None else cuda)
+    return port, cuda
+
+
+def run_local_ranks(fn: Callable[..., Any], args: tuple, *, out: Path, parts: int, runtime: RuntimeConfig,
+                    port: int, cuda: bool | None, resume: bool, attempt: int) -> None:
+    """Run ``fn(LaunchInfo, *args)`` on ``parts`` local ranks (in this process when 1; each
+    rank's standard error in ``out/logs``) and record the outcome in ``out``'s
+    ``status.json``: ``complete``; ``failed`` with the one-line error; ``interrupted`` with
+    the signal. Bad input found late (a :class:`~commgnn.errors.UserError`) removes a new
+    run's folder, so that it leaves nothing behind; a resumed run keeps its folder."""
+    try:
+        if parts == 1:
+            fn(LaunchInfo(rank=0, world_size=1, local_rank=0, local_world_size=1,
+                          master_addr=runtime.master_addr, port=0), *args)
+        else:
+            spawn_ranks(fn, args, nprocs=parts, master_addr=runtime.master_addr, port=port,
+                        log_dir=str(out / "logs"), heartbeat_s=runtime.heartbeat_timeout_s, cuda=cuda)
     except UserError as exc:
         if resume:
             mark_ended(out, "failed", error=str(exc), attempt=attempt)
@@ -103,7 +123,6 @@ def train_local(cfg: RunConfig, *, resume: bool = False, graph: Any = None,
         mark_ended(out, "failed", error=first_line(exc), attempt=attempt)
         raise
     write_status(out, "complete", attempt=attempt)
-    return read_json(out / "summary.json")
 
 
 def _local_rank(info: LaunchInfo, cfg: RunConfig, out: str, part_dir: str, fp: str,
