@@ -4,6 +4,8 @@ Every ``commgnn`` command parses its arguments and calls one of these functions;
 notebooks and benchmarks call them directly. Errors raise :mod:`commgnn.errors` types.
 """
 
+from commgnn.api.federate import FederateResult, federate, load_federate_result
 from commgnn.api.train import TrainResult, build_model, load_result, resume, run, train
 
-__all__ = ["TrainResult", "build_model", "load_result", "resume", "run", "train"]
+__all__ = ["FederateResult", "TrainResult", "build_model", "federate", "load_federate_result", "load_result",
+           "resume", "run", "train"]

@@ -56,8 +56,10 @@ class FederateResult:
 
 
 def _option_keys() -> dict[str, str]:
-    """Each leaf field name of :class:`FederateConfig` that names one key alone -> that
-    dotted key (``rounds`` -> ``federated.rounds``, ``epsilon`` -> ``dp.epsilon``)."""
+    """Each leaf field name of :class:`FederateConfig` -> its dotted key (``epsilon`` ->
+    ``dp.epsilon``): the key of that name, or, where several tables have one, the
+    ``[federated]`` table's (``rounds`` -> ``federated.rounds``, not ``neighgen.rounds``).
+    Names that are ambiguous otherwise (``clip``) are not options."""
     found: dict[str, list[str]] = {}
 
     def walk(cls: Any, prefix: str) -> None:
@@ -69,7 +71,12 @@ def _option_keys() -> dict[str, str]:
                 found.setdefault(f.name, []).append(prefix + f.name)
 
     walk(FederateConfig, "")
-    return {name: keys[0] for name, keys in found.items() if len(keys) == 1}
+    out = {}
+    for name, keys in found.items():
+        main = [k for k in keys if k.startswith("federated.")]
+        if len(keys) == 1 or len(main) == 1:
+            out[name] = keys[0] if len(keys) == 1 else main[0]
+    return out
 
 
 def _config(config: FederateConfig | str | Path | None, options: Mapping[str, Any]) -> FederateConfig:
@@ -77,8 +84,9 @@ def _config(config: FederateConfig | str | Path | None, options: Mapping[str, An
     keys = _option_keys()
     unknown = sorted(set(options) - set(keys) - {"seed"})
     if unknown:
-        raise ConfigError(f"unknown option {unknown[0]!r}; options are the unique field names of "
-                          f"FederateConfig ({', '.join(sorted(keys))}) and seed")
+        raise ConfigError(f"unknown option {unknown[0]!r}; options are the field names of FederateConfig "
+                          f"({', '.join(sorted(keys))}) and seed; start from a FederateConfig or a TOML file "
+                          f"for the others")
     if isinstance(config, FederateConfig):
         data = to_dict(config)
     elif config is not None:
@@ -101,7 +109,8 @@ def federate(data: Any = None, *, config: FederateConfig | str | Path | None = N
         config: a :class:`FederateConfig`, or a TOML file, to start from.
         out: the run folder (default ``runs/federate-<dataset>-<algorithm>-<time>``).
         env: where to look for ``torchrun``'s variables (default ``os.environ``).
-        **options: any field of :class:`FederateConfig` whose name is unique, e.g.
+        **options: a field of :class:`FederateConfig` by its name (``[federated]``'s where
+            tables share one), e.g.
             ``clients=5``, ``rounds=100``, ``participation=0.5``, ``epsilon=4.0``,
             ``parts=3``, ``checkpoint_every=10``, ``quiet=True``; ``seed`` sets the split's
             and the training's seed.
