@@ -13,7 +13,8 @@ _API = {"train": "commgnn.api", "resume": "commgnn.api", "run": "commgnn.api", "
         "HaloConfig": "commgnn.comm.config", "GradConfig": "commgnn.comm.config",
         "GossipConfig": "commgnn.comm.config", "ModelConfig": "commgnn.models.config",
         "TrainConfig": "commgnn.trainers.config", "DataConfig": "commgnn.data.config",
-        "RuntimeConfig": "commgnn.distributed.context", "errors": "commgnn.errors"}
+        "RuntimeConfig": "commgnn.distributed.context", "errors": "commgnn.errors",
+        "predict": "commgnn.api"}
 __all__ = ["__version__", *_API]
 
 
@@ -25,3 +26,9 @@ def __getattr__(name: str) -> object:
         raise AttributeError(f"module 'commgnn' has no attribute {name!r}")
     module = importlib.import_module(_API[name])
     return module if name == "errors" else getattr(module, name)
+
+
+def __dir__() -> list[str]:
+    """The module's names and the lazily imported API, so that ``dir(commgnn)`` and a
+    notebook's completion list ``train``, ``CommConfig`` and the rest before first use."""
+    return sorted(set(globals()) | set(__all__))

@@ -198,7 +198,7 @@ def test_your_own_model_on_a_python_graph_resumes_from_python(tmp_path, capfd):
     from commgnn.cli.main import main
     assert main(["train", "--resume", str(tmp_path / "run")]) == 2
     assert "commgnn.resume(" in capfd.readouterr().err
-    res = commgnn.resume(tmp_path / "run", data)
+    res = commgnn.resume(tmp_path / "run", data, model=make_model())  # _OwnModel keeps no arguments
     assert type(res.model) is _OwnModel
     assert _losses(res.run_dir) == _losses(ref.run_dir)
     assert _accs(res.run_dir) == _accs(ref.run_dir)

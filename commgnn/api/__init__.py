@@ -5,7 +5,8 @@ notebooks and benchmarks call them directly. Errors raise :mod:`commgnn.errors` 
 """
 
 from commgnn.api.federate import FederateResult, federate, load_federate_result
+from commgnn.api.predict import predict
 from commgnn.api.train import TrainResult, build_model, load_result, resume, run, train
 
 __all__ = ["FederateResult", "TrainResult", "build_model", "federate", "load_federate_result", "load_result",
-           "resume", "run", "train"]
+           "predict", "resume", "run", "train"]

@@ -28,7 +28,7 @@ import torch
 from torch import Tensor, nn
 
 from commgnn.runner.config import FLAG_KEYS, RunConfig, resolve_config
-from commgnn.runner.own_model import read_own_model
+from commgnn.runner.own_model import load_own_model, load_weights
 from commgnn.runner.launching import train_command
 from commgnn.runner.run_dir import default_out_dir
 from commgnn.comm.config import CommConfig
@@ -103,10 +103,18 @@ def train(data: Any = None, *, model: str | nn.Module | None = None, parts: int 
 
 
 def resume(run_dir: str | Path, data: Any = None, *, epochs: int | None = None,
-           env: Mapping[str, str] | None = None) -> TrainResult | FederateResult | None:
+           env: Mapping[str, str] | None = None,
+           model: nn.Module | type | None = None) -> TrainResult | FederateResult | None:
     """Continue a stopped run from its newest checkpoint (``commgnn train --resume``): its own
-    config, its own model (a user's model is kept in the run directory); ``data`` is needed
-    again when the run trained on a graph given in Python; ``epochs`` extends or shortens it.
+    config, its own model; ``data`` is needed again when the run trained on a graph given in
+    Python; ``epochs`` extends or shortens it.
+
+    A run of your own model rebuilds its class by the import path recorded in the run folder
+    (nothing is unpickled; see :mod:`commgnn.runner.own_model`). Pass ``model=`` (the class,
+    or an instance) when the class cannot be imported by name (defined in ``__main__`` or a
+    notebook) or its constructor arguments were not recorded; the recorded starting weights
+    and the checkpoint's replace the instance's.
+
     A federated run folder continues as :func:`commgnn.api.federate.resume_federated` says
     (``epochs`` is then its rounds) and gives a :class:`~commgnn.api.federate.FederateResult`."""
     from commgnn.api.federate import is_federated_run, resume_federated  # only a federated folder needs it
@@ -125,29 +133,39 @@ def resume(run_dir: str | Path, data: Any = None, *, epochs: int | None = None,
         cfg = _set(cfg, "data.dataset", str(data))
     else:
         graph = data
-    return run(cfg, env=os.environ if env is None else env, graph=graph, resume=True)
+    module = model if isinstance(model, nn.Module) else None
+    if model is not None and module is None:  # a class: built from the recorded arguments
+        module = load_own_model(run_dir, model, verb=f"commgnn.resume({str(run_dir)!r}, model=MODEL)")
+    return run(cfg, env=os.environ if env is None else env, graph=graph, resume=True, module=module)
 
 
 def run(cfg: RunConfig, *, env: Mapping[str, str], graph: Any = None, resume: bool = False,
         module: nn.Module | None = None) -> TrainResult | None:
     """Train with a resolved configuration (what the CLI calls)."""
     if cfg.output.out is None:
-        cfg = _set(cfg, "output.out", str(default_out_dir(cfg)))
+        cfg = _set(cfg, "output.out", str(default_out_dir(cfg, graph=graph, module=module)))
     summary = train_command(cfg, env, resume=resume, graph=graph, module=module)
     if summary is None:
         return None  # a torchrun rank other than 0
-    return load_result(Path(cfg.output.out))  # type: ignore[arg-type]
+    return load_result(Path(cfg.output.out), model=module)  # type: ignore[arg-type]
 
 
-def load_result(run_dir: str | Path) -> TrainResult:
-    """The result of a finished run, read back from its directory."""
+def load_result(run_dir: str | Path, *, model: nn.Module | type | None = None) -> TrainResult:
+    """The result of a finished run, read back from its directory (tensors and JSON only).
+
+    A run of your own model rebuilds its class by the import path recorded in the run
+    folder; pass ``model=`` (the class, or an instance whose weights are replaced) when it
+    cannot be imported by name or its constructor arguments were not recorded (one-line
+    :class:`~commgnn.errors.UserError` otherwise; see :mod:`commgnn.runner.own_model`)."""
     run_dir = Path(run_dir)
     if not (run_dir / "summary.json").is_file():
         raise UserError(f"{run_dir} holds no finished run (no summary.json)")
     cfg = resolve_config(str(run_dir / "config.toml"), {}, {})
     dataset = read_json(run_dir / "manifest.json")["dataset"]
-    module = read_own_model(run_dir) or build_model(cfg.model, dataset["num_features"], dataset["num_classes"])
-    module.load_state_dict(torch.load(run_dir / "model.pt", map_location="cpu", weights_only=True))
+    module = load_own_model(run_dir, model, verb=f"commgnn.load_result({str(run_dir)!r}, model=MODEL)") \
+        or build_model(cfg.model, dataset["num_features"], dataset["num_classes"])
+    load_weights(module, torch.load(run_dir / "model.pt", map_location="cpu", weights_only=True),
+                 run_dir / "model.pt")
     module.eval()
     return TrainResult(model=module, summary=read_json(run_dir / "summary.json"),
                        predictions=torch.load(run_dir / "predictions.pt", map_location="cpu", weights_only=True),

@@ -58,12 +58,10 @@ class RuntimeConfig:
     gc_freeze: bool = False
     """Move the objects alive when training starts (modules, graph, model) out of Python's
     garbage collector's view for the epochs (``gc.freeze``; ``gc.unfreeze`` after). Why:
-    ranks running the same code reach a full collection at the same epoch; 8 local ranks on
-    2 cores collecting at once made a 0.94-1.03 s epoch out of 0.16-0.17 s ones. Measured
-    (``benchmarks/results/2026-12-05-twin-flags-gc-freeze-ab*.md``, 7 interleaved pairs of
-    100-epoch runs without energy measurement): on, no such epoch and a 2.3% lower mean over
-    the run, but epochs 10-100 3.8% slower (0.169 against 0.163 s; cause not found). So it is
-    off by default: for short runs whose epochs must be even (probes, twins), not long ones."""
+    ranks running the same code reach a full collection at the same epoch, and local ranks
+    sharing few cores then all collect at once, which makes one epoch several times longer
+    than the others. Off by default: it evens the epochs of short runs (probes, twins), but
+    long runs were not faster with it (see the docs' results pages)."""
     checkpoint_every: int = 0
     """Write an atomic checkpoint of every rank's state every k epochs (0 = never); a
     resumed or elastically restarted run continues from the newest complete one."""

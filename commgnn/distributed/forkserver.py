@@ -17,6 +17,14 @@ around the standard library's fork server) closes the gaps between it and spawne
 * **Ranks write where the launcher writes now**, not where it wrote when the server
   started (a notebook, or pytest's capture, redirects both over time): the launcher's
   stdout and stderr travel with each rank as descriptors (:class:`Stream`).
+* **The user's main module stays where it is.** multiprocessing makes the fork server and
+  every rank it starts import the launcher's ``__main__`` again (from its file, or by module
+  name), so a script without an ``if __name__ == "__main__":`` guard would train again in
+  each of them, and a script read from standard input (``python - < script.py``, whose
+  ``__file__`` is ``<stdin>``) cannot be found. Ranks need nothing from ``__main__`` (their
+  function is ours, and a user's model travels by value), so :func:`main_module_hidden`
+  hides it while the server and the ranks start. Scripts, standard input and notebooks
+  all launch the same way.
 * **Not where it cannot be safe.** CUDA cannot be used in a process forked from one that
   touched it, and some imports do (PyG creates CUDA tensors at import under pytest when
   pyg-lib is installed): with CUDA present ranks are spawned. So are ranks of a process
@@ -26,13 +34,15 @@ around the standard library's fork server) closes the gaps between it and spawne
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing as mp
 import os
 import signal
 import sys
 import threading
+import types
 from multiprocessing import reduction
-from typing import Any
+from typing import Any, Iterator
 
 PRELOAD = ("torch", "torch.distributed", "torch_geometric", __name__)
 """What the server imports once (this module last: it then guards the server)."""
@@ -69,7 +79,32 @@ def prestart(*, cuda: bool) -> None:
     if ctx.get_start_method() == "forkserver":
         from multiprocessing import forkserver
 
-        forkserver.ensure_running()
+        with main_module_hidden():
+            forkserver.ensure_running()
+
+
+_hide_lock = threading.Lock()
+
+
+@contextlib.contextmanager
+def main_module_hidden() -> Iterator[None]:
+    """While it is open, ``sys.modules["__main__"]`` is an empty module, so a fork server
+    or process started meanwhile neither imports the launcher's main module again nor looks
+    for its file (what multiprocessing's preparation data would ask it to do). Code running
+    in the launcher is unaffected: its functions keep their own globals. Used only around
+    starting processes; the real main module is back when it closes, whatever happened."""
+    with _hide_lock:
+        real = sys.modules.get("__main__")
+        bare = types.ModuleType("__main__")
+        sys.modules["__main__"] = bare
+        try:
+            yield
+        finally:
+            if sys.modules.get("__main__") is bare:
+                if real is None:
+                    del sys.modules["__main__"]
+                else:
+                    sys.modules["__main__"] = real
 
 
 def in_forked_rank() -> None:

@@ -44,7 +44,7 @@ import torch
 import torch.distributed as dist
 
 from commgnn.distributed.context import DistContext, LaunchInfo
-from commgnn.distributed.forkserver import Stream, in_forked_rank, start_context
+from commgnn.distributed.forkserver import Stream, in_forked_rank, main_module_hidden, start_context
 from commgnn.distributed.watchdog import (EXIT_PEER_FAILED, EXIT_SIGTERM, Failure, block_sigterm, die_with_launcher,
                                    read_failure)
 from commgnn.errors import RankFailure, UserError
@@ -174,7 +174,8 @@ def spawn_ranks(fn: Callable[..., Any], args: tuple, *, nprocs: int, master_addr
     """Run ``fn(LaunchInfo, *args)`` in ``nprocs`` processes; raise if any rank fails.
 
     ``port`` is where this process hosts the job's store (the ranks' rendezvous).
-    ``fn`` and ``args`` must be picklable: ranks never fork from this process, so none of
+    ``fn`` and ``args`` must be picklable without the launcher's ``__main__``, which the
+    ranks never import (:func:`~commgnn.distributed.forkserver.main_module_hidden`): ranks never fork from this process, so none of
     its torch or gloo state (the store's threads included) leaks into them. On Linux without
     CUDA they fork from a fork server that imported torch and PyG once
     (:mod:`commgnn.distributed.forkserver`); otherwise each is spawned and imports them itself.
@@ -191,14 +192,15 @@ def spawn_ranks(fn: Callable[..., Any], args: tuple, *, nprocs: int, master_addr
     env, method, streams = dict(os.environ), mp.get_start_method(), Stream.pair(ctx)
     procs = []
     try:
-        for rank in range(nprocs):
-            info = LaunchInfo(rank=rank, world_size=nprocs, local_rank=rank, local_world_size=nprocs,
-                              master_addr=master_addr, port=port, launcher_pid=os.getpid(),
-                              heartbeat_s=heartbeat_s)
-            p = ctx.Process(target=_child, args=(job, env, method, streams, info, log_dir),
-                            name=f"commgnn-rank{rank}")
-            p.start()
-            procs.append(p)
+        with main_module_hidden():  # ranks never import the user's __main__ (script, stdin, notebook)
+            for rank in range(nprocs):
+                info = LaunchInfo(rank=rank, world_size=nprocs, local_rank=rank, local_world_size=nprocs,
+                                  master_addr=master_addr, port=port, launcher_pid=os.getpid(),
+                                  heartbeat_s=heartbeat_s)
+                p = ctx.Process(target=_child, args=(job, env, method, streams, info, log_dir),
+                                name=f"commgnn-rank{rank}")
+                p.start()
+                procs.append(p)
         failed = _watch(procs, grace_s)
     except BaseException:  # Ctrl-C, SIGTERM, or a failure to start: no rank outlives us
         _kill(procs)

@@ -7,12 +7,10 @@ the compilation once per machine, not once per process.
 
 Row-parallel kernels are compiled twice (:func:`parallel_njit`): with ``prange`` over
 numba's thread pool, and as a plain serial loop for one thread. A rank given one thread
-(8 ranks on 2 cores) runs the serial one, so numba's OpenMP pool never starts. Its workers
-spin-wait between parallel regions (libgomp's default wait policy) and took nearly as much
-CPU as the ranks' main threads: GCN 3x64 on Computers, 8 ranks on 2 cores over loopback,
-4.78 s epochs against 0.35 s with the torch kernels (3.56 s of compute against 0.16;
-``benchmarks/results/2026-12-05-numba-threads.md``). Each output row is computed by one
-thread in the same order either way, so both give the same bits.
+(8 ranks on 2 cores) runs the serial one, so numba's OpenMP pool never starts: its workers
+spin-wait between parallel regions (libgomp's default wait policy) and take CPU from the
+ranks' main threads on a shared machine. Each output row is computed by one thread in the
+same order either way, so both give the same bits.
 """
 
 from __future__ import annotations

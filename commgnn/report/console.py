@@ -107,19 +107,40 @@ class EpochProgress:
 
 
 def summary_table(summary: dict[str, Any]) -> Table:
-    """The end-of-run table (from ``summary.json``)."""
+    """The end-of-run table (from ``summary.json``; keys an older summary lacks are left out).
+
+    It says what each figure is: the halo traffic of training and of evaluation, apart, and
+    the total the network carries per epoch (every class of traffic); an early stop and its
+    reason; the network's energy as modelled (bytes times joules per byte), beside the
+    measured CPU and RAM energy."""
     t = Table(title=f"commgnn: {summary['model']} on {summary['dataset']}, {summary['parts']} ranks",
               show_header=True)
     t.add_column("metric")
     t.add_column("value", justify="right")
     part = summary["partition"]
-    rows = [
-        ("epochs run (best)", f"{summary['epochs_run']} ({summary['best_epoch']})"),
+    n = max(int(summary["epochs_run"]), 1)
+    epochs = f"{summary['epochs_run']} ({summary['best_epoch']})"
+    if summary.get("epochs_planned") is not None:
+        epochs = f"{summary['epochs_run']} of {summary['epochs_planned']} ({summary['best_epoch']})"
+    rows = [("epochs run (best)", epochs)]
+    stop = summary.get("stopped_early")
+    if isinstance(stop, dict) and stop.get("reason") == "patience":
+        rows.append(("stopped early", f"after epoch {stop.get('epoch', summary['epochs_run'])}: no better "
+                                      f"validation accuracy for {stop.get('patience')} epochs (train.patience)"))
+    rows += [
         ("best val acc", f"{summary['best_val_acc']:.4f}"),
         ("test acc @ best val", f"{summary['test_acc']:.4f}"),
-        ("halo bytes / epoch (all ranks)", human_bytes(summary["halo_bytes_per_epoch"])),
-        ("halo bytes / epoch (busiest rank)", human_bytes(summary["halo_bytes_per_epoch_max_rank"])),
+    ]
+    traffic_at = len(rows)
+    traffic = [("halo bytes / epoch, training (all ranks)", human_bytes(summary["halo_bytes_per_epoch"])),
+               ("halo bytes / epoch (busiest rank)", human_bytes(summary["halo_bytes_per_epoch_max_rank"]))]
+    if summary.get("eval_halo_bytes_per_epoch") is not None:
+        traffic.append(("halo bytes / epoch, evaluation (all ranks)",
+                        human_bytes(summary["eval_halo_bytes_per_epoch"])))
+    rows += traffic
+    rows += [
         ("grad bytes / epoch", human_bytes(summary["grad_bytes_per_epoch"])),
+        ("network bytes / epoch (all traffic, all ranks)", human_bytes(summary["total_bytes"] / n)),
         ("total bytes", human_bytes(summary["total_bytes"])),
         ("epoch time (median)", f"{summary['epoch_time_s'] * 1000:.1f} ms"),
         ("comm / wait time", f"{summary['comm_time_frac']:.1%} / {summary['wait_time_frac']:.1%}"),
@@ -129,21 +150,27 @@ def summary_table(summary: dict[str, Any]) -> Table:
         ("peak RSS (max rank)", f"{summary['peak_rss_mb']:.0f} MB"),
         ("edge cut / comm volume", f"{part['edge_cut']} / {part['comm_volume']}"),
     ]
-    if "steps_per_epoch" in summary:  # mini-batch training
-        rows[3:5] = [
+    if "steps_per_epoch" in summary:  # mini-batch training: its traffic is fetched features
+        mb = [
             ("steps / epoch (every rank)", str(summary["steps_per_epoch"])),
             ("feature bytes / epoch (all ranks)", human_bytes(summary["feature_bytes_per_epoch"])),
             ("sampled nodes / edges per step", f"{summary['sampled_nodes_per_step']:.0f} / "
                                                f"{summary['sampled_edges_per_step']:.0f}"),
         ]
         if summary.get("cache_hit_rate") is not None:
-            rows.insert(6, ("cache hit rate (offline optimum)",
-                            f"{summary['cache_hit_rate']:.1%} ({summary['cache_hit_rate_optimal']:.1%})"))
+            mb.append(("cache hit rate (offline optimum)",
+                       f"{summary['cache_hit_rate']:.1%} ({summary['cache_hit_rate_optimal']:.1%})"))
+        rows[traffic_at:traffic_at + 2] = mb
         rows.insert(-2, ("sample / fetch time", f"{summary['sample_time_frac']:.1%} / {summary['fetch_time_frac']:.1%}"))
     e = summary.get("energy")
     if e and e.get("measured"):
-        rows.append(("energy: CPU+RAM / network", f"{(e['cpu_kwh'] + e['ram_kwh']) * 1e3:.3g} Wh / "
-                                                 f"{e['network_kwh'] * 1e3:.3g} Wh ({summary['co2_g']:.3g} g CO2)"))
+        rows.append(("energy: CPU+RAM (measured) / network (modelled)",
+                     f"{(e['cpu_kwh'] + e['ram_kwh']) * 1e3:.3g} Wh / {e['network_kwh'] * 1e3:.3g} Wh "
+                     f"({summary['co2_g']:.3g} g CO2)"))
+    if e and e.get("network_kwh") is not None:
+        where = "; these ranks shared one host (loopback)" if summary.get("one_host") else ""
+        rows.append(("network energy (modelled, not measured)",
+                     f"{e['network_kwh'] * 1e3:.3g} Wh = bytes x {e.get('network_j_per_byte', 0):.3g} J/byte{where}"))
     for k, v in rows:
         t.add_row(k, v)
     return t

@@ -74,8 +74,9 @@ def headline(run: Run) -> dict[str, Any]:
             "comm_time_frac": frac["comm"], "wait_time_frac": frac["wait"]}
 
 
-def _levers(config: str | None) -> str | None:
-    """The run's model and communication settings in a few words (from config.toml)."""
+def _levers(config: str | None, recorded: Any = None) -> str | None:
+    """The run's model and communication settings in a few words (from config.toml; the
+    model from the manifest's ``model`` entry when it records the user's own model)."""
     try:
         cfg = tomllib.loads(config or "")
         m, comm = cfg.get("model", {}), cfg.get("comm", {})
@@ -98,6 +99,8 @@ def _levers(config: str | None) -> str | None:
         if comm.get("gossip"):
             sync = f"gossip {comm['gossip'].get('topology', '')} {comm['gossip'].get('method', '')}".strip()
         model = f"{m.get('name', '?')} ({m.get('layers', '?')} layers, hidden {m.get('hidden', '?')})"
+        if isinstance(recorded, dict) and recorded.get("own"):  # config.toml's [model] did not run
+            model = f"your {recorded.get('name', '?')} ({recorded.get('module', '?')})"
         return f"{model}; halo {', '.join(words) or 'exact'}; {sync}"
     except (tomllib.TOMLDecodeError, AttributeError, TypeError, KeyError, ValueError):
         return None
@@ -174,7 +177,7 @@ def _facts(run: Run) -> list[tuple[str, str]]:
     if ds:
         out.append(("graph", f"{ds.get('name', '?')}: {ds.get('num_nodes', '?')} nodes, "
                              f"{ds.get('num_edges', '?')} edges, {ds.get('num_classes', '?')} classes"))
-    setting = _levers(run.config)
+    setting = _levers(run.config, man.get("model"))
     if setting:
         out.append(("model, levers", setting))
     out += [("ranks", _short(parts)),

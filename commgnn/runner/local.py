@@ -26,27 +26,34 @@ from commgnn.errors import UserError
 from commgnn.partition import load_partition
 from commgnn.report import read_json, write_status
 from commgnn.runner.config import RunConfig, config_from_partition_dir
-from commgnn.runner.own_model import check_own_model, pack_model, read_own_model, unpack_model, write_own_model
+from commgnn.runner.own_model import (carry_model, check_own_model, describe_own_model, load_own_model, unpack_model,
+                                      write_own_model)
 from commgnn.runner.preflight import check_rank_count
 from commgnn.runner.prepare import partition_for_run, partition_meta, preflight_memory, recorded_graph
 from commgnn.runner.rank import run_rank
-from commgnn.runner.run_dir import default_out_dir, describe_graph, mark_ended, previous_attempt, write_run_dir
+from commgnn.runner.run_dir import (default_out_dir, describe_graph, is_given_graph, mark_ended, previous_attempt,
+                                    record_given_graph, write_run_dir)
 
 
 def train_local(cfg: RunConfig, *, resume: bool = False, graph: Any = None,
                 module: nn.Module | None = None) -> dict[str, Any]:
     """Run P local ranks; return the summary. With ``resume``, ``cfg.output.out`` is an
     existing run directory to continue from its newest checkpoint. ``graph``: a graph given
-    in Python (PyG ``Data``, dict or ``InMemoryDataset``) instead of ``cfg.data.dataset``."""
+    in Python (PyG ``Data``, dict or ``InMemoryDataset``) instead of ``cfg.data.dataset``
+    (recorded as ``data.dataset = "python:<fingerprint>"``). ``module``: the user's own model
+    (on resume, one that replaces the recorded class: see :mod:`~commgnn.runner.own_model`)."""
     cfg = config_from_partition_dir(cfg)
     P, rt = cfg.runtime.parts, cfg.effective_runtime
-    if module is not None:
+    if module is not None and not resume:
         check_own_model(module, cfg)
     port, cuda = prepare_local_ranks(rt, P)
-    out = Path(cfg.output.out) if cfg.output.out else default_out_dir(cfg)
-    if resume and graph is None and read_json(out / "manifest.json")["dataset"]["name"] == GIVEN_GRAPH:
+    out = Path(cfg.output.out) if cfg.output.out else default_out_dir(cfg, graph=graph, module=module)
+    if graph is None and resume and read_json(out / "manifest.json")["dataset"]["name"] == GIVEN_GRAPH:
         raise UserError(f"{out} trained on a graph given in Python; resume it from Python with "
                         f"commgnn.resume({str(out)!r}, data)")
+    if graph is None and is_given_graph(cfg):
+        raise UserError(f"data.dataset = {cfg.data.dataset!r} names a graph given in Python to another run, "
+                        f"which cannot be loaded by name; pass the graph: commgnn.train(data, config=...)")
     recorded = recorded_graph(cfg, graph)
     if recorded is not None:  # a partition directory made for this [data]: the graph is not needed
         data, (fp, described) = None, recorded
@@ -54,6 +61,8 @@ def train_local(cfg: RunConfig, *, resume: bool = False, graph: Any = None,
         data = load_dataset(cfg.data, graph)
         fp = fingerprint(data)
         described = describe_graph(cfg, data, fp)
+    if graph is not None:  # what ran is recorded: config.toml, summary.json and the report name it
+        cfg = record_given_graph(cfg, fp)
     cfg = replace(cfg, output=replace(cfg.output, out=str(out)))
     if resume:
         parts, report = None, read_json(out / "manifest.json")["partition"]["report"]
@@ -61,19 +70,22 @@ def train_local(cfg: RunConfig, *, resume: bool = False, graph: Any = None,
         for r in range(P):
             load_partition(part_dir, r, expected_fingerprint=fp, expected_parts=P)
         attempt = previous_attempt(out) + 1
-        module = read_own_model(out) if module is None else module
+        module = load_own_model(out, module, verb=f"commgnn.resume({str(out)!r}, model=MODEL)")
+        if module is not None:
+            check_own_model(module, cfg)
         mark_ended(out, "running", resumed=True, attempt=attempt)
     else:
         parts, report = partition_for_run(cfg, data, fp)
         preflight_memory(cfg, described, report, own=module is not None, data=data, parts=parts)
         meta = partition_meta(cfg, fp, report, data) if parts is not None else None
-        write_run_dir(cfg, out, data, described, parts, report, meta)
+        own = describe_own_model(module) if module is not None else None
+        write_run_dir(cfg, out, data, described, parts, report, meta, own)
         part_dir = cfg.partition.dir or str(out / "partitions")
         attempt = 0
         if module is not None:
-            write_own_model(out, module)
+            write_own_model(out, module, own)
     del data, parts
-    packed = pack_model(module)
+    packed = carry_model(module, P)  # to this launch's own ranks only; the run folder holds no pickle
     args = (cfg, str(out), part_dir, fp, report, resume, attempt, packed)
     run_local_ranks(_local_rank, args, out=out, parts=P, runtime=rt, port=port, cuda=cuda, resume=resume,
                     attempt=attempt)
@@ -126,7 +138,7 @@ def run_local_ranks(fn: Callable[..., Any], args: tuple, *, out: Path, parts: in
 
 
 def _local_rank(info: LaunchInfo, cfg: RunConfig, out: str, part_dir: str, fp: str,
-                report: dict[str, Any], resume: bool, attempt: int, packed: bytes | None) -> None:
+                report: dict[str, Any], resume: bool, attempt: int, packed: bytes | nn.Module | None) -> None:
     ctx = init_distributed(info, cfg.effective_runtime)
     part = load_partition(part_dir, ctx.rank, expected_fingerprint=fp, expected_parts=ctx.world_size)
     run_rank(ctx, cfg, part, Path(out), report, fingerprint=fp, resume=resume, attempt=attempt,

@@ -45,18 +45,15 @@ PROCESS_BASE_MB = 650.0
 """Resident memory of one rank before its activations: Python, torch, PyG, numba and gloo
 (320 MB after import, about 380 MB once a process group is up) plus the operators and
 buffers built once (CSR pairs, caches) and the allocator's slack, which dominate small
-partitions (650 rather than 600: a 100k-node rank of 3x128 SAGE peaked at 853 MB). Ranks
+partitions. Ranks
 forked from the fork server share its imported pages copy-on-write, so counting them in
 every rank also covers the server itself."""
 ACTIVATION_COPIES = {"gcn": 1.4, "sage": 1.6, "gat": 1.6}
 """Per model, ``[rows, width]`` tensors per layer that a rank holds at its peak, where
 ``rows`` counts its owned and halo rows (what a layer saves for the backward pass, the
 received blocks and the concatenated input; a GCN that aggregates first keeps most of it
-at ``n_own`` rows). Fitted as an upper bound on the peak RSS of the full-graph scale runs
-(``benchmarks/results/2026-12-03-preflight-fit.md``: 100k to 2M nodes, 4 ranks, exact and
-levers): each rank's estimate is 1.03-1.26x its measured peak for GCN and SAGE (at 1M and
-2M nodes the copies that fit exactly are 1.01-1.19 for GCN and 1.30-1.39 for SAGE); GAT,
-measured at 100k and 300k only, 1.06-1.42x."""
+at ``n_own`` rows). Fitted as an upper bound on the peak RSS of full-graph runs (the fit
+and its range are on the docs' results pages)."""
 GAT_EDGE_COPIES = 6.0
 """GAT's per-edge tensors per layer and head (logits, LeakyReLU, softmax, their saved
 inputs): ``GAT_EDGE_COPIES x layers x (edges + self loops) x heads`` values. Fitted on the
@@ -66,7 +63,7 @@ RES_PLUS_COPIES = 3.5
 backward pass (LayerNorm's input, the activation's output, dropout's mask, the
 convolution's operand: :meth:`commgnn.models.deep.ResPlusGNN.saved_bytes_per_block`),
 counted here on ``rows`` per layer. With checkpointing a block keeps ``rows d`` (its input
-and received rows) and one block's worth more while it is recomputed. Not measured at scale."""
+and received rows) and one block's worth more while it is recomputed."""
 EDGE_ROW_COPIES = 2.0
 """Where a layer gathers a source row per edge (``x[src]`` and its weighted copy, ``[E, d]``):
 GAT on the torch kernel or with attention dropout (kept per layer for the backward pass),
@@ -89,8 +86,7 @@ TRACE_BYTES = 24.0
 (int64 ids) and the offline-optimal cache's copies of it (``cat``, ``unique``)."""
 TOPOLOGY_BYTES_PER_EDGE = 32.0
 """Mini-batch, replicated topology: every rank gathers the whole edge list (``[2, E]`` int64)
-and sorts it into a CSR (int32 sources). Measured at 1M nodes / 20M edges: the replicated
-ranks peaked 600-630 MB above the partitioned ones, 30-32 bytes per edge."""
+and sorts it into a CSR (int32 sources): the int64 edges and the CSR, with slack for the sort."""
 SAINT_EDGE_BYTES = 36.0
 """GraphSAINT: per edge of the whole graph, the pre-sampled edge weights (float64) and counts
 (int32) it keeps, and the float64 transients that compute them."""
@@ -141,7 +137,7 @@ class MemoryEstimate:
     """``[P]``: each rank's interpreter, partition, activations and communication buffers."""
     launcher_resident: float = 400 * 2**20
     """What the launcher keeps while the ranks run: it frees the graph and the partitions
-    before it starts them (measured: 270-290 MB resident beside 1M-node ranks)."""
+    before it starts them, so this covers its interpreter and what it still holds."""
 
     @property
     def total(self) -> float:
@@ -280,9 +276,8 @@ def estimate_minibatch_memory(*, num_nodes: int, num_edges: int, num_features: i
       plus, for VR-GCN and GraphSAINT, ``32 N`` (every node's in-degree and list offset at
       its owner, and their gathering; Cluster-GCN ``8 N``, its CSR's row pointer);
       GraphSAINT's pre-sampled normalisation: on a replicated topology it peaks after the
-      CSR's build, so the edges cost ``max(TOPOLOGY_BYTES_PER_EDGE, 4 + SAINT_EDGE_BYTES) E``
-      (measured at 1M nodes and 20M edges: the replicated GraphSAINT run peaked where the
-      replicated neighbour run did); partitioned, ``12 min(presample e, E)`` (the edges
+      CSR's build, so the edges cost ``max(TOPOLOGY_BYTES_PER_EDGE, 4 + SAINT_EDGE_BYTES) E``;
+      partitioned, ``12 min(presample e, E)`` (the edges
       met); saint-edge ``24 e_r``
       (its draw table);
     * ``GLOBAL_NODE_BYTES N``;

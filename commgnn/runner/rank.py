@@ -157,11 +157,24 @@ def run_rank(ctx: DistContext, cfg: RunConfig, part: LocalPartition, out: Path, 
         summary = summarise(dataset=cfg.data.dataset, model=name, parts=ctx.world_size,
                             rows=rows, totals=totals, partition=report)
         summary.update(energy_summary(readings, summary["total_bytes"], cfg.energy, len(rows)))
+        summary.update(_how_it_ended(ctx, cfg, trainer))
         if alone is not None:
             summary.update(alone_summary(alone, rows))
         write_json(out / "summary.json", summary)
         if show:
             print_summary(summary, str(out))
+
+
+def _how_it_ended(ctx: DistContext, cfg: RunConfig, trainer: FullGraphTrainer) -> dict[str, Any]:
+    """``summary.json``'s ``epochs_planned``, ``stopped_early`` (``{"reason": "patience",
+    "patience", "epoch"}`` when no better validation accuracy for ``train.patience`` epochs
+    ended training before ``train.epochs``; else None) and ``one_host`` (every rank on this
+    machine, so the network's bytes crossed loopback, not a wire)."""
+    patience = cfg.train.patience
+    early = bool(patience) and trainer.epoch < cfg.train.epochs and getattr(trainer, "since_best", 0) >= patience
+    return {"epochs_planned": cfg.train.epochs,
+            "stopped_early": {"reason": "patience", "patience": patience, "epoch": trainer.epoch} if early else None,
+            "one_host": ctx.local_world_size == ctx.world_size}
 
 
 _ENERGY_KEYS = ("cpu_kwh", "ram_kwh", "co2_g", "kg_per_kwh", "measured_s")

@@ -11,10 +11,12 @@ from __future__ import annotations
 import datetime as _dt
 import shutil
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Mapping
 
 import torch
+from torch import nn
 
 from commgnn.config import dump_toml, to_dict
 from commgnn.errors import UserError
@@ -26,12 +28,36 @@ from commgnn.runner.config import RunConfig
 from commgnn.runner.preflight import check_disk, estimate_run_bytes
 
 
-def default_out_dir(cfg: RunConfig, *, data_name: str | None = None, model_name: str | None = None) -> Path:
-    """``runs/<time>-<data>-<model>-p<parts>``. ``data_name``/``model_name`` name what ran
-    when it is not what ``cfg`` names (a graph or a model given in Python)."""
+GIVEN_PREFIX = "python:"
+"""``data.dataset`` of a run that trained on a graph given in Python: ``python:`` and the
+start of the graph's fingerprint. It names what ran; no file or registry holds it."""
+
+
+def given_graph_name(fp: str) -> str:
+    """``data.dataset`` recorded for a graph given in Python with fingerprint ``fp``."""
+    return f"{GIVEN_PREFIX}{fp[:16]}"
+
+
+def is_given_graph(cfg: RunConfig) -> bool:
+    """True when ``cfg`` records a graph given in Python (it cannot be loaded by name)."""
+    return cfg.data.dataset.startswith(GIVEN_PREFIX)
+
+
+def record_given_graph(cfg: RunConfig, fp: str) -> RunConfig:
+    """``cfg`` with ``data.dataset`` naming the graph given in Python that it trains on."""
+    return replace(cfg, data=replace(cfg.data, dataset=given_graph_name(fp)))
+
+
+def default_out_dir(cfg: RunConfig, *, graph: Any = None, module: nn.Module | None = None) -> Path:
+    """``runs/<time>-<data>-<model>-p<parts>``, naming what runs: ``python`` for a graph
+    given in Python (``graph``), the class name of the user's own model (``module``)."""
     stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
-    name = data_name or (Path(cfg.data.dataset).stem if cfg.data.dataset.endswith(".pt") else cfg.data.dataset)
-    return Path("runs") / f"{stamp}-{name}-{model_name or cfg.model.name}-p{cfg.runtime.parts}"
+    if graph is not None or is_given_graph(cfg):
+        name = "python"
+    else:
+        name = Path(cfg.data.dataset).stem if cfg.data.dataset.endswith(".pt") else cfg.data.dataset
+    model = type(module).__name__ if module is not None else cfg.model.name
+    return Path("runs") / f"{stamp}-{name}-{model}-p{cfg.runtime.parts}"
 
 
 def describe_graph(cfg: RunConfig, data: Any, fp: str) -> dict[str, Any]:
@@ -51,8 +77,33 @@ def describe_from_meta(meta: Mapping[str, Any]) -> dict[str, Any]:
             **{k: meta[k] for k in ("num_nodes", "num_edges", "num_features", "num_classes") if k in meta}}
 
 
-def manifest(cfg: RunConfig, graph: dict[str, Any], report: dict[str, Any], torchrun: bool) -> dict[str, Any]:
-    """``manifest.json``: when, how and on what the run was started."""
+def model_entry(cfg: RunConfig, own: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The manifest's ``model`` entry: the built-in model's name and size, or the user's own
+    model's class (``own``: :func:`~commgnn.runner.own_model.describe_own_model`)."""
+    if own is not None:
+        return {"name": own["class"], "own": True, "module": own["module"], "qualname": own["qualname"],
+                "init": own.get("init")}
+    return {"name": cfg.model.name, "own": False, "layers": cfg.model.layers, "hidden": cfg.model.hidden}
+
+
+def rerun_notes(cfg: RunConfig, own: Mapping[str, Any] | None) -> list[str]:
+    """Why ``config.toml`` alone cannot re-run this run (empty when it can)."""
+    notes = []
+    if is_given_graph(cfg):
+        notes.append(f"[data] dataset = {cfg.data.dataset!r} is a graph given in Python (its fingerprint is "
+                     "in manifest.json); pass it again: commgnn.resume(run_dir, data), "
+                     "commgnn.predict(run_dir, data)")
+    if own is not None:
+        notes.append(f"the model is your own {own['class']} ({own['module']}.{own['qualname']}, "
+                     "recorded in own_model.json), not [model] name, layers and hidden below")
+    return notes
+
+
+def manifest(cfg: RunConfig, graph: dict[str, Any], report: dict[str, Any], torchrun: bool,
+             own: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """``manifest.json``: when, how and on what the run was started (``own``: the user's
+    own model, as :func:`model_entry` takes it)."""
+    notes = rerun_notes(cfg, own)
     return {
         "started": _dt.datetime.now().astimezone().isoformat(timespec="seconds"),
         "argv": sys.argv,
@@ -61,6 +112,8 @@ def manifest(cfg: RunConfig, graph: dict[str, Any], report: dict[str, Any], torc
         "host": host_info(),
         "seed": cfg.train.seed,
         "dataset": graph,
+        "model": model_entry(cfg, own),
+        **({"rerun": {"from_config": False, "why": notes}} if notes else {"rerun": {"from_config": True}}),
         "partition": {"method": cfg.partition.method, "objective": cfg.partition.objective,
                       "seed": cfg.partition.seed, "dir": cfg.partition.dir, "reorder": cfg.partition.reorder,
                       "report": report},
@@ -69,14 +122,19 @@ def manifest(cfg: RunConfig, graph: dict[str, Any], report: dict[str, Any], torc
 
 
 def write_header(staging: Path, cfg: RunConfig, graph: dict[str, Any], report: dict[str, Any],
-                 torchrun: bool) -> None:
-    """``config.toml`` and ``manifest.json`` into ``staging``."""
-    (staging / "config.toml").write_text(dump_toml(to_dict(cfg)))
-    write_json(staging / "manifest.json", manifest(cfg, graph, report, torchrun))
+                 torchrun: bool, own: Mapping[str, Any] | None = None) -> None:
+    """``config.toml`` and ``manifest.json`` into ``staging``. A run that ``config.toml``
+    alone cannot re-run (a graph given in Python, the user's own model) says so in comments
+    at the top of the file, and in the manifest's ``rerun`` entry."""
+    notes = rerun_notes(cfg, own)
+    head = "".join(["# Not re-runnable from this file alone:\n", *(f"# - {n}\n" for n in notes), "\n"]) if notes else ""
+    (staging / "config.toml").write_text(head + dump_toml(to_dict(cfg)))
+    write_json(staging / "manifest.json", manifest(cfg, graph, report, torchrun, own))
 
 
 def write_run_dir(cfg: RunConfig, out: Path, data: Any, graph: dict[str, Any],
-                  parts: torch.Tensor | None, report: dict[str, Any], meta: dict[str, Any] | None) -> None:
+                  parts: torch.Tensor | None, report: dict[str, Any], meta: dict[str, Any] | None,
+                  own: Mapping[str, Any] | None = None) -> None:
     """Write the run directory through a hidden staging sibling (nothing half-written):
     its header and, when ``parts`` are given, ``partitions/`` with ``meta`` as its
     ``meta.json``. ``data`` (the loaded graph) is needed only when ``parts`` are to be saved.
@@ -92,7 +150,7 @@ def write_run_dir(cfg: RunConfig, out: Path, data: Any, graph: dict[str, Any],
                                        checkpoint_every=cfg.runtime.checkpoint_every))
     staging = prepare_out_dir(out)
     try:
-        write_header(staging, cfg, graph, report, torchrun=False)
+        write_header(staging, cfg, graph, report, torchrun=False, own=own)
         if parts is not None:
             save_partitions(staging / "partitions", build_local_partitions(data, parts, P), meta or {})
         commit_out_dir(staging, out)

@@ -41,9 +41,7 @@ PROBE_MARGIN = 1.5
 """Factor on the probed hop counts; the analytic bound still caps the product. It covers a
 batch larger than any probed one (a few percent), and the step terms' constants
 (``BATCH_FEATURE_COPIES``, ``ACTIVATION_COPIES``), fitted while the step sizes were the
-overlap-free bound: on the 1M-node 3x256 run at 15,10,5, whose probed third hop is 458k
-nodes against the bound's 1M, a margin of 1.25 put one rank's estimate at 0.99x its
-measured peak, and 1.5 at 1.01x (``2026-12-03-preflight-fit-probe.md``)."""
+overlap-free bound (the fit that chose 1.5 is on the docs' results pages)."""
 
 
 @dataclass

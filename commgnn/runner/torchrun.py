@@ -7,6 +7,7 @@ preparation succeeded before training starts.
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 import shutil
@@ -25,10 +26,10 @@ from commgnn.partition import (LocalPartition, build_local_partition, load_meta,
                                partition_from_bytes, partition_to_bytes)
 from commgnn.report import commit_out_dir, prepare_out_dir, read_json, write_status
 from commgnn.runner.config import RunConfig, config_from_partition_dir
-from commgnn.runner.own_model import check_own_model, pack_model, unpack_model, write_own_model
+from commgnn.runner.own_model import check_own_model, describe_own_model, write_own_model
 from commgnn.runner.prepare import partition_for_run, recorded_graph
 from commgnn.runner.rank import run_rank
-from commgnn.runner.run_dir import default_out_dir, describe_graph, mark_ended, write_header
+from commgnn.runner.run_dir import default_out_dir, describe_graph, mark_ended, record_given_graph, write_header
 
 
 def _agree(ctx: DistContext, ok: bool, *checks: str) -> bool:
@@ -148,21 +149,24 @@ def train_torchrun(cfg: RunConfig, info: LaunchInfo, graph: Any = None,
     cfg = config_from_partition_dir(replace(cfg, runtime=replace(cfg.runtime, parts=info.world_size)))
     if module is not None:
         check_own_model(module, cfg)
-        module = unpack_model(pack_model(module))  # a copy: the caller's module stays untrained
+        module = copy.deepcopy(module)  # a copy: the caller's module stays untrained
     ctx = init_distributed(info, cfg.effective_runtime)
-    out = Path(cfg.output.out) if cfg.output.out else default_out_dir(cfg)
+    out = Path(cfg.output.out) if cfg.output.out else default_out_dir(cfg, graph=graph, module=module)
     cfg = replace(cfg, output=replace(cfg.output, out=str(out)))
     resume = info.restart_count > 0 and (out / "config.toml").is_file()
     described, fp, part, report = _prepare_torchrun(cfg, ctx, graph)
+    if graph is not None:  # what ran is recorded (every rank holds the fingerprint)
+        cfg = record_given_graph(cfg, fp)
     error: BaseException | None = None
     staging = None
     if ctx.is_main and not resume:
         try:
+            own = describe_own_model(module) if module is not None else None
             staging = prepare_out_dir(out)
-            write_header(staging, cfg, described, report, torchrun=True)
+            write_header(staging, cfg, described, report, torchrun=True, own=own)
             commit_out_dir(staging, out)
             if module is not None:
-                write_own_model(out, module)
+                write_own_model(out, module, own)
         except Exception as exc:
             error = exc
     elif ctx.is_main:

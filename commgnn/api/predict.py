@@ -1,0 +1,151 @@
+"""Distributed inference with a trained run's model (``commgnn predict RUN_DIR``).
+
+::
+
+    import commgnn
+    scores = commgnn.predict("runs/my-run")                  # the run's own graph
+    scores = commgnn.predict("runs/my-run", data)            # a graph given in Python
+    scores = commgnn.predict("runs/my-run", model=MyModel)   # your model, defined in __main__
+
+The graph (the run's own, or another one with the same feature width and classes) is
+partitioned as the run was, P ranks load ``model.pt`` and run one exact eval-mode forward
+(the exact halo exchange, whatever levers trained the model), and the ``[N, C]`` class
+scores come back in the graph's node order. It uses the same launcher, watchdog and
+one-line errors as training.
+
+Every run that ``train`` can produce predicts:
+
+* **a built-in model**: rebuilt from ``config.toml``;
+* **your own model**: its class is imported by the name recorded in the run folder and built
+  from its recorded constructor arguments; nothing is unpickled from the folder
+  (:mod:`commgnn.runner.own_model`). Pass ``model=`` (the class, or an instance) when the
+  class cannot be imported by name (``__main__``, a notebook) or its arguments were not
+  recorded; each such case is refused in one line that says so;
+* **a graph given in Python**: no file holds it, so ``data`` must be given again (refused in
+  one line otherwise, never silently replaced by another graph).
+
+A rank that fails leaves its log where the error says: the logs' folder is removed only
+after a successful prediction.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from commgnn.comm.config import CommConfig
+from commgnn.data import GIVEN_GRAPH, fingerprint, load_dataset
+from commgnn.distributed.context import LaunchInfo, free_port, init_distributed, shutdown
+from commgnn.distributed.events import Hooks
+from commgnn.distributed.forkserver import prestart
+from commgnn.distributed.spawn import spawn_ranks
+from commgnn.errors import DataError, UserError
+from commgnn.partition import build_local_partitions, load_partition, partition_graph, save_partitions
+from commgnn.report import read_json
+from commgnn.runner.config import RunConfig, resolve_config
+from commgnn.runner.own_model import carry_model, load_own_model, load_weights, unpack_model
+from commgnn.runner.preflight import check_rank_count
+from commgnn.runner.rank import gather_rows
+from commgnn.runner.run_dir import is_given_graph
+from commgnn.trainers import FullGraphTrainer
+
+
+def predict(run_dir: str | Path, data: Any = None, *, model: nn.Module | type | None = None,
+            parts: int | None = None, out: str | Path | None = None,
+            data_root: str | None = None) -> torch.Tensor:
+    """``[N, C]`` float32 class scores of every node of the run's graph (or of ``data``).
+
+    Args:
+        run_dir: a finished run directory (``model.pt``, ``config.toml``, ``manifest.json``).
+        data: None for the run's own graph; a dataset name or ``.pt`` path; or a PyG ``Data``,
+            a dict of tensors or an ``InMemoryDataset``. Needed again for a run that trained
+            on a graph given in Python. Its feature width and classes must be the run's.
+        model: for a run of your own model whose class cannot be imported by name or
+            built from recorded arguments: the class, or an instance (its weights are
+            replaced by ``model.pt``).
+        parts: ranks P (default: the run's).
+        out: also save the scores there (``torch.save``; written whole, then renamed).
+        data_root: folder with staged datasets, for a dataset ``data`` names.
+
+    Raises :class:`~commgnn.errors.UserError` (one line) for bad input and
+    :class:`~commgnn.errors.RankFailure` naming an existing log when a rank fails.
+    """
+    run_dir = Path(run_dir)
+    for name in ("model.pt", "config.toml", "manifest.json"):
+        if not (run_dir / name).is_file():
+            raise UserError(f"{run_dir} holds no trained model (no {name}); train it first")
+    cfg = resolve_config(str(run_dir / "config.toml"), {}, {})
+    trained = read_json(run_dir / "manifest.json").get("dataset") or {}
+    graph = None
+    if isinstance(data, (str, Path)):
+        cfg = replace(cfg, data=replace(cfg.data, dataset=str(data), root=data_root or cfg.data.root))
+    elif data is not None:
+        graph = data
+    elif is_given_graph(cfg) or trained.get("name") == GIVEN_GRAPH:
+        raise UserError(f"{run_dir} trained on a graph given in Python, which no file holds; pass it again: "
+                        f"commgnn.predict({str(run_dir)!r}, data) (or `commgnn predict --dataset FILE.pt`)")
+    module = load_own_model(run_dir, model, verb=f"commgnn.predict({str(run_dir)!r}, model=MODEL)")
+    if parts is not None:
+        cfg = replace(cfg, runtime=replace(cfg.runtime, parts=parts))
+    cfg = replace(cfg, partition=replace(cfg.partition, dir=None))
+    P = cfg.runtime.parts
+    check_rank_count(P, force=cfg.runtime.force)
+    state = torch.load(run_dir / "model.pt", map_location="cpu", weights_only=True)
+    if not isinstance(state, dict):
+        raise UserError(f"{run_dir / 'model.pt'} does not hold a state dict")
+    if module is not None:  # the weights must fit before any rank starts
+        load_weights(module, state, run_dir / "model.pt")
+    loaded = load_dataset(cfg.data, graph)
+    if (int(loaded.x.shape[1]), int(loaded.num_classes_total)) != (trained.get("num_features"),
+                                                                   trained.get("num_classes")):
+        raise DataError(f"the model was trained on {trained.get('num_features')} features and "
+                        f"{trained.get('num_classes')} classes; this graph has {loaded.x.shape[1]} and "
+                        f"{loaded.num_classes_total}")
+    fp = fingerprint(loaded)
+    parts_of = partition_graph(loaded.edge_index, loaded.num_nodes, P, cfg.partition)
+    work = Path(tempfile.mkdtemp(prefix="commgnn-predict-"))
+    logs = Path(tempfile.mkdtemp(prefix="commgnn-predict-logs-"))
+    target = Path(out) if out is not None else work / "scores.pt"
+    ok = False
+    try:
+        save_partitions(work / "partitions", build_local_partitions(loaded, parts_of, P), {"graph_fingerprint": fp})
+        del loaded, parts_of
+        args = (cfg, str(work / "partitions"), fp, state, str(target), carry_model(module, P))
+        if P == 1:
+            _predict_rank(LaunchInfo(rank=0, world_size=1, local_rank=0, local_world_size=1,
+                                     master_addr=cfg.runtime.master_addr, port=0), *args)
+        else:
+            cuda = None if cfg.runtime.device == "auto" else cfg.runtime.device == "cuda"
+            prestart(cuda=torch.cuda.is_available() if cuda is None else cuda)
+            spawn_ranks(_predict_rank, args, nprocs=P, master_addr=cfg.runtime.master_addr,
+                        port=free_port(cfg.runtime.master_addr), log_dir=str(logs),
+                        heartbeat_s=cfg.runtime.heartbeat_timeout_s, cuda=cuda)
+        scores = torch.load(target, map_location="cpu", weights_only=True)
+        ok = True
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+        if ok:  # a failed rank's log stays where its error points
+            shutil.rmtree(logs, ignore_errors=True)
+    return scores
+
+
+def _predict_rank(info: LaunchInfo, cfg: RunConfig, part_dir: str, fp: str, state: dict[str, Any],
+                  out: str, packed: bytes | nn.Module | None) -> None:
+    ctx = init_distributed(info, cfg.runtime)
+    part = load_partition(part_dir, ctx.rank, expected_fingerprint=fp, expected_parts=ctx.world_size)
+    hooks = Hooks()
+    # Only the halo settings shape the model (precompute, transform-first); evaluation is exact.
+    trainer = FullGraphTrainer(ctx, part, cfg.model, cfg.train, hooks, comm_cfg=CommConfig(halo=cfg.comm.halo),
+                               module=unpack_model(packed))
+    scores = gather_rows(ctx, hooks, trainer, part, trainer.predict(state))
+    if ctx.is_main:
+        tmp = Path(out).with_name(Path(out).name + ".tmp")
+        torch.save(scores.cpu(), tmp)
+        tmp.replace(out)
+    shutdown(ctx)
