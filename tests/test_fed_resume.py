@@ -240,3 +240,27 @@ def test_three_ranks_extended_equal_one_process_with_a_policy(tmp_path):
     assert a.pop("ranks") == 3 and b.pop("ranks") == 1
     assert a == b and a["gate"]["admitted"] > 0 and "bank-a->server" in a["gate"]["bytes_by_link"]
     assert torch.equal(final_state(short)["params"], final_state(whole)["params"])
+
+
+@pytest.mark.timeout(300)
+def test_a_graph_given_in_python_is_recorded_and_needed_again(tmp_path):
+    """``commgnn.federate(data, ...)``: config.toml and summary.json name the graph by its
+    fingerprint (not the synthetic default); resuming needs the graph again, and with it
+    the run continues exactly."""
+    from commgnn.data import load_dataset
+    from commgnn.data.config import DataConfig, SyntheticConfig
+
+    data = load_dataset(DataConfig(synthetic=SyntheticConfig(num_nodes=300, num_classes=3, feature_dim=8,
+                                                             avg_degree=6.0, seed=5)))
+    opts = dict(clients=4, hidden=16, threads=1, quiet=True, seed=1)
+    whole = federate(data, out=tmp_path / "whole", rounds=N_ROUNDS, **opts)
+    assert whole is not None and whole.summary["dataset"].startswith("python:")
+    assert 'dataset = "python:' in (tmp_path / "whole" / "config.toml").read_text()
+    short = tmp_path / "short"
+    federate(data, out=short, rounds=K, checkpoint_every=K, parts=2, **opts)
+    with pytest.raises(UserError, match="trained on a graph given in Python"):
+        resume_federated(short, rounds=N_ROUNDS)
+    resumed = commgnn.resume(short, data, epochs=N_ROUNDS)
+    assert rows(short) == rows(whole.run_dir)
+    untimed = {k: v for k, v in resumed.summary.items() if k not in TIMES and k != "ranks"}
+    assert untimed == {k: v for k, v in summary(whole.run_dir).items() if k != "ranks"}

@@ -131,7 +131,7 @@ def run_federation(cfg: FederateConfig, *, env: Mapping[str, str], graph: Any = 
     """Run with a resolved configuration (what the CLI calls); None on a torchrun rank
     other than 0."""
     if cfg.output.out is None:
-        cfg = replace_path(cfg, "output.out", str(default_out_dir(cfg)))
+        cfg = replace_path(cfg, "output.out", str(default_out_dir(cfg, graph=graph)))
     summary = federate_command(cfg, env, resume=resume, graph=graph)
     if summary is None:
         return None

@@ -48,7 +48,7 @@ from commgnn.report import (commit_out_dir, git_commit, host_info, library_versi
 from commgnn.report.records import MetricsLog
 from commgnn.runner.local import prepare_local_ranks, run_local_ranks
 from commgnn.runner.preflight import check_disk, estimate_run_bytes
-from commgnn.runner.run_dir import describe_graph, mark_ended, previous_attempt
+from commgnn.runner.run_dir import GIVEN_PREFIX, describe_graph, given_graph_name, mark_ended, previous_attempt
 from commgnn.trainers import checkpoint
 
 COMMAND = "federate"
@@ -58,10 +58,13 @@ MB = 1e6
 
 
 # ------------------------------------------------------------------ before anything is loaded
-def default_out_dir(cfg: FederateConfig) -> Path:
-    """``runs/federate-<dataset>-<algorithm>-<time>``."""
+def default_out_dir(cfg: FederateConfig, *, graph: Any = None) -> Path:
+    """``runs/federate-<dataset>-<algorithm>-<time>`` (``python`` for a graph given in Python)."""
     stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
-    name = Path(cfg.data.dataset).stem if cfg.data.dataset.endswith(".pt") else cfg.data.dataset
+    if graph is not None or cfg.data.dataset.startswith(GIVEN_PREFIX):
+        name = "python"
+    else:
+        name = Path(cfg.data.dataset).stem if cfg.data.dataset.endswith(".pt") else cfg.data.dataset
     name = re.sub(r"[^A-Za-z0-9_.-]+", "_", name).strip("._") or "graph"
     return Path("runs") / f"federate-{name}-{cfg.federated.algorithm}-{stamp}"
 
@@ -97,6 +100,24 @@ def is_federated_run(run_dir: str | Path) -> bool:
         return (run_dir / "config.toml").is_file() and "federated" in load_toml(run_dir / "config.toml")
     except (OSError, ValueError, AttributeError):
         return False
+
+
+def given_graph(cfg: FederateConfig, graph: Any, out: Path, resume: bool) -> tuple[FederateConfig, Any]:
+    """A graph given in Python, loaded (a dict or dataset becomes a PyG ``Data``) and recorded
+    as ``data.dataset = "python:<fingerprint>"`` (what ran; it cannot be loaded by name);
+    ``(cfg, graph)`` unchanged without one. A run folder recording one needs it again."""
+    if graph is None:
+        if cfg.data.dataset.startswith(GIVEN_PREFIX):
+            raise UserError(f"{out} trained on a graph given in Python; resume it from Python with "
+                            f"commgnn.resume({str(out)!r}, data)" if resume else
+                            f"data.dataset = {cfg.data.dataset!r} names a graph given in Python to another run; "
+                            f"pass the graph: commgnn.federate(data, config=...)")
+        return cfg, None
+    data = load_dataset(cfg.data, graph)
+    name = given_graph_name(fingerprint(data))
+    if resume and cfg.data.dataset != name:
+        raise UserError(f"{out} trained on another graph ({cfg.data.dataset}) than the one given ({name})")
+    return replace_path(cfg, "data.dataset", name), data
 
 
 # ------------------------------------------------------------------ the run folder
@@ -244,6 +265,7 @@ def federate_local(cfg: FederateConfig, *, resume: bool = False, graph: Any = No
     built here, so the split is known to the pre-flight before the folder is written)."""
     assert cfg.output.out is not None
     out, P, rt = Path(cfg.output.out), cfg.runtime.parts, cfg.runtime
+    cfg, graph = given_graph(cfg, graph, out, resume)
     preflight(cfg, None if cfg.split.method == "file" else cfg.split.clients)  # before any data is loaded
     port, cuda = prepare_local_ranks(rt, P)
     federation = None
@@ -286,11 +308,12 @@ def federate_torchrun(cfg: FederateConfig, info: LaunchInfo, graph: Any = None) 
     cfg = replace_path(cfg, "runtime.parts", info.world_size)
     ctx = init_distributed(info, cfg.runtime)
     # Every rank writes its checkpoints into rank 0's folder (a default name has a time in it).
-    out = Path(Transport(ctx, 0).broadcast(cfg.output.out or str(default_out_dir(cfg))))
+    out = Path(Transport(ctx, 0).broadcast(cfg.output.out or str(default_out_dir(cfg, graph=graph))))
     cfg = replace_path(cfg, "output.out", str(out))
     resume = info.restart_count > 0 and (out / "config.toml").is_file()
     written = False
     try:
+        cfg, graph = given_graph(cfg, graph, out, resume)
         fed = Federation(cfg, graph, ctx=ctx)
         error = None
         if ctx.is_main:
