@@ -8,6 +8,7 @@ api -> planner -> cli``;
 __version__ = "0.1.0"
 
 _API = {"train": "commgnn.api", "resume": "commgnn.api", "run": "commgnn.api", "load_result": "commgnn.api", "TrainResult": "commgnn.api",
+        "federate": "commgnn.api", "FederateResult": "commgnn.api", "FederateConfig": "commgnn.federated.config",
         "RunConfig": "commgnn.runner.config", "CommConfig": "commgnn.comm.config",
         "HaloConfig": "commgnn.comm.config", "GradConfig": "commgnn.comm.config",
         "GossipConfig": "commgnn.comm.config", "ModelConfig": "commgnn.models.config",

@@ -66,8 +66,13 @@ def plain_run(small_toml, tmp_path_factory) -> Path:
 def test_fedavg_writes_config_metrics_summary_fairness(small_toml, tmp_path, capsys):
     out = tmp_path / "fedavg"
     assert federate(small_toml, out) == 0
-    assert sorted(p.name for p in out.iterdir()) == ["config.toml", "fairness.md", "metrics.jsonl", "summary.json"]
+    # the run folder of `commgnn train`: the four files of a federation plus manifest, status and logs
+    assert sorted(p.name for p in out.iterdir()) == ["config.toml", "fairness.md", "logs", "manifest.json",
+                                                    "metrics.jsonl", "status.json", "summary.json"]
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no staging left
+    assert json.loads((out / "status.json").read_text())["state"] == "complete"
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["command"] == "federate" and manifest["dataset"]["num_nodes"] == N
     s = summary_of(out)
     for key in REQUIRED:
         assert key in s, key
@@ -279,7 +284,7 @@ def test_existing_out_is_refused(small_toml, tmp_path, capsys, no_training):
 def test_failure_mid_run_removes_the_staging_folder(small_toml, tmp_path, capsys, monkeypatch):
     from commgnn.errors import ConfigError
 
-    def half_run(self, on_eval=None):
+    def half_run(self, on_eval=None, **resume_and_checkpoints):
         on_eval({"round": 1, "val_acc": 0.5, "test_acc": 0.5, "uplink_bytes": 10})
         raise ConfigError("something the run refused")
 

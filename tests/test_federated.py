@@ -12,7 +12,7 @@ from commgnn.federated.config import FedConfig, FederateConfig, FedRuntimeConfig
 from commgnn.federated.dp import DPConfig
 from commgnn.federated.engine import Federation
 from commgnn.federated.policy import PolicyViolation
-from commgnn.federated.run import federate
+from commgnn.api.federate import federate as _federate
 from commgnn.federated.secagg.config import SecAggConfig
 from commgnn.federated.splits import SplitConfig
 from commgnn.models.graph import CSRPair
@@ -31,19 +31,25 @@ def cfg(**kw) -> FederateConfig:
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
+def federate(c: FederateConfig, out) -> dict:
+    """A run through the shared runner (its folder ``out``): the summary with the curve."""
+    res = _federate(config=c, out=out)
+    return {**res.summary, "curve": res.curve}
+
+
 def params_count(c: FederateConfig) -> int:
     f, h, k = 16, c.federated.hidden, 4
     return f * h + h + h * k + k
 
 
 @pytest.mark.timeout(120)
-def test_three_ranks_equal_one_process_with_secure_aggregation():
+def test_three_ranks_equal_one_process_with_secure_aggregation(tmp_path):
     """Rank 0 as server and clients on ranks 1-2 give the very run of one process: the
     same accuracy curve and the same bytes (every client draws from its own generator)."""
     # a clip below some update values, so that the clamped counts are not 0 == 0
     sec = SecAggConfig(enabled=True, clip=1e-3)
-    one = federate(cfg(secagg=sec))
-    three = federate(cfg(secagg=sec, runtime=FedRuntimeConfig(parts=3, threads=1)))
+    one = federate(cfg(secagg=sec), tmp_path / "one")
+    three = federate(cfg(secagg=sec, runtime=FedRuntimeConfig(parts=3, threads=1)), tmp_path / "three")
     assert [r["val_acc"] for r in one["curve"]] == [r["val_acc"] for r in three["curve"]]
     assert one["uplink_bytes_total"] == three["uplink_bytes_total"] > 0
     assert three["ranks"] == 3 and one["ranks"] == 1
@@ -462,5 +468,5 @@ def test_a_budget_overrun_on_the_server_stops_every_rank_at_once(tmp_path):
     assert Federation(cfg()).dim * 4 + 4 <= 5500  # the payload alone fits
     t0 = time.monotonic()
     with pytest.raises(Exception, match="over its budget") as err:
-        federate(c)
+        federate(c, tmp_path / "run")
     assert time.monotonic() - t0 < 30 and "\n" not in str(err.value)

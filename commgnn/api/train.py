@@ -22,7 +22,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
 import torch
 from torch import Tensor, nn
@@ -36,6 +36,9 @@ from commgnn.config import from_dict, replace_path, set_path, to_dict
 from commgnn.errors import ConfigError, UserError
 from commgnn.models import ModelConfig, ReferenceGNN
 from commgnn.report import read_json
+
+if TYPE_CHECKING:
+    from commgnn.api.federate import FederateResult
 
 
 @dataclass(frozen=True)
@@ -106,7 +109,8 @@ def train(data: Any = None, *, model: str | nn.Module | None = None, parts: int 
 
 
 def resume(run_dir: str | Path, data: Any = None, *, epochs: int | None = None,
-           env: Mapping[str, str] | None = None, model: nn.Module | type | None = None) -> TrainResult | None:
+           env: Mapping[str, str] | None = None,
+           model: nn.Module | type | None = None) -> TrainResult | FederateResult | None:
     """Continue a stopped run from its newest checkpoint (``commgnn train --resume``): its own
     config, its own model; ``data`` is needed again when the run trained on a graph given in
     Python; ``epochs`` extends or shortens it.
@@ -115,8 +119,15 @@ def resume(run_dir: str | Path, data: Any = None, *, epochs: int | None = None,
     (nothing is unpickled; see :mod:`commgnn.runner.own_model`). Pass ``model=`` (the class,
     or an instance) when the class cannot be imported by name (defined in ``__main__`` or a
     notebook) or its constructor arguments were not recorded; the recorded starting weights
-    and the checkpoint's replace the instance's."""
+    and the checkpoint's replace the instance's.
+
+    A federated run folder continues as :func:`commgnn.api.federate.resume_federated` says
+    (``epochs`` is then its rounds) and gives a :class:`~commgnn.api.federate.FederateResult`."""
+    from commgnn.api.federate import is_federated_run, resume_federated  # only a federated folder needs it
+
     run_dir = Path(run_dir)
+    if is_federated_run(run_dir):
+        return resume_federated(run_dir, data, rounds=epochs, env=env)
     if not (run_dir / "config.toml").is_file() or not (run_dir / "manifest.json").is_file():
         raise UserError(f"{run_dir} is not a commgnn run directory (no config.toml and manifest.json)")
     flags: dict[str, Any] = {"out": str(run_dir)}

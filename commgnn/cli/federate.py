@@ -5,21 +5,15 @@
 
 Every flag sets one key of :class:`commgnn.federated.config.FederateConfig` (:data:`FLAG_KEYS`)
 and overrides ``--config FILE.toml``, which is read strictly (unknown keys are errors).
-The run folder holds ``config.toml`` (the resolved config), ``metrics.jsonl`` (one row per
-evaluation), ``summary.json`` (the outcome, without the curve) and ``fairness.md``; it is
-written as a hidden sibling and renamed into place at the end, so a failed run leaves
-nothing behind.
+The command parses its arguments and calls :func:`commgnn.api.federate.run_federation`
+(``--resume RUN_DIR``: :func:`commgnn.api.federate.resume_federated`); the run folder, its
+files and the failure rules are those of :mod:`commgnn.runner.federate`.
 """
 
 from __future__ import annotations
 
 import argparse
-import datetime as _dt
-import json
 import os
-import re
-import shutil
-from pathlib import Path
 from typing import Any, Mapping
 
 from commgnn.errors import UserError
@@ -60,6 +54,7 @@ FLAG_KEYS: dict[str, str] = {
     "out": "output.out",
     "parts": "runtime.parts",
     "threads": "runtime.threads",
+    "checkpoint_every": "runtime.checkpoint_every",
     "quiet": "output.quiet",
     "neighgen": "neighgen.enabled",
     "neighgen_rounds": "neighgen.rounds",
@@ -160,6 +155,11 @@ def add_parser(sub: Any) -> None:
     r.add_argument("--parts", type=int, help="ranks: 1 = server and clients in this process; W > 1 = rank 0 "
                                             "serves, clients spread over ranks 1..W-1 (local gloo ranks)")
     r.add_argument("--threads", type=int, help="intra-op threads per rank (0 = cores / ranks)")
+    r.add_argument("--checkpoint-every", dest="checkpoint_every", type=int, metavar="K",
+                   help="checkpoint every rank's state every K rounds (0 = never), for --resume")
+    r.add_argument("--resume", metavar="RUN_DIR",
+                   help="continue a stopped federated run from its newest checkpoint, with its own config "
+                        "(only --rounds, --quiet and --checkpoint-every may change)")
     o = p.add_argument_group("output ([output])")
     o.add_argument("--out", help="run folder (default: runs/federate-<dataset>-<algorithm>-<time>)")
     o.add_argument("--quiet", action="store_const", const=True, help="no per-evaluation lines")
@@ -239,135 +239,34 @@ def _check_flags_apply(cfg: Any, flags: Mapping[str, Any]) -> None:
             raise UserError(message)
 
 
-def _participants(cfg: Any, n_clients: int) -> int:
-    """Clients drawn per round (as the engine draws them)."""
-    return max(1, round(cfg.federated.participation * n_clients))
+def __getattr__(name: str) -> Any:
+    """The run folder's name and the pre-flight live in :mod:`commgnn.runner.federate` (the
+    run itself in :mod:`commgnn.api.federate`); their old names here are imported on first
+    use, so that building the parser stays cheap."""
+    if name in ("default_out_dir", "preflight"):
+        from commgnn.runner import federate
 
-
-def preflight(cfg: Any, n_clients: int | None) -> None:
-    """Refuse, before any data is loaded or round run, a plan that the policy forbids or a
-    secure-aggregation threshold the clients cannot meet (``n_clients`` None: not known yet)."""
-    if cfg.policy.path:
-        from commgnn.federated.policy import load_policy
-
-        policy = load_policy(cfg.policy.path)
-        if n_clients is not None:
-            policy.validate_for(n_clients)
-        fed = cfg.federated
-        policy.check_plan(secure_agg=cfg.secagg.enabled, embeddings_cross=fed.cross_edges == "embeddings",
-                          embedding_bits=fed.embedding_bits, embedding_noise=fed.embedding_noise,
-                          aggregator=fed.aggregator)
-    if cfg.secagg.enabled and n_clients is not None and cfg.federated.algorithm in ("fedavg", "fedprox"):
-        k = _participants(cfg, n_clients)
-        cfg.secagg.threshold_count(k)
-        if cfg.uplink.codec == "fp32":  # the fixed-point ring must hold k clients' sum
-            cfg.secagg.check_clients(k)
-
-
-def default_out_dir(cfg: Any) -> Path:
-    stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
-    name = Path(cfg.data.dataset).stem if cfg.data.dataset.endswith(".pt") else cfg.data.dataset
-    name = re.sub(r"[^A-Za-z0-9_.-]+", "_", name).strip("._") or "graph"
-    return Path("runs") / f"federate-{name}-{cfg.federated.algorithm}-{stamp}"
-
-
-def _check_out_free(out: Path) -> None:
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise UserError(f"output directory {out} already exists and is not empty; choose another --out")
-
-
-# ------------------------------------------------------------------ the command
-def _progress(row: dict[str, Any]) -> str:
-    text = (f"round {row['round']:>4d}  val {row['val_acc']:.4f}  test {row['test_acc']:.4f}  "
-            f"uplink {row['uplink_bytes'] / MB:.3f} MB")
-    if "epsilon" in row:
-        text += f"  epsilon {row['epsilon']:.3f}"
-    return text
-
-
-def _jsonable(obj: Any) -> Any:
-    """``obj`` with tensors and other non-JSON values turned into plain ones."""
-    if isinstance(obj, dict):
-        return {str(k): _jsonable(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_jsonable(v) for v in obj]
-    if isinstance(obj, (str, int, float, bool)) or obj is None:
-        return obj
-    if hasattr(obj, "tolist"):
-        return obj.tolist()
-    return str(obj)
+        return getattr(federate, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def cmd_federate(ns: argparse.Namespace) -> int:
-    from commgnn.config import dump_toml, replace_path, to_dict
-    from commgnn.report.records import prepare_out_dir, write_json
-
-    from commgnn.distributed.context import launch_info_from_env
+    from commgnn.api.federate import resume_federated, run_federation
 
     flags = {dest: getattr(ns, dest, None) for dest in (*FLAG_KEYS, "seed")}
-    cfg = resolve_federate_config(ns.config, flags, os.environ)
-    info = launch_info_from_env(os.environ)  # under torchrun (or `commgnn cluster`): its ranks
-    if info is not None:
-        cfg = replace_path(cfg, "runtime.parts", info.world_size)
-    preflight(cfg, None if cfg.split.method == "file" else cfg.split.clients)  # before any data is loaded
-    out = Path(cfg.output.out) if cfg.output.out else default_out_dir(cfg)
-    cfg = replace_path(cfg, "output.out", str(out))
-    if info is None or info.rank == 0:  # under torchrun only the server writes (and checks) the folder
-        _check_out_free(out)
-
-    import torch
-
-    from commgnn.distributed.context import threads_per_rank
-    from commgnn.federated.engine import Federation
-    from commgnn.federated.fairness import fairness_markdown
-    from commgnn.federated.run import federate, run_rank
-
-    if info is not None and info.rank != 0:  # a client rank: the server (rank 0) writes the folder
-        run_rank(info, cfg, None, torchrun=True)
+    if getattr(ns, "resume", None):
+        given = {dest for dest, value in flags.items() if value is not None} - {"rounds", "quiet", "checkpoint_every"}
+        if given or ns.config:
+            name = "config" if ns.config else sorted(given)[0]
+            raise UserError(f"--resume continues the run as its config.toml says; --{name.replace('_', '-')} "
+                            f"cannot be given with it (only --rounds, --quiet and --checkpoint-every)")
+        result = resume_federated(ns.resume, rounds=flags["rounds"], quiet=flags["quiet"],
+                                  checkpoint_every=flags["checkpoint_every"], env=os.environ)
+    else:
+        result = run_federation(resolve_federate_config(ns.config, flags, os.environ), env=os.environ)
+    if result is None:  # a torchrun rank other than 0: the server reports
         return 0
-    quiet = cfg.output.quiet
-    federation = None
-    if cfg.runtime.parts == 1 and info is None:  # server and clients here: the split is known before training
-        torch.set_num_threads(threads_per_rank(cfg.runtime, 1))
-        federation = Federation(cfg)
-        preflight(cfg, int(federation.n_clients))
-
-    staging = prepare_out_dir(out)
-    try:
-        (staging / "config.toml").write_text(dump_toml(to_dict(cfg)))
-        written = 0
-        with (staging / "metrics.jsonl").open("w") as metrics:
-            def on_eval(row: dict[str, Any]) -> None:
-                nonlocal written
-                metrics.write(json.dumps(_jsonable(row)) + "\n")
-                metrics.flush()
-                written += 1
-                if not quiet:
-                    print(_progress(row), flush=True)
-
-            # W > 1 ranks: rows come back with the server's summary (a callback cannot cross processes)
-            if federation is not None:
-                summary = federation.run(on_eval=on_eval)
-            elif info is not None:  # rank 0 under torchrun: the server, in this process
-                summary = run_rank(info, cfg, None, on_eval=on_eval, torchrun=True)
-            else:
-                summary = federate(cfg)
-            assert summary is not None  # this process is the server (or launched the ranks)
-            summary = dict(summary)
-            curve = summary.pop("curve", None) or []
-            if not written:  # rows that did not come through on_eval (another process's)
-                metrics.writelines(json.dumps(_jsonable(row)) + "\n" for row in curve)
-        write_json(staging / "summary.json", _jsonable(summary))
-        (staging / "fairness.md").write_text(fairness_markdown(summary["fairness"]))
-        if out.exists():
-            out.rmdir()  # empty (checked by prepare_out_dir)
-        staging.rename(out)
-    except OSError as exc:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise UserError(f"cannot write the run folder {out}: {exc.strerror or exc}") from None
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
+    summary, out = result.summary, result.run_dir
     worst = summary.get("worst_client_acc")
     worst_text = "n/a" if worst is None else f"{worst:.4f}"
     line = (f"test accuracy {summary['test_acc']:.4f} (best val round {summary.get('best_round')})  "

@@ -17,7 +17,7 @@ from commgnn.comm import quant
 from commgnn.federated.config import FedConfig
 from commgnn.federated.model import FedGCN, RowBlocks, feature_operator, flat_params, gcn_operator, load_flat
 from commgnn.federated.neighgen import Generated
-from commgnn.federated.splits import ClientData
+from commgnn.federated.client_data import ClientData
 from commgnn.models.graph import CSRPair, spmm
 
 

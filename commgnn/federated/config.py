@@ -3,14 +3,19 @@
 A federated run's TOML::
 
     [data]        dataset, root, train_ratio, ...      (commgnn.data.DataConfig)
-    [split]       method, clients, alpha, path, seed   (federated.splits.SplitConfig)
+    [split]       method, clients, alpha, path, seed   (SplitConfig below)
     [federated]   algorithm, rounds, local_epochs, ... (FedConfig below)
     [uplink]      codec, bits, fraction, rank, clip    (UplinkConfig below)
-    [secagg]      enabled, threshold, ring_bits, ...   (federated.secagg.SecAggConfig)
-    [dp]          epsilon, delta, clip, noise_at, ...  (federated.dp.DPConfig)
+    [secagg]      enabled, threshold, ring_bits, ...   (SecAggConfig below)
+    [dp]          epsilon, delta, clip, noise_at, ...  (DPConfig below)
     [policy]      path                                 (a governance policy TOML)
     [output]      out
     [runtime]     parts, timeout_s, ...                (commgnn.distributed.context.RuntimeConfig)
+
+Every federated config table is defined here (``[neighgen]``'s too); the modules that use
+them re-export them under their old import names (``federated.dp.DPConfig``,
+``federated.splits.SplitConfig``, ``federated.secagg.config.SecAggConfig``,
+``federated.neighgen.NeighGenConfig``).
 
 Unknown keys are errors (:func:`commgnn.config.from_dict`); the resolved config is
 written beside the results as ``config.toml``.
@@ -18,19 +23,282 @@ written beside the results as ``config.toml``.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, get_args
 
-from commgnn.config import fraction, positive
+from commgnn.config import fraction, one_line, positive
 from commgnn.data.config import DataConfig
 from commgnn.distributed.context import RuntimeConfig
 from commgnn.errors import ConfigError
-from commgnn.federated.dp import DPConfig
-from commgnn.federated.neighgen import NeighGenConfig
-from commgnn.federated.secagg.config import SecAggConfig
-from commgnn.federated.splits import SplitConfig
 
 Algorithm = Literal["fedavg", "fedprox", "local", "central"]
+
+SplitMethod = Literal["louvain", "metis", "dirichlet", "file"]
+"""How :func:`split_clients` assigns nodes to clients."""
+
+FILE_SUFFIXES = (".npy", ".pt", ".csv")
+"""Accepted extensions of a client map file."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class SplitConfig:
+    """How to split the graph into federated clients (see :func:`split_clients`)."""
+
+    method: SplitMethod = "louvain"
+    """``louvain`` (communities, balanced), ``metis`` (min-cut), ``dirichlet`` (label
+    skew with concentration ``alpha``) or ``file`` (a node -> client map at ``path``)."""
+    clients: int = 4
+    """Number of clients K (at least 2, at most the number of nodes)."""
+    alpha: float = 0.5
+    """Dirichlet concentration of the ``dirichlet`` method (> 0): small values (0.1)
+    give each client few classes, large ones (100) near-IID clients. Ignored otherwise."""
+    path: str | None = None
+    """The client map file of the ``file`` method: ``.npy`` / ``.pt`` with ``[N]``
+    client ids, or ``.csv`` with ``node,client`` rows. Only allowed with ``file``."""
+    seed: int = 0
+    """Seed of Louvain, METIS and the Dirichlet draws; the same seed gives the same split."""
+
+    def __post_init__(self) -> None:
+        if self.method not in get_args(SplitMethod):
+            choices = ", ".join(repr(m) for m in get_args(SplitMethod))
+            raise ConfigError(f"method: {self.method!r} is not one of {choices}")
+        if isinstance(self.clients, bool) or not isinstance(self.clients, int) or self.clients < 2:
+            raise ConfigError(f"clients must be an int >= 2, got {self.clients!r:.40}")
+        positive("alpha", self.alpha)
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
+            raise ConfigError(f"seed must be an int >= 0, got {self.seed!r:.40}")
+        if self.seed >= 2**63:  # METIS and torch take 64-bit seeds
+            raise ConfigError(f"seed must be below 2**63, got {self.seed:.3e}")
+        if self.method == "file":
+            if not isinstance(self.path, str) or not self.path.strip():
+                raise ConfigError("path: method 'file' needs path = a .npy, .pt or .csv file "
+                                  "mapping each node to its client")
+            if not self.path.lower().endswith(FILE_SUFFIXES):
+                raise ConfigError(f"path must end in .npy, .pt or .csv, got {one_line(self.path)!r}")
+        elif self.path is not None:
+            raise ConfigError(f"path is only read with method = 'file' (method is "
+                              f"{self.method!r}); remove path or set method = 'file'")
+
+
+DEFAULT_DELTA = 1e-5
+"""Default delta. The usual rule is delta << 1 / (number of protected units); with clients as
+the unit and tens to thousands of clients, 1e-5 is comfortably below that. (A rule such as
+1 / N^1.1 would give delta ~ 0.08 for 10 clients: far too weak.)"""
+
+NoiseAt = Literal["server", "clients"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class DPConfig:
+    """Client-level differential privacy of the federated updates (off by default)."""
+
+    epsilon: float = 0.0
+    """Target epsilon over the whole run; 0 = DP off (unless ``noise_multiplier`` is set).
+    The noise multiplier is then calibrated from it, the number of rounds and the
+    participation rate (:func:`calibrate`)."""
+    delta: float = DEFAULT_DELTA
+    """Target delta; must be well below 1 / (number of clients). The default 1e-5 suits any
+    federation of up to ~10^4 clients."""
+    clip: float = 1.0
+    """L2 bound C on one client's update per round (the sensitivity of the summed update);
+    with ``adaptive_clip`` the initial value."""
+    noise_multiplier: float = 0.0
+    """sigma: the noise on the sum has std sigma * C. 0 = derived from ``epsilon``; set it
+    (with ``epsilon = 0``) to fix the noise and only report the epsilon spent."""
+    noise_at: NoiseAt = "clients"
+    """``clients``: each of n participants adds N(0, (sigma C)^2 / n) to its clipped update,
+    so the (securely) aggregated sum carries N(0, (sigma C)^2): distributed DP, the server
+    never sees an un-noised sum. ``server``: the server adds N(0, (sigma C)^2) to the sum."""
+    adaptive_clip: bool = False
+    """Move C each round toward the ``target_quantile`` of the update norms (Andrew et al.
+    2021), spending part of the noise on the released clipped-count."""
+    target_quantile: float = 0.5
+    """adaptive_clip: fraction gamma of updates that should be unclipped."""
+    clip_lr: float = 0.2
+    """adaptive_clip: geometric step size eta_C of the clip update."""
+    count_stddev: float | None = None
+    """adaptive_clip: std sigma_b of the noise on the clipped-count sum; None = participants /
+    20, the paper's choice. Must exceed noise_multiplier / 2."""
+    max_clip: float | None = None
+    """adaptive_clip: the largest value C may reach; None = ``clip``. It sizes the fixed-point
+    range of secure aggregation and of quantising uplinks (a value beyond the range would wrap
+    in the ring), so start C where it should be at most and let it shrink, or raise this."""
+    reproducible_noise: bool = False
+    """Draw the DP noise from the run's seeded generators, so a run repeats bit for bit (tests,
+    benchmarks). Not private: the seed is in ``config.toml``, and whoever holds it can regenerate
+    the noise and subtract it. False (the default): every client and the server draw their
+    noise from a generator seeded by ``secrets.randbits`` that nobody else sees."""
+
+    def __post_init__(self) -> None:
+        positive("epsilon", self.epsilon, allow_zero=True)
+        positive("noise_multiplier", self.noise_multiplier, allow_zero=True)
+        if self.epsilon > 0 and self.noise_multiplier > 0:
+            raise ConfigError(f"noise_multiplier: set epsilon (noise calibrated to it) or noise_multiplier "
+                              f"(epsilon reported), not both; got epsilon={self.epsilon}, "
+                              f"noise_multiplier={self.noise_multiplier}")
+        fraction("delta", self.delta, open_low=True, open_high=True)
+        if self.enabled and self.delta > 0.01:
+            raise ConfigError(f"delta must be well below 1 / (number of clients), e.g. 1e-5; got {self.delta}")
+        positive("clip", self.clip)
+        if self.noise_at not in ("server", "clients"):
+            raise ConfigError(f"noise_at must be 'server' or 'clients', got {self.noise_at!r}")
+        fraction("target_quantile", self.target_quantile, open_low=True, open_high=True)
+        positive("clip_lr", self.clip_lr)
+        if self.count_stddev is not None:
+            positive("count_stddev", self.count_stddev)
+            if not self.adaptive_clip:
+                raise ConfigError("count_stddev is only used with adaptive_clip = true")
+        if self.adaptive_clip and not self.enabled:
+            raise ConfigError("adaptive_clip needs DP on: set epsilon or noise_multiplier")
+        if self.max_clip is not None:
+            if not self.adaptive_clip:
+                raise ConfigError("max_clip is only used with adaptive_clip = true")
+            if not self.max_clip >= self.clip:
+                raise ConfigError(f"max_clip must be at least clip ({self.clip:g}), got {self.max_clip:g}")
+
+    @property
+    def clip_ceiling(self) -> float:
+        """The largest clip a run may use: ``max_clip`` under adaptive clipping, else ``clip``."""
+        return self.max_clip if self.max_clip is not None else self.clip
+
+    @property
+    def enabled(self) -> bool:
+        """True when noise is added (a target epsilon or a fixed noise multiplier is set)."""
+        return self.epsilon > 0 or self.noise_multiplier > 0
+
+
+@dataclass(frozen=True, kw_only=True)
+class SecAggConfig:
+    """Secure aggregation: threshold, ring and fixed-point encoding."""
+
+    enabled: bool = False
+    """Mask every client update so the server learns only the sum of the survivors."""
+    threshold: float = 2 / 3
+    """Shamir threshold t: at least t clients must survive to the unmasking step, and
+    fewer than t colluding clients (with the server) learn nothing about one update. A
+    value <= 1 is a fraction of the clients (of a client's neighbourhood of
+    ``neighbours + 1`` with SecAgg+), rounded up; a value > 1 is a client count (an
+    integer). The default, ceil(2n/3), lets a third of the clients drop out. t must exceed
+    half the group: with t <= n/2 a server that tells two halves different survivor sets
+    could collect both a client's self-mask and its pairwise-mask shares. Against a server
+    colluding with c clients the protocol needs 2t > n + c (Bonawitz et al. 2017), which
+    the default meets for c < n/3."""
+    ring_bits: int = 32
+    """Bits m of the ring Z_{2^m} that masked sums live in (2 to 62)."""
+    frac_bits: int = 16
+    """Fractional bits of the fixed-point encoding (resolution 2^-frac_bits)."""
+    clip: float = 1.0
+    """Bound per coordinate: values are clipped to [-clip, clip] before encoding."""
+    neighbours: int = 0
+    """SecAgg+ (Bell et al. 2020): each client masks with and shares its keys among only
+    this many neighbours of a random regular graph (cost O(k) instead of O(n) per client);
+    0 = every client (classic SecAgg)."""
+
+    def __post_init__(self) -> None:
+        if self.threshold > 1:
+            if self.threshold != int(self.threshold):
+                raise ConfigError(f"secagg.threshold > 1 is a client count and must be an integer, "
+                                  f"got {self.threshold}")
+        else:
+            fraction("secagg.threshold", self.threshold, open_low=True)
+        from commgnn.federated.secagg.ring import MAX_BITS  # here: secagg's package imports this module
+
+        if not 2 <= self.ring_bits <= MAX_BITS:
+            raise ConfigError(f"secagg.ring_bits must lie in [2, {MAX_BITS}], got {self.ring_bits}")
+        positive("secagg.frac_bits", self.frac_bits, allow_zero=True)
+        if self.frac_bits >= self.ring_bits - 1:
+            raise ConfigError(f"secagg.frac_bits ({self.frac_bits}) must be below secagg.ring_bits - 1 "
+                              f"({self.ring_bits - 1})")
+        positive("secagg.clip", self.clip)
+        positive("secagg.neighbours", self.neighbours, allow_zero=True)
+        if self.neighbours == 1:
+            raise ConfigError("secagg.neighbours must be 0 (all clients) or >= 2")
+        top = self.clip * 2.0**self.frac_bits + 1
+        if top >= 2.0**53:
+            raise ConfigError(f"secagg.clip * 2^frac_bits = {top - 1:.3g} exceeds float64 precision (2^53); "
+                              f"lower clip or frac_bits")
+        if top >= 2.0 ** (self.ring_bits - 1):
+            raise ConfigError(
+                f"secagg.ring_bits = {self.ring_bits} cannot hold even one client: clip * 2^frac_bits + 1 = {top:.6g} "
+                f">= 2^{self.ring_bits - 1}; raise ring_bits or lower clip / frac_bits")
+
+    def group_size(self, n_clients: int) -> int:
+        """Clients a threshold applies to: all ``n`` or, with SecAgg+, a neighbourhood."""
+        if self.neighbours and self.neighbours < n_clients - 1:
+            return self.neighbours + 1
+        return n_clients
+
+    def threshold_count(self, n_clients: int) -> int:
+        """The Shamir threshold t for ``n_clients`` (see :attr:`threshold`)."""
+        group = self.group_size(n_clients)
+        if self.threshold > 1:
+            t = int(self.threshold)
+        else:
+            t = max(1, math.ceil(self.threshold * group - 1e-9))
+        what = "neighbourhood" if group < n_clients else "clients"
+        if t > group:
+            raise ConfigError(f"secagg.threshold = {self.threshold:g} asks for {t} shares but there are only "
+                              f"{group} {what}; lower it")
+        if 2 * t <= group:
+            raise ConfigError(f"secagg.threshold = {self.threshold:g} gives t = {t} of {group} {what}, not above "
+                              f"half: a deviating server could then unmask one client's update; raise it "
+                              f"(the default is 2/3)")
+        return t
+
+    def check_clients(self, n_clients: int) -> None:
+        """Raise a :class:`ConfigError` if ``n_clients`` updates cannot be summed exactly in
+        the ring or the threshold does not fit them."""
+        positive("number of secure-aggregation clients", n_clients)
+        need = n_clients * (self.clip * 2.0**self.frac_bits + 1)
+        if need >= 2.0 ** (self.ring_bits - 1):
+            bits = math.floor(math.log2(need)) + 2
+            raise ConfigError(
+                f"secagg.ring_bits = {self.ring_bits} too small for {n_clients} clients: "
+                f"n * (clip * 2^frac_bits + 1) = {need:.6g} must stay below 2^{self.ring_bits - 1}; "
+                f"set ring_bits >= {bits} or lower clip / frac_bits")
+        self.threshold_count(n_clients)
+
+
+@dataclass(frozen=True, kw_only=True)
+class NeighGenConfig:
+    """``[neighgen]``: missing-neighbour generation before FedAvg (off by default)."""
+
+    enabled: bool = False
+    """Train a generator by FedAvg and mend every client's subgraph before training the
+    classifier. Needs ``cross_edges = "drop"`` (mending stands in for the cut edges)."""
+    hidden_fraction: float = 0.15
+    """Share of a client's nodes hidden to build its impaired training graph, in (0, 1)."""
+    num_pred: int = 5
+    """Most neighbours generated for one node."""
+    rounds: int = 20
+    """FedAvg rounds that train the generator (all clients each round)."""
+    local_steps: int = 10
+    """Adam steps per client per generator round."""
+    lr: float = 0.01
+    """Adam learning rate of the clients' generator steps."""
+    hidden: int = 64
+    """Width ``h`` of the generator's GCN encoder."""
+    latent: int = 32
+    """Width ``l`` of each generated neighbour before the shared feature decoder."""
+    feature_weight: float = 1.0
+    """``lambda``: weight of the feature loss against the degree loss."""
+    noise: float = 0.1
+    """Std ``s`` of the noise added to ``z`` before feature generation."""
+    batch_nodes: int = 256
+    """Nodes per step in the feature loss."""
+
+    def __post_init__(self) -> None:
+        fraction("neighgen.hidden_fraction", self.hidden_fraction, open_low=True, open_high=True)
+        for name in ("num_pred", "rounds", "local_steps", "hidden", "latent", "batch_nodes"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ConfigError(f"neighgen.{name} must be a positive integer, got {value!r}")
+        positive("neighgen.lr", self.lr)
+        positive("neighgen.feature_weight", self.feature_weight, allow_zero=True)
+        positive("neighgen.noise", self.noise, allow_zero=True)
+
+
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -198,6 +466,10 @@ class FedRuntimeConfig(RuntimeConfig):
     parts: int = 1
     """Ranks W: 1 runs the server and every client in this process; W > 1 makes rank 0 the
     server and spreads the clients over ranks 1..W-1."""
+    checkpoint_every: int = 0
+    """Write an atomic checkpoint of every rank's state every k rounds (0 = never);
+    ``commgnn federate --resume RUN_DIR`` continues from the newest complete one, with the
+    same rounds, metrics and accuracies as an uninterrupted run."""
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -78,14 +78,14 @@ must act on flat federated updates, not on per-sample gradients as opacus's
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from typing import Any, Literal, Sequence
+from typing import Any, Sequence
 
 import torch
 from torch import Tensor
 
 from commgnn.config import fraction, positive
 from commgnn.errors import ConfigError
+from commgnn.federated.config import DEFAULT_DELTA, DPConfig, NoiseAt  # noqa: F401  (their old home)
 
 PROTECTED_UNIT = "one client's entire local dataset (client-level DP, add/remove one client)"
 """What the (epsilon, delta) of this module's guarantee protects; reported beside the numbers."""
@@ -96,93 +96,6 @@ NOT_COVERED = ("the per-node predictions each client sends to the server at eval
                "harness: the server scores them against labels it holds; a deployment would send counts)")
 """Releases outside the guarantee, reported beside it (cross-client embeddings and the
 neighbour generator's rounds are refused together with DP)."""
-
-DEFAULT_DELTA = 1e-5
-"""Default delta. The usual rule is delta << 1 / (number of protected units); with clients as
-the unit and tens to thousands of clients, 1e-5 is comfortably below that. (A rule such as
-1 / N^1.1 would give delta ~ 0.08 for 10 clients: far too weak.)"""
-
-NoiseAt = Literal["server", "clients"]
-
-
-@dataclass(frozen=True, kw_only=True)
-class DPConfig:
-    """Client-level differential privacy of the federated updates (off by default)."""
-
-    epsilon: float = 0.0
-    """Target epsilon over the whole run; 0 = DP off (unless ``noise_multiplier`` is set).
-    The noise multiplier is then calibrated from it, the number of rounds and the
-    participation rate (:func:`calibrate`)."""
-    delta: float = DEFAULT_DELTA
-    """Target delta; must be well below 1 / (number of clients). The default 1e-5 suits any
-    federation of up to ~10^4 clients."""
-    clip: float = 1.0
-    """L2 bound C on one client's update per round (the sensitivity of the summed update);
-    with ``adaptive_clip`` the initial value."""
-    noise_multiplier: float = 0.0
-    """sigma: the noise on the sum has std sigma * C. 0 = derived from ``epsilon``; set it
-    (with ``epsilon = 0``) to fix the noise and only report the epsilon spent."""
-    noise_at: NoiseAt = "clients"
-    """``clients``: each of n participants adds N(0, (sigma C)^2 / n) to its clipped update,
-    so the (securely) aggregated sum carries N(0, (sigma C)^2): distributed DP, the server
-    never sees an un-noised sum. ``server``: the server adds N(0, (sigma C)^2) to the sum."""
-    adaptive_clip: bool = False
-    """Move C each round toward the ``target_quantile`` of the update norms (Andrew et al.
-    2021), spending part of the noise on the released clipped-count."""
-    target_quantile: float = 0.5
-    """adaptive_clip: fraction gamma of updates that should be unclipped."""
-    clip_lr: float = 0.2
-    """adaptive_clip: geometric step size eta_C of the clip update."""
-    count_stddev: float | None = None
-    """adaptive_clip: std sigma_b of the noise on the clipped-count sum; None = participants /
-    20, the paper's choice. Must exceed noise_multiplier / 2."""
-    max_clip: float | None = None
-    """adaptive_clip: the largest value C may reach; None = ``clip``. It sizes the fixed-point
-    range of secure aggregation and of quantising uplinks (a value beyond the range would wrap
-    in the ring), so start C where it should be at most and let it shrink, or raise this."""
-    reproducible_noise: bool = False
-    """Draw the DP noise from the run's seeded generators, so a run repeats bit for bit (tests,
-    benchmarks). Not private: the seed is in ``config.toml``, and whoever holds it can regenerate
-    the noise and subtract it. False (the default): every client and the server draw their
-    noise from a generator seeded by ``secrets.randbits`` that nobody else sees."""
-
-    def __post_init__(self) -> None:
-        positive("epsilon", self.epsilon, allow_zero=True)
-        positive("noise_multiplier", self.noise_multiplier, allow_zero=True)
-        if self.epsilon > 0 and self.noise_multiplier > 0:
-            raise ConfigError(f"noise_multiplier: set epsilon (noise calibrated to it) or noise_multiplier "
-                              f"(epsilon reported), not both; got epsilon={self.epsilon}, "
-                              f"noise_multiplier={self.noise_multiplier}")
-        fraction("delta", self.delta, open_low=True, open_high=True)
-        if self.enabled and self.delta > 0.01:
-            raise ConfigError(f"delta must be well below 1 / (number of clients), e.g. 1e-5; got {self.delta}")
-        positive("clip", self.clip)
-        if self.noise_at not in ("server", "clients"):
-            raise ConfigError(f"noise_at must be 'server' or 'clients', got {self.noise_at!r}")
-        fraction("target_quantile", self.target_quantile, open_low=True, open_high=True)
-        positive("clip_lr", self.clip_lr)
-        if self.count_stddev is not None:
-            positive("count_stddev", self.count_stddev)
-            if not self.adaptive_clip:
-                raise ConfigError("count_stddev is only used with adaptive_clip = true")
-        if self.adaptive_clip and not self.enabled:
-            raise ConfigError("adaptive_clip needs DP on: set epsilon or noise_multiplier")
-        if self.max_clip is not None:
-            if not self.adaptive_clip:
-                raise ConfigError("max_clip is only used with adaptive_clip = true")
-            if not self.max_clip >= self.clip:
-                raise ConfigError(f"max_clip must be at least clip ({self.clip:g}), got {self.max_clip:g}")
-
-    @property
-    def clip_ceiling(self) -> float:
-        """The largest clip a run may use: ``max_clip`` under adaptive clipping, else ``clip``."""
-        return self.max_clip if self.max_clip is not None else self.clip
-
-    @property
-    def enabled(self) -> bool:
-        """True when noise is added (a target epsilon or a fixed noise multiplier is set)."""
-        return self.epsilon > 0 or self.noise_multiplier > 0
-
 
 # ------------------------------------------------------------------ the mechanism
 def clip_update(update: Tensor, clip: float) -> tuple[Tensor, float]:

@@ -23,178 +23,32 @@ organisations (the server counts them), whatever the placement.
 
 from __future__ import annotations
 
-import hashlib
 import math
-import secrets
 import time
-from dataclasses import replace
 from typing import Any, Callable, Mapping
 
 import torch
 from torch import Tensor
 
-from commgnn.data import load_dataset
-from commgnn.distributed.context import DistContext
-from commgnn.data.stratified_split import stratified_split
+from commgnn.errors import ConfigError
 from commgnn.federated import dp as dpmod
 from commgnn.federated import neighgen
 from commgnn.federated import uplink as up
-from commgnn.federated.byzantine import GaussianNoise, ScaleAttack, SignFlip
+from commgnn.federated.builders import COUNT_FRAC_BITS, COUNT_RING_BITS, FederationSetup
 from commgnn.federated.client import Client
-from commgnn.federated.config import FederateConfig
+from commgnn.federated.client_data import split_stats
 from commgnn.federated.fairness import fairness_report
-from commgnn.federated.model import FedGCN, flat_params
-from commgnn.federated.policy import CountingGate, Payload, PolicyGate, load_policy, reserve_everywhere
-from commgnn.federated.tally import Tally
-from commgnn.errors import ConfigError
-from commgnn.federated.robust import make_aggregator
+from commgnn.federated.model import flat_params
+from commgnn.federated.policy import Payload, PolicyGate, reserve_everywhere
 from commgnn.federated.secagg import ring
 from commgnn.federated.secure_sum import secure_sum
-from commgnn.federated.splits import build_clients, split_from_config, split_stats
-from commgnn.federated.transport import Transport
+from commgnn.federated.state import federation_state, load_federation_state
 
 
-COUNT_RING_BITS, COUNT_FRAC_BITS = 32, 16
-"""The adaptive clip's secure count: fixed point with 2^-16 resolution in a 32-bit ring, so
-the noised sum of centred bits must stay inside +-2^15 (checked at start-up)."""
-
-
-def _masks(graph: Any, cfg: FederateConfig) -> None:
-    """60/20/20 stratified masks (FederatedScope-GNN's protocol) unless the dataset's own are asked for."""
-    if cfg.federated.masks == "stratified":
-        tr, va, te = stratified_split(graph.y, cfg.data.train_ratio, cfg.data.val_ratio, cfg.data.split_seed)
-        graph.train_mask, graph.val_mask, graph.test_mask = tr, va, te
-
-
-class Federation:
-    """Server plus clients in one process; :meth:`run` trains and returns the summary."""
-
-    def __init__(self, cfg: FederateConfig, graph: Any = None, *, ctx: DistContext | None = None) -> None:
-        self.cfg = cfg
-        fed = cfg.federated
-        self.graph = graph if graph is not None else load_dataset(cfg.data)
-        _masks(self.graph, cfg)
-        g = self.graph
-        self.num_classes = int(g.y.max()) + 1
-        self.owner = split_from_config(g, cfg.split)
-        self.n_clients = int(self.owner.max()) + 1
-        self.t = Transport(ctx, 1 if fed.algorithm == "central" else self.n_clients)
-        if self.t.world > 1 and (fed.algorithm in ("local", "central") or fed.cross_edges == "embeddings"
-                                 or cfg.neighgen.enabled):
-            what = ("cross_edges = embeddings" if fed.cross_edges == "embeddings" else "neighgen"
-                    if cfg.neighgen.enabled else fed.algorithm)
-            raise ConfigError(f"{what} runs in one process for now: use --parts 1")
-        # Every rank loads, masks and splits the graph itself: a disagreement would put the
-        # clients' predictions on other nodes than the server scores, so it is checked.
-        placement = hashlib.sha1()
-        for t in (self.owner, g.train_mask, g.val_mask, g.test_mask, g.y):
-            placement.update(t.detach().cpu().contiguous().numpy().tobytes())
-        placement.update(repr(cfg).encode())  # and the same settings: collectives follow from them
-        self.t.agree(placement.hexdigest(), "client split, masks or config")
-        self.policy = load_policy(cfg.policy.path) if cfg.policy.path else None
-        if self.policy is not None:
-            self.policy.validate_for(self.n_clients)
-            self.policy.check_plan(secure_agg=cfg.secagg.enabled, embeddings_cross=fed.cross_edges == "embeddings",
-                                   embedding_bits=fed.embedding_bits, embedding_noise=fed.embedding_noise)
-        self.gate: PolicyGate | CountingGate = PolicyGate(self.policy) if self.policy else CountingGate()
-        degree = torch.bincount(g.edge_index[1], minlength=g.num_nodes)
-        self.degree = degree
-        if fed.algorithm == "central":
-            parts = build_clients(g, torch.zeros_like(self.owner))
-        else:
-            parts = build_clients(g, self.owner)
-        glob = degree if fed.cross_edges == "embeddings" else None
-        hosted = set(self.t.hosted())  # a rank builds only the clients it hosts
-        self.clients: dict[int, Client] = {c: Client(p, fed, global_degree=glob) for c, p in enumerate(parts)
-                                           if c in hosted}
-        # What the server knows of every client: training-node counts (FedAvg's weights).
-        self.num_train = torch.tensor([int(p.train_mask.sum()) for p in parts])
-        torch.manual_seed(fed.seed)
-        self.model = FedGCN(g.x.shape[1], fed.hidden, self.num_classes, fed.dropout)
-        self.dim = sum(p.numel() for p in self.model.parameters())
-        self.shapes = [tuple(p.shape) for p in self.model.parameters()]
-        self.gen = torch.Generator().manual_seed(fed.seed + 1)  # participation draws (every rank alike)
-        self.noise_gen = torch.Generator().manual_seed(fed.seed + 2)  # the server's DP noise (server only)
-        self.cgen = {c: torch.Generator().manual_seed(fed.seed * 1_000_003 + 7919 * (c + 1)) for c in self.clients}
-        self.eval_gen = {c: torch.Generator() for c in self.clients}  # evaluation never moves training's draws
-        # Protective noise (DP noise, the cross-client embeddings' noise): from secret seeds that
-        # only the party drawing it knows, unless the config asks for reproducible (seeded, not
-        # private) noise; then the draws are training's (and evaluation's) generators'.
-        if cfg.dp.reproducible_noise:
-            self.dp_gen, self.dp_eval_gen, self.dp_server_gen = dict(self.cgen), self.eval_gen, self.noise_gen
-        else:
-            self.dp_gen = {c: torch.Generator().manual_seed(secrets.randbits(63)) for c in self.clients}
-            self.dp_eval_gen = self.dp_gen
-            self.dp_server_gen = torch.Generator().manual_seed(secrets.randbits(63))
-        self.tally = Tally()
-        self.neighgen_report: dict[str, Any] | None = None
-        self.cohort = max(1, round(fed.participation * self.t.n_clients))
-        # The accountant's sample rate is the real one, K / n, not the nominal participation.
-        self.sample_rate = self.cohort / self.t.n_clients
-        self.sigma = 0.0  # the noise multiplier of the updates
-        self.accountant: dpmod.ClientDPAccountant | None = None
-        self.adaptive: dpmod.AdaptiveClip | None = None
-        if cfg.dp.enabled:
-            total = cfg.dp.noise_multiplier or dpmod.calibrate(cfg.dp, fed.rounds, self.sample_rate)
-            self.sigma = total
-            if cfg.dp.adaptive_clip:  # the clipped-count release takes its share of the noise
-                self.adaptive = dpmod.AdaptiveClip(cfg.dp, n_participants=self.cohort)
-                self.sigma = self.adaptive.update_noise_multiplier(total)
-            self.accountant = dpmod.ClientDPAccountant(delta=cfg.dp.delta, clip=cfg.dp.clip, noise_multiplier=total)
-        self.codecs = {c: self._codec(c) for c in self.clients}
-        self.decoder = self._codec(0)  # the server's copy: decodes sums, never encodes
-        self.aggregator = (make_aggregator(fed.aggregator, **self._agg_kw()) if fed.aggregator != "mean" else None)
-        self.attack = {"scale": ScaleAttack(-10.0), "flip": SignFlip(), "noise": GaussianNoise(1.0)}[fed.attack]
-        if self.aggregator is not None:
-            self.aggregator.validate(self.cohort)
-        if cfg.secagg.enabled and fed.algorithm in ("fedavg", "fedprox"):
-            if self.cohort < 2:  # a "sum" of one update is that update
-                raise ConfigError(f"secure aggregation needs at least 2 clients per round, got {self.cohort}; "
-                                  f"raise --participation or --clients")
-            cfg.secagg.threshold_count(self.cohort)  # a threshold or ring the cohort cannot meet fails now
-            self.decoder.ring_bits(self.cohort)
-            if cfg.neighgen.enabled:  # the generator's rounds sum every client, not a cohort
-                cfg.secagg.threshold_count(self.n_clients)
-                cfg.secagg.check_clients(self.n_clients)
-            limit = 2 ** (COUNT_RING_BITS - COUNT_FRAC_BITS - 1)  # the noised count, |sum| <= K/2, must not wrap
-            if self.adaptive is not None and (bound := self.cohort / 2 + 8 * self.adaptive.count_stddev) >= limit:
-                raise ConfigError(f"the adaptive clip's secure count would overflow its ring: {self.cohort} participants "
-                                  f"and count_stddev {self.adaptive.count_stddev:g} reach {bound:.0f} (limit {limit}); "
-                                  f"lower --participation or dp.count_stddev")
-
-    def _dp_clip(self) -> float | None:
-        """Under DP, the per-coordinate range of a codec: the clip bound plus six standard
-        deviations of a client's noise share, so clamping never truncates the noise the
-        accountant counts on (None without DP)."""
-        if not self.cfg.dp.enabled:
-            return None
-        clip = self.cfg.dp.clip_ceiling  # an adaptive clip never goes above it
-        share = self.sigma * clip / math.sqrt(self.cohort) if self.cfg.dp.noise_at == "clients" else 0.0
-        return clip + 6.0 * share
-
-    def _agg_kw(self) -> dict[str, Any]:
-        fed = self.cfg.federated
-        return {"trimmed_mean": {"beta": fed.trim}, "krum": {"f": fed.krum_f}}.get(fed.aggregator, {})
-
-    # ---------------------------------------------------------------- codecs
-    def _codec(self, client: int) -> up.UplinkCodec:
-        u, seed = self.cfg.uplink, self.cfg.federated.seed
-        clip = self._dp_clip() or u.clip or 1.0
-        if u.codec == "fp32":
-            if self.cfg.secagg.enabled:
-                sa = self.cfg.secagg
-                if self._dp_clip() is not None and self._dp_clip() > sa.clip:  # widen the fixed-point range
-                    sa = replace(sa, clip=math.ceil(self._dp_clip()))
-                    sa.check_clients(self.cohort)
-                return up.FixedPoint(sa, dim=self.dim, seed=seed, client=client)
-            return up.Plain(dim=self.dim)
-        if u.codec == "quant":
-            return up.SharedScaleQuant(u.bits, clip, dim=self.dim, seed=seed, client=client)
-        if u.codec == "randomk":
-            return up.RandomK(u.fraction, dim=self.dim, seed=seed, bits=u.bits, clip=clip, client=client,
-                              error_feedback=u.error_feedback, residual_decay=u.residual_decay)
-        return up.RankR(u.rank, shapes=self.shapes, seed=seed, bits=u.bits, clip=clip, client=client,
-                        error_feedback=u.error_feedback, residual_decay=u.residual_decay)
+class Federation(FederationSetup):
+    """Server plus clients in one process (or this rank's share of them); built by
+    :class:`~commgnn.federated.builders.FederationSetup`, :meth:`run` trains and returns the
+    summary."""
 
     def _set_clip(self, clip: float) -> None:
         """Re-scale every quantising codec (keeping error-feedback residuals); under DP the
@@ -515,19 +369,41 @@ class Federation:
         return float((pred[mask] == self.graph.y[mask]).float().mean()) if mask.any() else float("nan")
 
     # ---------------------------------------------------------------- the run
-    def run(self, on_eval: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any] | None:
+    def run(self, on_eval: Callable[[dict[str, Any]], None] | None = None, *,
+            state: Mapping[str, Any] | None = None,
+            on_checkpoint: Callable[[int, dict[str, Any]], None] | None = None,
+            checkpoint_every: int = 0) -> dict[str, Any] | None:
         """Train for ``rounds``; return the summary (accuracy at the best validation round)
-        on the server, None on the ranks that only host clients."""
-        fed, g = self.cfg.federated, self.graph
+        on the server, None on the ranks that only host clients.
+
+        ``state``: a checkpoint of this rank (:func:`~commgnn.federated.state.federation_state`)
+        to continue from; the rounds after it are those of the uninterrupted run. Every
+        ``checkpoint_every`` rounds each rank calls ``on_checkpoint(round, state)`` (on every
+        rank alike). A round's state is taken after its evaluation, or before the evaluation
+        that only the last round forces, so that a run stopped there and extended (more
+        ``rounds``) evaluates and draws exactly as one that ran the longer schedule."""
+        fed = self.cfg.federated
         params: Tensor | dict[int, Tensor] = flat_params(self.model)
         if fed.algorithm == "local":
             params = {c: params.clone() for c in self.clients}
-        best = {"val": -1.0, "round": 0, "pred": None}
+        best: dict[str, Any] = {"val": -1.0, "round": 0, "pred": None}
         t_start = time.perf_counter()
-        if self.cfg.neighgen.enabled:
+        if self.cfg.neighgen.enabled:  # before a checkpoint is loaded: it rebuilds the clients
             self._mend()
-        curve = []
-        for r in range(fed.rounds):
+        curve: list[dict[str, Any]] = []
+        start, wall0 = 0, 0.0
+        if state is not None:
+            start, params, best, curve, wall0 = load_federation_state(self, state)
+            if start > fed.rounds:
+                raise ConfigError(f"the checkpoint is of round {start}, past federated.rounds = {fed.rounds}; "
+                                  f"give --rounds {start} or more")
+
+        def save(r: int) -> None:
+            if on_checkpoint is not None:
+                on_checkpoint(r, federation_state(self, round_done=r, params=params, best=best, curve=curve,
+                                                  wall_s=wall0 + time.perf_counter() - t_start))
+
+        for r in range(start, fed.rounds):
             if fed.algorithm in ("fedavg", "fedprox"):
                 params = self._round(r, params)
             else:
@@ -538,29 +414,43 @@ class Federation:
                 else:
                     params = params + self.clients[0].train(self.model, params, cross=None, gen=self.cgen[0])[0]
                 self.tally.train_s += time.perf_counter() - t0
-            if (r + 1) % fed.eval_every and r + 1 != fed.rounds:
-                continue
-            pred = self._predict(params)
-            if pred is None:  # a client rank: the server evaluates
-                continue
-            row = {"round": r + 1, "val_acc": self._acc(pred, g.val_mask), "test_acc": self._acc(pred, g.test_mask),
-                   "uplink_bytes": self.tally.uplink, "downlink_bytes": self.tally.downlink,
-                   "embedding_bytes": self.tally.embeddings, "evaluation_bytes": self.tally.evaluation,
-                   "wall_s": time.perf_counter() - t_start}
-            if self.accountant is not None:
-                row["epsilon"] = self.accountant.epsilon()
-            if self.adaptive is not None:
-                row["clip"] = self.adaptive.clip  # what the next round clips to
-            curve.append(row)
-            if on_eval:
-                on_eval(row)
-            if row["val_acc"] > best["val"] or best["pred"] is None:
-                best = {"val": row["val_acc"], "round": r + 1, "pred": pred, "test": row["test_acc"]}
+            regular = not (r + 1) % fed.eval_every
+            due = bool(checkpoint_every) and not (r + 1) % checkpoint_every
+            if due and not regular:
+                save(r + 1)
+            if regular or r + 1 == fed.rounds:
+                self._evaluate(r, params, curve, best, on_eval, wall0 - t_start)
+            if due and regular:
+                save(r + 1)
         clamped = self.t.gather(sum(up.clamped_count(c) for c in self.codecs.values()))
         if not self.t.is_server:
             return None
         assert clamped is not None
-        return {**self._summary(best, curve, time.perf_counter() - t_start), "uplink_clamped_values": sum(clamped)}
+        wall = wall0 + time.perf_counter() - t_start
+        return {**self._summary(best, curve, wall), "uplink_clamped_values": sum(clamped)}
+
+    def _evaluate(self, r: int, params: Tensor | dict[int, Tensor], curve: list[dict[str, Any]],
+                  best: dict[str, Any], on_eval: Callable[[dict[str, Any]], None] | None, wall_offset: float) -> None:
+        """Evaluate after round ``r`` (every rank takes part); the server appends the row to
+        ``curve``, hands it to ``on_eval`` and updates ``best`` in place."""
+        g = self.graph
+        pred = self._predict(params)
+        if pred is None:  # a client rank: the server evaluates
+            return
+        row = {"round": r + 1, "val_acc": self._acc(pred, g.val_mask), "test_acc": self._acc(pred, g.test_mask),
+               "uplink_bytes": self.tally.uplink, "downlink_bytes": self.tally.downlink,
+               "embedding_bytes": self.tally.embeddings, "evaluation_bytes": self.tally.evaluation,
+               "wall_s": time.perf_counter() + wall_offset}
+        if self.accountant is not None:
+            row["epsilon"] = self.accountant.epsilon()
+        if self.adaptive is not None:
+            row["clip"] = self.adaptive.clip  # what the next round clips to
+        curve.append(row)
+        if on_eval:
+            on_eval(row)
+        if row["val_acc"] > best["val"] or best["pred"] is None:
+            best.clear()
+            best.update(val=row["val_acc"], round=r + 1, pred=pred, test=row["test_acc"])
 
     def _summary(self, best: dict[str, Any], curve: list[dict[str, Any]], wall: float) -> dict[str, Any]:
         cfg, g = self.cfg, self.graph

@@ -2,7 +2,7 @@
 
 Inputs are whole-graph tensors: ``pred`` ``[N]`` predicted classes (or ``[N, C]``
 scores, reduced by argmax), ``y`` ``[N]`` labels (``-1`` = unlabelled), ``test_mask``
-``[N]`` bool, ``owner`` ``[N]`` client ids (from :func:`commgnn.federated.splits.split_clients`)
+``[N]`` bool, ``owner`` ``[N]`` client ids (from :func:`commgnn.federated.client_split.split_clients`)
 and ``degree`` ``[N]`` (whatever degree the caller wants to slice by, usually in-degree).
 Only labelled test nodes count.
 

@@ -41,50 +41,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from commgnn.config import fraction, positive
 from commgnn.errors import ConfigError
+from commgnn.federated.config import NeighGenConfig  # noqa: F401  (its old home)
 from commgnn.federated.model import feature_operator, flat_params, gcn_operator, load_flat
-from commgnn.federated.splits import ClientData
+from commgnn.federated.client_data import ClientData
 from commgnn.models.graph import CSRPair, spmm
-
-
-@dataclass(frozen=True, kw_only=True)
-class NeighGenConfig:
-    """``[neighgen]``: missing-neighbour generation before FedAvg (off by default)."""
-
-    enabled: bool = False
-    """Train a generator by FedAvg and mend every client's subgraph before training the
-    classifier. Needs ``cross_edges = "drop"`` (mending stands in for the cut edges)."""
-    hidden_fraction: float = 0.15
-    """Share of a client's nodes hidden to build its impaired training graph, in (0, 1)."""
-    num_pred: int = 5
-    """Most neighbours generated for one node."""
-    rounds: int = 20
-    """FedAvg rounds that train the generator (all clients each round)."""
-    local_steps: int = 10
-    """Adam steps per client per generator round."""
-    lr: float = 0.01
-    """Adam learning rate of the clients' generator steps."""
-    hidden: int = 64
-    """Width ``h`` of the generator's GCN encoder."""
-    latent: int = 32
-    """Width ``l`` of each generated neighbour before the shared feature decoder."""
-    feature_weight: float = 1.0
-    """``lambda``: weight of the feature loss against the degree loss."""
-    noise: float = 0.1
-    """Std ``s`` of the noise added to ``z`` before feature generation."""
-    batch_nodes: int = 256
-    """Nodes per step in the feature loss."""
-
-    def __post_init__(self) -> None:
-        fraction("neighgen.hidden_fraction", self.hidden_fraction, open_low=True, open_high=True)
-        for name in ("num_pred", "rounds", "local_steps", "hidden", "latent", "batch_nodes"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ConfigError(f"neighgen.{name} must be a positive integer, got {value!r}")
-        positive("neighgen.lr", self.lr)
-        positive("neighgen.feature_weight", self.feature_weight, allow_zero=True)
-        positive("neighgen.noise", self.noise, allow_zero=True)
 
 
 class NeighGen(nn.Module):

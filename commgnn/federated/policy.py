@@ -60,7 +60,7 @@ import functools
 import math
 import re
 import threading
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Literal, Mapping
 
@@ -448,6 +448,26 @@ class PolicyGate:
         with self._lock:
             return dict(self._client)
 
+    def state_dict(self) -> dict[str, Any]:
+        """The transcript, refusals and byte totals as plain lists (for a checkpoint)."""
+        with self._lock:
+            return {"transcript": [asdict(p) for p in self.transcript],
+                    "rejected": [[asdict(p), why] for p, why in self.rejected],
+                    "link": [[s, d, n] for (s, d), n in self._link.items()],
+                    "client": [[c, n] for c, n in self._client.items()],
+                    "round_cost": [[c, n] for c, n in self._round_cost.items()],
+                    "to_server": [[c, n] for c, n in self._to_server.items()]}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restore :meth:`state_dict`'s output (each payload is validated again)."""
+        with self._lock:
+            self.transcript = [Payload(**p) for p in state["transcript"]]
+            self.rejected = [(Payload(**p), str(why)) for p, why in state["rejected"]]
+            self._link = {(str(s), str(d)): int(n) for s, d, n in state["link"]}
+            self._client = {int(c): int(n) for c, n in state["client"]}
+            self._round_cost = {int(c): int(n) for c, n in state["round_cost"]}
+            self._to_server = {int(c): int(n) for c, n in state["to_server"]}
+
     def report(self) -> dict[str, Any]:
         """A JSON-able summary for the run report."""
         with self._lock:
@@ -491,6 +511,15 @@ class CountingGate:
 
     def bytes_by_client(self) -> dict[int, int]:
         return dict(self._client)
+
+    def state_dict(self) -> dict[str, Any]:
+        """The transcript and byte totals as plain lists (for a checkpoint)."""
+        return {"transcript": [asdict(p) for p in self.transcript], "client": [[c, n] for c, n in self._client.items()]}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restore :meth:`state_dict`'s output."""
+        self.transcript = [Payload(**p) for p in state["transcript"]]
+        self._client = {int(c): int(n) for c, n in state["client"]}
 
     def report(self) -> dict[str, Any]:
         return {"admitted": len(self.transcript), "rejected": 0,
