@@ -26,6 +26,7 @@ from commgnn.distributed.context import LaunchInfo, free_port, init_distributed,
 from commgnn.distributed.events import Hooks
 from commgnn.distributed.spawn import spawn_ranks
 from commgnn.errors import DataError, UserError
+from commgnn.integrity import load_run_file
 from commgnn.partition import build_local_partitions, load_partition, partition_graph, save_partitions
 from commgnn.report import read_json
 from commgnn.trainers import FullGraphTrainer
@@ -45,7 +46,7 @@ def predict(run_dir: Path, *, out: Path, dataset: str | None = None, data_root: 
     cfg = replace(cfg, partition=replace(cfg.partition, dir=None))
     P = cfg.runtime.parts
     check_rank_count(P, force=cfg.runtime.force)
-    state = torch.load(run_dir / "model.pt", map_location="cpu", weights_only=True)
+    state = load_run_file(run_dir, "model.pt")  # sha256-checked, tensors only
     data = load_dataset(cfg.data)
     trained = read_json(run_dir / "manifest.json")["dataset"]
     if (int(data.x.shape[1]), int(data.num_classes_total)) != (trained["num_features"], trained["num_classes"]):
