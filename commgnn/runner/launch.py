@@ -39,6 +39,7 @@ from commgnn.runner.preflight import (check_disk, check_memory, check_rank_count
 from commgnn.runner.own_model import (check_own_model, pack_model, read_own_model, unpack_model,
                                    write_own_model)
 from commgnn.runner.rank import run_rank
+from commgnn.trainers import checkpoint
 from commgnn.runner.step_probe import probe_graph_from_data, probe_graph_from_dir
 from commgnn.distributed.forkserver import prestart
 from commgnn.distributed.spawn import first_line, is_collective_failure, rank_failure, spawn_ranks
@@ -248,6 +249,7 @@ def train_local(cfg: RunConfig, *, resume: bool = False, graph: Any = None,
         part_dir = cfg.partition.dir or str(out / "partitions")
         for r in range(P):
             load_partition(part_dir, r, expected_fingerprint=fp, expected_parts=P)
+        checkpoint.verify(out, P)  # every rank's file against its sha256, before any rank starts
         attempt = _previous_attempt(out) + 1
         module = read_own_model(out) if module is None else module
         _ended(out, "running", resumed=True, attempt=attempt)

@@ -39,7 +39,7 @@ import numpy as np
 import torch
 
 from commgnn.errors import IntegrityError, UserError
-from commgnn.integrity import atomic_write_json, load_verified, save_tensors
+from commgnn.integrity import atomic_write_json, load_verified, read_verified, save_tensors
 
 DIR = "checkpoints"
 _NUMPY_TAG = "__commgnn_ndarray__"
@@ -59,20 +59,29 @@ def to_plain(obj: Any, where: str = "state") -> Any:
     ``{_NUMPY_TAG: tensor}`` (:func:`from_plain` turns them back). Anything else raises a
     ``TypeError`` naming where it is, at save time, rather than making a checkpoint that
     could not be loaded without running code."""
-    if isinstance(obj, torch.Tensor) or isinstance(obj, _ATOMS):
-        return obj
-    if isinstance(obj, np.ndarray) or isinstance(obj, np.generic):
+    if isinstance(obj, (np.ndarray, np.generic)):  # before the atoms: np.float64 is a float
         arr = np.asarray(obj)
         if arr.dtype == object:
             raise TypeError(f"{where}: a NumPy array of Python objects cannot go into a checkpoint")
         tagged = {_NUMPY_TAG: torch.from_numpy(arr.copy())}
         return tagged | {"scalar": True} if isinstance(obj, np.generic) else tagged
+    if isinstance(obj, torch.Tensor) or type(obj) in _ATOMS:  # exact: a subclass would be pickled by class
+        return obj
     if isinstance(obj, dict):
-        items = ((k, to_plain(v, f"{where}[{k!r}]")) for k, v in obj.items())
+        items = ((_plain_key(k, where), to_plain(v, f"{where}[{k!r}]")) for k, v in obj.items())
         return OrderedDict(items) if isinstance(obj, OrderedDict) else dict(items)
     if type(obj) in (list, tuple, set):  # not a named tuple: its class would be pickled
         return type(obj)(to_plain(v, f"{where}[{i}]") for i, v in enumerate(obj))
     raise TypeError(f"{where}: a {type(obj).__qualname__} cannot go into a checkpoint (tensors and plain data only)")
+
+
+def _plain_key(key: Any, where: str) -> Any:
+    """A dict key as plain data: a NumPy scalar as the equal Python number (same hash)."""
+    if isinstance(key, np.generic):
+        return key.item()
+    if type(key) in _ATOMS or (type(key) is tuple and all(type(k) in _ATOMS for k in key)):
+        return key
+    raise TypeError(f"{where}: a key of type {type(key).__qualname__} cannot go into a checkpoint")
 
 
 def from_plain(obj: Any) -> Any:
@@ -146,6 +155,19 @@ def latest(run_dir: Path) -> dict[str, Any] | None:
                              f"commgnn, or altered); it cannot be verified and is not loaded")
     out["sha256"] = dict(hashes)
     return out
+
+
+def verify(run_dir: Path, parts: int) -> None:
+    """Check the newest checkpoint of ``run_dir`` (if any) whole before any rank starts: its
+    record, and every rank file against its recorded SHA-256 (the local launcher, which
+    sees every rank's file). Raises :class:`IntegrityError` naming the first bad file;
+    the ranks check their own file again as they load it."""
+    meta = latest(run_dir)
+    if meta is None or meta["parts"] != parts:
+        return  # none to resume from, or load_rank's one line about the rank count
+    for r in range(parts):
+        name = f"rank{r}.pt"
+        read_verified(Path(run_dir) / DIR / meta["dir"] / name, meta["sha256"].get(name), what="checkpoint file")
 
 
 def load_rank(run_dir: Path, meta: dict[str, Any], rank: int, *, parts: int, fingerprint: str) -> dict[str, Any]:
