@@ -13,6 +13,10 @@
   when every rank finished;
 * ``status.json``: whether the run finished: ``{"state": "running" | "complete" | "failed" |
   "interrupted", ...}`` with the one-line error of a failed run (:func:`write_status`);
+* ``model.pt``, ``predictions.pt`` (and ``embeddings.pt`` when asked): the trained weights
+  and scores, tensors only;
+* ``hashes.json``: the SHA-256 of each of those, written after them; readers check it
+  before loading (:mod:`commgnn.integrity`);
 * ``logs/rank{r}.log``: each rank's standard error, with the traceback of a failure;
 * ``checkpoints/``: the newest complete checkpoint, with ``runtime.checkpoint_every``.
 
