@@ -292,3 +292,58 @@ def test_run_files_are_written_atomically_with_their_hash(tmp_path):
     assert sha == _sha(tmp_path / "model.pt")
     assert torch.equal(load_run_file(tmp_path, "model.pt")["w"], torch.ones(3))
     assert not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
+
+
+@pytest.mark.timeout(120)
+def test_a_partition_file_with_a_sparse_tensor_and_a_matching_hash_is_refused(run, capfd):
+    part = run / "partitions" / "part_0.pt"
+    payload = torch.load(part, weights_only=True)
+    payload["edge_index"] = payload["edge_index"].to_sparse()
+    torch.save(payload, part)
+    meta_path = run / "partitions" / "meta.json"
+    meta = json.loads(meta_path.read_text())
+    meta["files"]["part_0.pt"] = _sha(part)
+    meta_path.write_text(json.dumps(meta))
+    capfd.readouterr()
+    assert main(["train", "--resume", str(run), "--epochs", "6"]) == 2
+    assert "edge_index has layout torch.sparse_coo" in _one_line(capfd)
+
+
+def _graph(**changes) -> dict:
+    from helpers import small_graph
+    g = small_graph(n=40, m=120, f=4, c=3, seed=2)
+    return {**{k: g[k] for k in ("x", "edge_index", "y", "train_mask", "val_mask", "test_mask")}, **changes}
+
+
+@pytest.mark.parametrize("field,layout", [("edge_index", "coo"), ("edge_index", "csr"), ("y", "coo"),
+                                          ("train_mask", "coo")])
+def test_a_graph_field_with_a_sparse_layout_is_refused_in_one_line(tmp_path, capfd, field, layout):
+    g = _graph()
+    g[field] = g[field].to_sparse() if layout == "coo" else g[field].to_sparse_csr()
+    path = tmp_path / "g.pt"
+    torch.save(g, path)
+    assert main(["train", "--dataset", str(path), "--parts", "1", "--epochs", "1", "--quiet",
+                 "--out", str(tmp_path / "run")]) == 2
+    err = _one_line(capfd)
+    assert f"{field} has layout torch.sparse_" in err and "dense (strided)" in err, err
+    assert not (tmp_path / "run").exists()
+
+
+def test_sparse_features_are_still_densified(tmp_path):
+    """Sparse node features were accepted (and made dense) before; they still are."""
+    import commgnn
+    from torch_geometric.data import Data
+    g = _graph()
+    g["x"] = g["x"].to_sparse()
+    res = commgnn.train(Data(**g), parts=1, out=tmp_path / "run", epochs=1, quiet=True)
+    assert res.predictions.shape == (40, 3)
+
+
+def test_the_validator_refuses_a_sparse_field_of_a_data_object():
+    from torch_geometric.data import Data
+    from commgnn.data.validate import validate_graph
+    from commgnn.errors import DataError
+    g = _graph()
+    g["edge_index"] = g["edge_index"].to_sparse()
+    with pytest.raises(DataError, match="edge_index has layout torch.sparse_coo"):
+        validate_graph(Data(**g))

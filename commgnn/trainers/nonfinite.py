@@ -51,8 +51,8 @@ def guard_step(mode: str, loss: torch.Tensor, model: nn.Module, *, epoch: int, r
     bad = first_nonfinite(loss, model.named_parameters())
     if mode == "stop":
         if bad is not None:
-            raise Diverged(f"training diverged at epoch {epoch}: non-finite {bad} on rank {rank}; the last good "
-                           f"checkpoint is kept (train.on_nonfinite = 'skip_step' skips such steps instead)")
+            raise Diverged(f"training diverged at epoch {epoch}: non-finite {bad} on rank {rank} (stopped; "
+                           f"train.on_nonfinite = 'skip_step' would skip such steps instead)")
         return False
     flag = torch.tensor([0.0 if bad is None else 1.0], dtype=torch.float64)
     if any_rank is not None:
