@@ -167,7 +167,10 @@ def save_run_file(obj: Any, run_dir: str | Path, name: str) -> str:
     (rewritten atomically, last); the hash. For one writer (rank 0) at a time."""
     run_dir = Path(run_dir)
     sha = save_tensors(obj, run_dir / name)
-    files = recorded_hashes(run_dir)
+    try:
+        files = recorded_hashes(run_dir)
+    except IntegrityError:  # a damaged manifest of an earlier attempt: this run's entries replace it
+        files = {}
     files[name] = sha
     atomic_write_json(run_dir / HASHES, {"algorithm": "sha256", "files": files})
     return sha

@@ -292,6 +292,11 @@ def test_run_files_are_written_atomically_with_their_hash(tmp_path):
     assert sha == _sha(tmp_path / "model.pt")
     assert torch.equal(load_run_file(tmp_path, "model.pt")["w"], torch.ones(3))
     assert not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
+    (tmp_path / HASHES).write_text("{not json")  # damaged by an earlier attempt: replaced, not fatal
+    with pytest.raises(IntegrityError, match="hashes.json is corrupt"):
+        load_run_file(tmp_path, "model.pt")
+    sha2 = save_run_file(torch.zeros(2), tmp_path, "predictions.pt")
+    assert json.loads((tmp_path / HASHES).read_text())["files"] == {"predictions.pt": sha2}
 
 
 @pytest.mark.timeout(120)

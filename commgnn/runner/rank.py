@@ -35,6 +35,7 @@ from commgnn.models.byo import message_passing_layers
 from commgnn.partition import LocalPartition
 from commgnn.partition.reorder import reorder_for_locality
 from commgnn.report import EpochProgress, MetricsLog, print_summary, summarise, write_json
+from commgnn.report.records import dumps_standard
 from commgnn.trainers import FullGraphTrainer
 from commgnn.trainers.minibatch import MiniBatchTrainer
 from commgnn.trainers import checkpoint
@@ -55,7 +56,7 @@ def _logged_rows(path: Path, upto: int) -> list[dict[str, Any]]:
                 break
             rows.append(row)
     tmp = path.with_suffix(".jsonl.tmp")
-    tmp.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    tmp.write_text("".join(dumps_standard(r) + "\n" for r in rows))  # an older run's bare NaN: null
     tmp.replace(path)
     return rows
 

@@ -31,15 +31,15 @@ MODES = ("stop", "skip_step")
 def first_nonfinite(loss: torch.Tensor, named_params: Iterable[tuple[str, nn.Parameter]]) -> str | None:
     """The first non-finite quantity of a step, in words (``"loss (nan)"``, ``"gradient of
     'layers.0.weight'"``), or None when the loss and every gradient are finite."""
-    if not bool(torch.isfinite(loss.detach()).all()):
-        return f"loss ({float(loss.detach().reshape(-1)[0])})"
     named = [(n, p.grad) for n, p in named_params if p.grad is not None]
-    if not named:
-        return None
-    finite = torch.stack([torch.isfinite(g).all() for _, g in named])
+    # one host sync for the common case (all finite); names only on failure
+    finite = torch.stack([torch.isfinite(loss.detach()).all(),
+                          *(torch.isfinite(g).all().to(loss.device) for _, g in named)])
     if bool(finite.all()):
         return None
-    return f"gradient of {named[int((~finite).nonzero()[0])][0]!r}"
+    if not bool(finite[0]):
+        return f"loss ({float(loss.detach().reshape(-1)[0])})"
+    return f"gradient of {named[int((~finite[1:]).nonzero()[0])][0]!r}"
 
 
 def guard_step(mode: str, loss: torch.Tensor, model: nn.Module, *, epoch: int, rank: int,
