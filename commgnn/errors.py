@@ -32,3 +32,13 @@ class Terminated(KeyboardInterrupt):
     """SIGTERM arrived: handled like Ctrl-C (ranks stopped, run marked interrupted), exit 143."""
 
     signal_name = "SIGTERM"
+
+
+class IntegrityError(UserError):
+    """A file of a run or checkpoint is missing, truncated, altered, or needs code to load
+    (a pickle that is not tensors and plain data); reported as one line naming the file."""
+
+
+class Diverged(RankFailure):
+    """A training step's loss or a gradient was not finite (``train.on_nonfinite = "stop"``):
+    the run stops at that epoch with exit code 1, naming the epoch and the quantity."""

@@ -99,7 +99,8 @@ class Harness:
 
 def check_outcome(rc: Any, err: str, out: Path) -> None:
     """The property: success with a complete run directory, or exit 2 with one error line
-    and nothing left behind."""
+    and nothing left behind, or (a diverged run, stopped) exit 1 with one line and the run
+    marked failed."""
     assert "Traceback" not in err, err
     leftovers = sorted(p.name for p in out.parent.iterdir() if p.name != out.name)
     assert not leftovers, f"staging leftovers next to --out: {leftovers}"
@@ -107,6 +108,10 @@ def check_outcome(rc: Any, err: str, out: Path) -> None:
         status = json.loads((out / "status.json").read_text())
         assert status["state"] == "complete", status
         assert (out / "summary.json").is_file()
+        return
+    if rc == 1 and "training diverged at epoch" in err:  # train.on_nonfinite = "stop" (huge values)
+        assert len(err.strip().splitlines()) == 1, f"stderr is not one error line: {err!r}"
+        assert json.loads((out / "status.json").read_text())["state"] == "failed"
         return
     assert rc == 2, f"exit code {rc!r}, stderr {err!r}"
     lines = err.splitlines()

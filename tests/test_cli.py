@@ -40,9 +40,9 @@ def _config(tmp_path: Path, text: str = SMALL) -> str:
 def test_train_writes_records_and_counts_exact_bytes(tmp_path):
     out = tmp_path / "run"
     assert main(["train", "--config", _config(tmp_path), "--parts", "2", "--out", str(out)]) == 0
-    assert sorted(p.name for p in out.iterdir()) == ["config.toml", "logs", "manifest.json", "metrics.jsonl",
-                                                    "model.pt", "partitions", "predictions.pt", "status.json",
-                                                    "summary.json"]
+    assert sorted(p.name for p in out.iterdir()) == ["config.toml", "hashes.json", "logs", "manifest.json",
+                                                    "metrics.jsonl", "model.pt", "partitions", "predictions.pt",
+                                                    "status.json", "summary.json"]
     assert json.loads((out / "status.json").read_text())["state"] == "complete"
     summary = json.loads((out / "summary.json").read_text())
     for key in ("dataset", "model", "parts", "epochs_run", "best_epoch", "best_val_acc", "test_acc",

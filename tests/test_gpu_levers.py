@@ -45,6 +45,8 @@ from commgnn.models import ModelConfig
 from commgnn.models.maxk import maxk
 from commgnn.partition import PartitionConfig, build_local_partition, partition_graph
 from commgnn.trainers import FullGraphTrainer, TrainConfig, halo_plan
+from commgnn.integrity import load_verified, save_tensors
+from commgnn.trainers.checkpoint import from_plain, to_plain
 from gpu_helpers import GPU_MARKS, SHARED_GPU, error_text, run_ranks, two_gpus
 from helpers import small_graph
 
@@ -498,7 +500,7 @@ RESUME_CASES: dict[str, CommConfig] = {
 
 def resume_fn(ctx: DistContext, data: Data, parts: torch.Tensor, out_dir: str) -> dict:
     """Each case's losses uninterrupted, and resumed at RESUME_AT from a state saved and
-    loaded as :mod:`commgnn.trainers.checkpoint` does (``torch.load(map_location="cpu")``)."""
+    loaded as :mod:`commgnn.trainers.checkpoint` does (plain data, ``weights_only=True``, onto the CPU)."""
     part = build_local_partition(data, parts, ctx.world_size, ctx.rank)
     model = TRAIN_MODELS["gat"]  # independent of the CSR kernel
     out: dict[str, Any] = {}
@@ -513,9 +515,9 @@ def resume_fn(ctx: DistContext, data: Data, parts: torch.Tensor, out_dir: str) -
             first = make()
             head = [first.step().loss for _ in range(RESUME_AT)]
             path = Path(out_dir) / f"{name}-rank{ctx.rank}.pt"
-            torch.save(first.state_dict(), path)
+            sha = save_tensors(to_plain(first.state_dict()), path)  # as checkpoint.save_rank writes it
             second = make()
-            second.load_state_dict(torch.load(path, map_location="cpu", weights_only=False))
+            second.load_state_dict(from_plain(load_verified(path, sha)))  # weights_only=True, as load_rank
             tail = [second.step().loss for _ in range(RESUME_EPOCHS - RESUME_AT)]
             out[name] = {"ref": ref, "resumed": head + tail, "device": str(second.x.device)}
         except Exception as exc:

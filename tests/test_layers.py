@@ -15,7 +15,7 @@ import commgnn
 
 ROOT = Path(commgnn.__file__).parent
 
-LEAVES = {"errors", "config", "registry", "distributed"}
+LEAVES = {"errors", "config", "registry", "distributed", "integrity"}
 """Used by every layer; they import only one another."""
 
 LAYER = {

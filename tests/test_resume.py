@@ -227,3 +227,22 @@ def test_lever_state_returns_to_the_run_device_but_generator_states_stay_on_cpu(
     assert out["pair"][0].device.type == "meta" and out["pair"][1] == 2 and isinstance(out["pair"], tuple)
     assert out["inner"]["gen"] is gen and out["none"] is None
     torch.Generator().set_state(out["inner"]["gen"])  # still loadable
+
+
+@pytest.mark.timeout(120)
+def test_checkpoint_files_are_tensors_only_and_hashed_in_latest_json(tmp_path):
+    """Every rank's file loads with ``weights_only=True`` (PowerSGD's NumPy generator state
+    included, as tagged tensors) and ``latest.json`` records its SHA-256."""
+    import hashlib
+    out = tmp_path / "run"
+    cfg = _write(tmp_path, "h.toml", CONFIG.format(every=4, extra=""))
+    assert main(["train", "--config", cfg, "--parts", "2", "--out", str(out), "--epochs", "4",
+                 "--grad", "powersgd", "--powersgd-rank", "1", "--grad-start", "2"]) == 0
+    latest = json.loads((out / "checkpoints" / "latest.json").read_text())
+    assert sorted(latest["sha256"]) == ["rank0.pt", "rank1.pt"]
+    for name, sha in latest["sha256"].items():
+        path = out / "checkpoints" / latest["dir"] / name
+        assert hashlib.sha256(path.read_bytes()).hexdigest() == sha
+        state = torch.load(path, weights_only=True)
+        assert state["epoch"] == 4 and "python" in state["host_rng"] and "numpy" in state["host_rng"]
+        assert "rng" in state["trainer"]["grad_sync"]["powersgd"]  # PowerSGD's NumPy RandomState

@@ -45,6 +45,7 @@ from commgnn.distributed.context import LaunchInfo, free_port, init_distributed,
 from commgnn.distributed.events import Hooks
 from commgnn.distributed.forkserver import prestart
 from commgnn.distributed.spawn import spawn_ranks
+from commgnn.integrity import load_run_file
 from commgnn.errors import DataError, UserError
 from commgnn.partition import build_local_partitions, load_partition, partition_graph, save_partitions
 from commgnn.report import read_json
@@ -96,7 +97,7 @@ def predict(run_dir: str | Path, data: Any = None, *, model: nn.Module | type | 
     cfg = replace(cfg, partition=replace(cfg.partition, dir=None))
     P = cfg.runtime.parts
     check_rank_count(P, force=cfg.runtime.force)
-    state = torch.load(run_dir / "model.pt", map_location="cpu", weights_only=True)
+    state = load_run_file(run_dir, "model.pt")  # sha256-checked, tensors only
     if not isinstance(state, dict):
         raise UserError(f"{run_dir / 'model.pt'} does not hold a state dict")
     if module is not None:  # the weights must fit before any rank starts

@@ -24,7 +24,6 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping
 
-import torch
 from torch import Tensor, nn
 
 from commgnn.runner.config import FLAG_KEYS, RunConfig, resolve_config
@@ -34,6 +33,7 @@ from commgnn.runner.run_dir import default_out_dir
 from commgnn.comm.config import CommConfig
 from commgnn.config import from_dict, replace_path, set_path, to_dict
 from commgnn.errors import ConfigError, UserError
+from commgnn.integrity import load_run_file
 from commgnn.models import ModelConfig, ReferenceGNN
 from commgnn.report import read_json
 
@@ -170,11 +170,10 @@ def load_result(run_dir: str | Path, *, model: nn.Module | type | None = None) -
     dataset = read_json(run_dir / "manifest.json")["dataset"]
     module = load_own_model(run_dir, model, verb=f"commgnn.load_result({str(run_dir)!r}, model=MODEL)") \
         or build_model(cfg.model, dataset["num_features"], dataset["num_classes"])
-    load_weights(module, torch.load(run_dir / "model.pt", map_location="cpu", weights_only=True),
-                 run_dir / "model.pt")
+    load_weights(module, load_run_file(run_dir, "model.pt"), run_dir / "model.pt")  # sha256-checked, tensors only
     module.eval()
     return TrainResult(model=module, summary=read_json(run_dir / "summary.json"),
-                       predictions=torch.load(run_dir / "predictions.pt", map_location="cpu", weights_only=True),
+                       predictions=load_run_file(run_dir, "predictions.pt"),
                        run_dir=run_dir)
 
 

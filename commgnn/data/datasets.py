@@ -52,7 +52,7 @@ from commgnn.data.staging import ensure_copy, locked, root_key
 from commgnn.data.config import DataConfig
 from commgnn.data.stratified_split import stratified_split
 from commgnn.data.synthetic import make_csbm
-from commgnn.data.validate import MASK_NAMES, mask_as_bool, validate_graph
+from commgnn.data.validate import MASK_NAMES, mask_as_bool, unusual_tensor, validate_graph
 from commgnn.errors import ConfigError, DataError
 from commgnn.registry import Registry
 
@@ -289,10 +289,9 @@ def graph_from_object(obj: Any, cfg: DataConfig, *, name: str, where: str) -> Da
             raise DataError(f"{where}: {key} must be a tensor, got "
                             f"{type(obj[key]).__name__}")
     for key in ("x", "edge_index", "y", *present):
-        t = obj[key]
-        kind = "meta" if t.is_meta else "quantized" if t.is_quantized else "nested" if t.is_nested else None
-        if kind:  # no plain values to check or train on
-            raise DataError(f"{where}: {key} is a {kind} tensor; save plain tensors")
+        problem = unusual_tensor(key, obj[key], dense_ok=key == "x")  # sparse features are densified
+        if problem:
+            raise DataError(f"{where}: {problem}")
     masks = tuple(obj[k] for k in MASK_NAMES) if present else None
     num_classes = obj.get("num_classes")
     data = _normalise(x, edge_index, y, masks, cfg, name=name, drop_unlabelled=False)

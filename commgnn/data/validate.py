@@ -37,6 +37,26 @@ def _nodes(count: int, noun: str) -> str:
     return f"{count} {noun}" + ("" if count == 1 else "s")
 
 
+_LAYOUT_HINTS = {"edge_index": "a sparse adjacency A gives edge_index = A.coalesce().indices()"}
+
+
+def unusual_tensor(key: str, t: Tensor, *, dense_ok: bool = False) -> str | None:
+    """Why the graph field ``key`` cannot be used as it is (a one-line reason), or None for
+    a plain dense CPU-readable tensor: sparse (COO, CSR, CSC, BSR, BSC) and other
+    non-strided layouts, meta, quantized and nested tensors. With ``dense_ok`` a sparse
+    layout passes (the caller densifies it: sparse node features)."""
+    kind = "meta" if t.is_meta else "quantized" if t.is_quantized else "nested" if t.is_nested else None
+    if kind:  # no plain values to check or train on
+        return f"{key} is a {kind} tensor; save plain tensors"
+    if t.layout != torch.strided and not (dense_ok and t.layout in _SPARSE_LAYOUTS):
+        hint = _LAYOUT_HINTS.get(key, f"convert it with {key}.to_dense()")
+        return f"{key} has layout {t.layout} but must be a dense (strided) tensor ({hint})"
+    return None
+
+
+_SPARSE_LAYOUTS = (torch.sparse_coo, torch.sparse_csr, torch.sparse_csc, torch.sparse_bsr, torch.sparse_bsc)
+
+
 def mask_as_bool(name: str, mask: object, n: int) -> Tensor:
     """A split mask given by a user as a 1-D bool tensor of length ``n``.
 
@@ -87,7 +107,8 @@ def validate_graph(data: Data, *, max_classes: int = DEFAULT_MAX_CLASSES,
 
     Checks, in this order, each message naming the field and the first offending index:
 
-    * ``x``, ``edge_index`` and ``y`` are tensors and there is at least one node;
+    * ``x``, ``edge_index`` and ``y`` are tensors and there is at least one node; they and
+      the masks are plain dense tensors (:func:`unusual_tensor`: no sparse layout);
     * ``edge_index`` is ``[2, E]`` integer with ids in ``[0, N)``;
     * ``x`` is ``[N, F]`` floating point without NaN/inf;
     * ``y`` is ``[N]`` integer (``y < 0`` means unlabelled);
@@ -106,6 +127,11 @@ def validate_graph(data: Data, *, max_classes: int = DEFAULT_MAX_CLASSES,
     for key, value in (("x", x), ("edge_index", edge_index), ("y", y)):
         if not isinstance(value, Tensor):
             raise DataError(f"graph has no tensor '{key}'")
+    for key in ("x", "edge_index", "y", *MASK_NAMES):
+        value = data.get(key)
+        problem = unusual_tensor(key, value) if isinstance(value, Tensor) else None
+        if problem:
+            raise DataError(f"graph field {problem}")
     n = data.num_nodes
     if not n:
         raise DataError("graph has zero nodes")

@@ -9,6 +9,7 @@ group, so every strategy's world-size-1 path runs without ``torch.distributed``.
 from __future__ import annotations
 
 import datetime as _dt
+import ipaddress
 import os
 import socket
 import warnings
@@ -299,6 +300,7 @@ def init_distributed(info: LaunchInfo, cfg: RuntimeConfig) -> DistContext:
     else:
         # Our launcher hosts the store (it outlives every rank); ranks are its clients.
         parent = info.parent_pid or info.launcher_pid
+        bind_gloo_to_loopback(info.master_addr)
         store = dist.TCPStore(info.master_addr, info.port, None, False, timeout=timeout)
         stale, prefix = info.heartbeat_s, "commgnn/"
         dist.init_process_group(backend, store=dist.PrefixStore("pg/", store), rank=info.rank,
@@ -308,6 +310,37 @@ def init_distributed(info: LaunchInfo, cfg: RuntimeConfig) -> DistContext:
     return DistContext(rank=info.rank, world_size=info.world_size, local_rank=info.local_rank,
                        local_world_size=info.local_world_size, device=device, backend=backend,
                        timeout_s=cfg.timeout_s, group=dist.group.WORLD, watchdog=watchdog)
+
+
+def loopback_interface() -> str | None:
+    """The name of this host's loopback network interface (``lo`` on Linux), or None when
+    it cannot be told."""
+    try:
+        names = [name for _, name in socket.if_nameindex()]
+    except OSError:
+        return None
+    for name in names:
+        try:  # IFF_LOOPBACK = 0x8 in the interface's flags
+            if int(open(f"/sys/class/net/{name}/flags").read(), 16) & 0x8:
+                return name
+        except (OSError, ValueError):
+            continue
+    return next((n for n in names if n in ("lo", "lo0")), None)
+
+
+def bind_gloo_to_loopback(master_addr: str) -> None:
+    """Local ranks (the store on a loopback ``master_addr``): gloo's listening sockets on the
+    loopback interface too. Without this gloo binds the address the host name resolves to,
+    which may be a network interface. Gloo reads ``GLOO_SOCKET_IFNAME`` when a group is made
+    (torch's ``init_process_group`` takes no gloo device for it), so it is set for this
+    process before any group exists."""
+    try:
+        loopback = ipaddress.ip_address(socket.gethostbyname(master_addr)).is_loopback
+    except (OSError, ValueError):
+        return
+    name = loopback_interface() if loopback else None
+    if name is not None:
+        os.environ["GLOO_SOCKET_IFNAME"] = name
 
 
 def shutdown(ctx: DistContext) -> None:

@@ -33,6 +33,7 @@ import multiprocessing.connection
 import os
 import pickle
 import signal
+import socket
 import sys
 import time
 import traceback
@@ -50,6 +51,33 @@ from commgnn.distributed.watchdog import (EXIT_PEER_FAILED, EXIT_SIGTERM, Failur
 from commgnn.errors import RankFailure, UserError
 
 EXIT_USER_ERROR = 2
+
+
+def host_store(addr: str, port: int) -> dist.TCPStore:
+    """The job's store, hosted here, listening on ``addr:port`` only (127.0.0.1 for local
+    ranks: never every interface). torch's ``TCPStore`` binds its server to the wildcard
+    address whatever host it is given, so the listening socket is made here, bound to
+    ``addr``, and handed over (``master_listen_fd``, which the store then owns)."""
+    try:
+        family, kind, proto, _, where = socket.getaddrinfo(addr, port, type=socket.SOCK_STREAM)[0]
+    except socket.gaierror as exc:
+        raise UserError(f"runtime.master_addr {addr!r} does not resolve: {exc.strerror}") from None
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as torch's own server does
+        sock.bind(where)
+        sock.listen(socket.SOMAXCONN)
+    except OSError as exc:
+        sock.close()
+        raise UserError(f"cannot listen on {addr} port {port} ({exc.strerror}); choose another with "
+                        f"--port, or --port 0 to pick a free one") from None
+    fd = sock.detach()
+    try:
+        return dist.TCPStore(addr, port, None, True, timeout=_dt.timedelta(seconds=30), wait_for_workers=False,
+                             master_listen_fd=fd, use_libuv=True)
+    except BaseException:
+        os.close(fd)
+        raise
 
 
 def first_line(exc: BaseException) -> str:
@@ -183,8 +211,7 @@ def spawn_ranks(fn: Callable[..., Any], args: tuple, *, nprocs: int, master_addr
     failed by its peers. ``cuda``: whether the ranks will use CUDA (None: whether there is
     a GPU here).
     """
-    store = dist.TCPStore(master_addr, port, None, True, timeout=_dt.timedelta(seconds=30),
-                          wait_for_workers=False)
+    store = host_store(master_addr, port)
     ctx = start_context(cuda=torch.cuda.is_available() if cuda is None else cuda)
     # Pickled here, plainly: multiprocessing's own pickler would send every tensor as a
     # shared-memory file descriptor, and the fork server passes at most 256 of them.

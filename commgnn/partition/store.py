@@ -35,6 +35,7 @@ import torch
 from torch import Tensor
 
 from commgnn.config import one_line_errors
+from commgnn.data.validate import unusual_tensor
 from commgnn.errors import PartitionError
 from commgnn.partition.local import LocalPartition
 from commgnn.partition.report import PartitionReport
@@ -289,6 +290,10 @@ def _from_payload(payload: Any, name: str, path: Path | str) -> LocalPartition:
     bad += [k for k in _TENSORS if not isinstance(payload[k], Tensor)]
     if bad:
         raise PartitionError(f"{name} in {path} has a malformed {bad[0]!r}; {_RERUN}")
+    # sparse, meta, quantized or nested tensors: no plain values for the checks below to read
+    odd = [problem for k in _TENSORS if (problem := unusual_tensor(k, payload[k]))]
+    if odd:
+        raise PartitionError(f"{name} in {path}: {odd[0]}; {_RERUN}")
     return LocalPartition(**{k: payload[k] for k in (*_SCALARS, *_COUNTS, *_TENSORS)})
 
 

@@ -13,6 +13,10 @@
   when every rank finished;
 * ``status.json``: whether the run finished: ``{"state": "running" | "complete" | "failed" |
   "interrupted", ...}`` with the one-line error of a failed run (:func:`write_status`);
+* ``model.pt``, ``predictions.pt`` (and ``embeddings.pt`` when asked): the trained weights
+  and scores, tensors only;
+* ``hashes.json``: the SHA-256 of each of those, written after them; readers check it
+  before loading (:mod:`commgnn.integrity`);
 * ``logs/rank{r}.log``: each rank's standard error, with the traceback of a failure;
 * ``checkpoints/``: the newest complete checkpoint, with ``runtime.checkpoint_every``.
 
@@ -132,19 +136,37 @@ def _write_atomic(path: Path, text: str) -> None:
         raise
 
 
+def standard_json(obj: Any) -> Any:
+    """``obj`` with every NaN or infinite float (a Python float, or a NumPy float64) replaced by ``None``:
+    standard JSON has no such numbers (``json.dumps`` would write bare ``NaN``)."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: standard_json(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [standard_json(v) for v in obj]
+    return obj
+
+
+def dumps_standard(obj: Any, **kwargs: Any) -> str:
+    """``json.dumps`` of :func:`standard_json` of ``obj``: never a bare ``NaN`` or ``Infinity``."""
+    return json.dumps(standard_json(obj), allow_nan=False, **kwargs)
+
+
 def write_json(path: Path, obj: Any) -> None:
-    _write_atomic(path, json.dumps(obj, indent=2, sort_keys=False) + "\n")
+    _write_atomic(path, dumps_standard(obj, indent=2, sort_keys=False) + "\n")
 
 
 class MetricsLog:
-    """Appends one JSON line per epoch (flushed, so a live run can be followed)."""
+    """Appends one JSON line per epoch (flushed, so a live run can be followed); standard
+    JSON only: a non-finite value (a diverged loss) is written as ``null``."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
         self._fh = path.open("a")
 
     def write(self, row: dict[str, Any]) -> None:
-        self._fh.write(json.dumps(row) + "\n")
+        self._fh.write(dumps_standard(row) + "\n")
         self._fh.flush()
 
     def close(self) -> None:

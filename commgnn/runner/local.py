@@ -31,6 +31,7 @@ from commgnn.runner.own_model import (carry_model, check_own_model, describe_own
 from commgnn.runner.preflight import check_rank_count
 from commgnn.runner.prepare import partition_for_run, partition_meta, preflight_memory, recorded_graph
 from commgnn.runner.rank import run_rank
+from commgnn.trainers import checkpoint
 from commgnn.runner.run_dir import (default_out_dir, describe_graph, is_given_graph, mark_ended, previous_attempt,
                                     record_given_graph, write_run_dir)
 
@@ -69,6 +70,7 @@ def train_local(cfg: RunConfig, *, resume: bool = False, graph: Any = None,
         part_dir = cfg.partition.dir or str(out / "partitions")
         for r in range(P):
             load_partition(part_dir, r, expected_fingerprint=fp, expected_parts=P)
+        checkpoint.verify(out, P)  # every rank's file against its sha256, before any rank starts
         attempt = previous_attempt(out) + 1
         module = load_own_model(out, module, verb=f"commgnn.resume({str(out)!r}, model=MODEL)")
         if module is not None:

@@ -45,6 +45,7 @@ import cloudpickle
 import torch
 from torch import nn
 
+from commgnn.integrity import load_run_file, save_run_file
 from commgnn.errors import ConfigError, UserError
 from commgnn.models.byo import DistributedModel
 from commgnn.runner.config import RunConfig
@@ -139,9 +140,7 @@ def write_own_model(out: Path, module: nn.Module, record: dict[str, Any] | None 
     tmp = out / (RECORD + ".tmp")
     tmp.write_text(text)
     tmp.replace(out / RECORD)
-    tmp = out / (START + ".tmp")
-    torch.save({k: v.detach().cpu() for k, v in module.state_dict().items()}, tmp)
-    tmp.replace(out / START)
+    save_run_file({k: v.detach().cpu() for k, v in module.state_dict().items()}, out, START)  # hashed
 
 
 def recorded_own_model(out: Path) -> dict[str, Any] | None:
@@ -198,7 +197,7 @@ def load_own_model(out: Path, model: nn.Module | type | None = None, *,
                             f"{type(exc).__name__}: {exc}; pass an instance with model=") from None
     start = Path(out) / START
     if start.is_file():
-        load_weights(module, torch.load(start, map_location="cpu", weights_only=True), start)
+        load_weights(module, load_run_file(out, START), start)  # sha256-checked, tensors only
     return module
 
 

@@ -28,12 +28,14 @@ from commgnn.distributed.context import DistContext
 from commgnn.distributed.events import Hooks
 from commgnn.distributed.faults import FaultInjector
 from commgnn.errors import UserError
+from commgnn.integrity import save_run_file
 from commgnn.metrics import Meter
 from commgnn.metrics.energy import EnergyMeter, energy_summary
 from commgnn.models.byo import message_passing_layers
 from commgnn.partition import LocalPartition
 from commgnn.partition.reorder import reorder_for_locality
 from commgnn.report import EpochProgress, MetricsLog, print_summary, summarise, write_json
+from commgnn.report.records import dumps_standard
 from commgnn.trainers import FullGraphTrainer
 from commgnn.trainers.minibatch import MiniBatchTrainer
 from commgnn.trainers import checkpoint
@@ -54,7 +56,7 @@ def _logged_rows(path: Path, upto: int) -> list[dict[str, Any]]:
                 break
             rows.append(row)
     tmp = path.with_suffix(".jsonl.tmp")
-    tmp.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    tmp.write_text("".join(dumps_standard(r) + "\n" for r in rows))  # an older run's bare NaN: null
     tmp.replace(path)
     return rows
 
@@ -199,10 +201,10 @@ def _export(ctx: DistContext, trainer: FullGraphTrainer, hooks: Hooks, part: Loc
     if embeddings_layer is not None:
         emb = gather_rows(ctx, hooks, trainer, part, trainer.predict(state, layer=embeddings_layer))
     if ctx.is_main:
-        torch.save(state, out / "model.pt")
-        torch.save(scores, out / "predictions.pt")
+        save_run_file(state, out, "model.pt")  # each hashed into hashes.json (commgnn.integrity)
+        save_run_file(scores, out, "predictions.pt")
         if embeddings_layer is not None:
-            torch.save(emb, out / "embeddings.pt")
+            save_run_file(emb, out, "embeddings.pt")
 
 
 def gather_rows(ctx: DistContext, hooks: Hooks, trainer: FullGraphTrainer, part: LocalPartition,
@@ -220,7 +222,9 @@ def _checkpoint(ctx: DistContext, trainer: FullGraphTrainer, meter: Meter, out: 
     """Every rank saves, a barrier confirms all did, then rank 0 commits the set."""
     state = {"epoch": trainer.epoch, "trainer": trainer.state_dict(), "meter": meter.state_dict(),
              "best": best}
-    checkpoint.save_rank(out, trainer.epoch, ctx.rank, state)
-    ctx.barrier()
+    sha = checkpoint.save_rank(out, trainer.epoch, ctx.rank, state)
+    # every rank's hash for the set's manifest; the gather is also the barrier that confirms all saved
+    hashes = [bytes(row.tolist()).hex() for row in ctx.all_gather(torch.tensor(list(bytes.fromhex(sha)),
+                                                                             dtype=torch.uint8))]
     if ctx.is_main:
-        checkpoint.commit(out, trainer.epoch, ctx.world_size, fingerprint)
+        checkpoint.commit(out, trainer.epoch, ctx.world_size, fingerprint, hashes)

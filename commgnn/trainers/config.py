@@ -83,7 +83,15 @@ class TrainConfig:
     commgnn[kernels]``), ``auto`` = numba when it is installed, in full-graph training
     (mini-batch training: torch). Changes only compute (and summation order), not what is sent."""
 
+    on_nonfinite: Literal["stop", "skip_step"] = "stop"
+    """What a step whose loss or a gradient is NaN or infinite does: ``stop`` ends the run at
+    that epoch (exit code 1, ``status.json`` ``failed``, one line naming the epoch and the
+    first non-finite quantity; the last good checkpoint is kept); ``skip_step`` applies no
+    update for that step on any rank and goes on."""
+
     def __post_init__(self) -> None:
+        if self.on_nonfinite not in ("stop", "skip_step"):
+            raise ConfigError(f"train.on_nonfinite must be 'stop' or 'skip_step', got {self.on_nonfinite!r}")
         if self.kernel not in ("auto", "torch", "numba"):
             raise ConfigError(f"train.kernel must be 'auto', 'torch' or 'numba', got {self.kernel!r}")
         if self.kernel == "numba" and not kernels.available():

@@ -41,6 +41,7 @@ from commgnn.models.deep import MINIBATCH_REFUSED, PRECOMPUTE_REFUSED, ResPlusGN
 from commgnn.models.net import PartitionGNN, maxk_message_layers
 from commgnn.partition.local import LocalPartition
 from commgnn.trainers.checkpoint import state_to_device
+from commgnn.trainers.nonfinite import guard_step
 from commgnn.trainers.config import TrainConfig
 
 _DTYPES = {"float32": torch.float32, "float64": torch.float64}
@@ -155,6 +156,7 @@ class FullGraphTrainer:
         self.best_val, self.since_best = -1.0, 0  # early stopping, identical on all ranks
         self.consensus: float | None = None
         self._evaluated: dict[str, torch.Tensor] | None = None
+        self._skip = False  # this step's update is skipped (train.on_nonfinite = "skip_step")
         self.on_phase: Callable[[str, int], None] | None = None
         """Called as ``(phase, epoch)`` with ``train`` / ``eval`` at the start of each epoch's
         step and evaluation (1-based epoch): for profilers and fault injection."""
@@ -199,6 +201,9 @@ class FullGraphTrainer:
         loss = F.cross_entropy(logits[mask], self.part.y[mask], reduction="sum") / self.split_sizes[0]
         loss.backward()
         self.halo.flush()
+        # before the gradients are synced or applied: "stop" raises, "skip_step" zeroes them
+        self._skip = guard_step(self.cfg.on_nonfinite, loss, self.model, epoch=self.epoch + 1, rank=self.ctx.rank,
+                                any_rank=self._reduce if self.ctx.is_distributed else None)
         if self.ctx.is_distributed:
             # Time spent waiting for the slowest rank (load imbalance), kept apart from transfer.
             with self.hooks.timed("wait"):
@@ -210,8 +215,9 @@ class FullGraphTrainer:
     def train_step(self) -> torch.Tensor:
         """One full-graph optimisation step; returns this rank's share of the loss."""
         loss, _ = self.compute_gradients()
-        self.optimizer.step()
-        self.grad_sync.after_step(self.model.parameters())
+        if not self._skip:  # train.on_nonfinite = "skip_step" found a non-finite loss or gradient
+            self.optimizer.step()
+            self.grad_sync.after_step(self.model.parameters())
         if self.scheduler is not None:
             self.scheduler.step()
         return loss

@@ -57,6 +57,7 @@ from commgnn.sampling.remote import RemoteNeighbors
 from commgnn.sampling.remote_edges import PartitionedEdges, RemoteInEdges
 from commgnn.trainers.config import TrainConfig, stream_seed
 from commgnn.trainers.fullgraph import FullGraphTrainer, halo_plan
+from commgnn.trainers.nonfinite import guard_step
 from commgnn.trainers.mb_setup import (available_memory, build_cache, build_sampler, cache_capacity, choose_topology,
                                        owner_map, remote_candidates, replicated_topology,
                                        sampler_reach)
@@ -217,10 +218,14 @@ class MiniBatchTrainer(FullGraphTrainer):
             else:
                 loss = (ce * batch.target_weight.to(ce.dtype)).sum() / self.n_train
             loss.backward()
+            # before the gradients are synced or applied: "stop" raises, "skip_step" zeroes them
+            skip = guard_step(self.cfg.on_nonfinite, loss, self.model, epoch=self.epoch + 1, rank=self.ctx.rank,
+                              any_rank=self._reduce if self.ctx.is_distributed else None)
             self.grad_sync.set_lr(self.optimizer.param_groups[0]["lr"])
             self.grad_sync.sync(params)
-            self.optimizer.step()
-            self.grad_sync.after_step(params)
+            if not skip:
+                self.optimizer.step()
+                self.grad_sync.after_step(params)
             total += loss.detach().to(torch.float64)
             self._stats[:3] += torch.tensor([batch.num_sampled_nodes, batch.num_sampled_edges, 1.0],
                                             dtype=torch.float64)
