@@ -7,6 +7,7 @@ participation). Checkpoints are tensors and plain values only (``weights_only=Tr
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 
@@ -214,7 +215,11 @@ def test_a_checkpoint_holding_an_object_is_refused(tmp_path):
     state = torch.load(path, weights_only=True)
     state["evil"] = Path("/")  # any class outside the weights-only allow-list
     torch.save(state, path)
-    with pytest.raises(UserError, match="corrupt or holds more than tensors"):
+    with pytest.raises(UserError, match="sha256 mismatch"):  # the hash in latest.json no longer fits
+        resume_federated(out)
+    latest["sha256"]["rank0.pt"] = hashlib.sha256(path.read_bytes()).hexdigest()  # a stranger's consistent set
+    (out / "checkpoints" / "latest.json").write_text(json.dumps(latest))
+    with pytest.raises(UserError, match="holds more than tensors"):
         resume_federated(out)
 
 

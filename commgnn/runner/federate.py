@@ -187,16 +187,9 @@ def _load_state(out: Path, fed: Federation) -> dict[str, Any] | None:
         raise UserError(f"the checkpoint in {out} was written by {meta['parts']} ranks, this job has {fed.t.world}")
     if meta["fingerprint"] != fed.split_digest:
         raise UserError(f"the checkpoint in {out} belongs to another graph, split or masks")
-    path = out / checkpoint.DIR / meta["dir"] / f"rank{fed.t.rank}.pt"
-    try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
-    except FileNotFoundError:
-        raise UserError(f"checkpoint file {path} is missing") from None
-    except Exception as exc:  # truncated zip, a pickled object that is not a tensor or plain value, ...
-        raise UserError(f"checkpoint file {path} is corrupt or holds more than tensors "
-                        f"({type(exc).__name__})") from None
-    if not isinstance(state, dict) or state.get("round") != meta["epoch"]:
-        raise UserError(f"checkpoint file {path} does not hold round {meta['epoch']}")
+    # sha256-checked against latest.json, tensors and plain values only; restores the host RNGs
+    state = checkpoint.load_rank(out, meta, fed.t.rank, parts=fed.t.world, fingerprint=fed.split_digest,
+                                 step_key="round")
     return state
 
 
@@ -226,11 +219,11 @@ def run_federation(fed: Federation, ctx: DistContext | None, out: Path, *, resum
             print(_progress(row), flush=True)
 
     def on_checkpoint(r: int, st: dict[str, Any]) -> None:  # every rank saves, then rank 0 commits the set
-        checkpoint.save_rank(out, r, fed.t.rank, st)
-        if ctx is not None:
-            ctx.barrier()
+        sha = checkpoint.save_rank(out, r, fed.t.rank, st)
+        # every rank's hash for the set's manifest; the gather is also the barrier that confirms all saved
+        hashes = checkpoint.gather_hashes(ctx, sha) if ctx is not None else [sha]
         if main:
-            checkpoint.commit(out, r, fed.t.world, fed.split_digest)
+            checkpoint.commit(out, r, fed.t.world, fed.split_digest, hashes)
 
     try:
         summary = fed.run(on_eval if main else None, state=state, on_checkpoint=on_checkpoint,

@@ -224,7 +224,6 @@ def _checkpoint(ctx: DistContext, trainer: FullGraphTrainer, meter: Meter, out: 
              "best": best}
     sha = checkpoint.save_rank(out, trainer.epoch, ctx.rank, state)
     # every rank's hash for the set's manifest; the gather is also the barrier that confirms all saved
-    hashes = [bytes(row.tolist()).hex() for row in ctx.all_gather(torch.tensor(list(bytes.fromhex(sha)),
-                                                                             dtype=torch.uint8))]
+    hashes = checkpoint.gather_hashes(ctx, sha)
     if ctx.is_main:
         checkpoint.commit(out, trainer.epoch, ctx.world_size, fingerprint, hashes)

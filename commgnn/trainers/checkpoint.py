@@ -33,13 +33,16 @@ import random
 from collections import OrderedDict
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 
 from commgnn.errors import IntegrityError, UserError
 from commgnn.integrity import atomic_write_json, load_verified, read_verified, save_tensors
+
+if TYPE_CHECKING:
+    from commgnn.distributed.context import DistContext
 
 DIR = "checkpoints"
 _NUMPY_TAG = "__commgnn_ndarray__"
@@ -170,7 +173,15 @@ def verify(run_dir: Path, parts: int) -> None:
         read_verified(Path(run_dir) / DIR / meta["dir"] / name, meta["sha256"].get(name), what="checkpoint file")
 
 
-def load_rank(run_dir: Path, meta: dict[str, Any], rank: int, *, parts: int, fingerprint: str) -> dict[str, Any]:
+def gather_hashes(ctx: DistContext, sha: str) -> list[str]:
+    """Every rank's :func:`save_rank` hash, in rank order (a collective: every rank calls it,
+    so it also confirms that all of them saved)."""
+    rows = ctx.all_gather(torch.tensor(list(bytes.fromhex(sha)), dtype=torch.uint8))
+    return [bytes(row.tolist()).hex() for row in rows]
+
+
+def load_rank(run_dir: Path, meta: dict[str, Any], rank: int, *, parts: int, fingerprint: str,
+              step_key: str = "epoch") -> dict[str, Any]:
     """This rank's state from the checkpoint ``meta`` (from :func:`latest`), checked against
     the job (the same number of ranks, the same graph) and against its recorded SHA-256
     before it is unpickled (tensors and plain data only). Restores the process's Python and
@@ -183,8 +194,8 @@ def load_rank(run_dir: Path, meta: dict[str, Any], rank: int, *, parts: int, fin
     name = f"rank{rank}.pt"
     path = Path(run_dir) / DIR / meta["dir"] / name
     state = from_plain(load_verified(path, meta["sha256"].get(name), what="checkpoint file"))
-    if not isinstance(state, dict) or state.get("epoch") != meta["epoch"]:
-        raise IntegrityError(f"checkpoint file {path} does not hold epoch {meta['epoch']}")
+    if not isinstance(state, dict) or state.get(step_key) != meta["epoch"]:
+        raise IntegrityError(f"checkpoint file {path} does not hold {step_key} {meta['epoch']}")
     host = state.pop(_HOST_RNG, None)
     if host is not None:
         try:
