@@ -8,6 +8,9 @@ api -> planner -> cli``;
 __version__ = "0.1.0"
 
 _API = {"train": "commgnn.api", "resume": "commgnn.api", "run": "commgnn.api", "load_result": "commgnn.api", "TrainResult": "commgnn.api",
+        "partition_graph": "commgnn.api", "PartitionResult": "commgnn.api", "bench": "commgnn.api",
+        "plan": "commgnn.api", "calibrate": "commgnn.api", "run_emulated": "commgnn.api",
+        "option_sets": "commgnn.api",
         "RunConfig": "commgnn.runner.config", "CommConfig": "commgnn.comm.config",
         "HaloConfig": "commgnn.comm.config", "GradConfig": "commgnn.comm.config",
         "GossipConfig": "commgnn.comm.config", "ModelConfig": "commgnn.models.config",

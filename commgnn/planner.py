@@ -1,4 +1,4 @@
-"""``commgnn plan``: rank communication plans by predicted time to accuracy on a cluster.
+"""The planner (below the API, which exposes it as ``commgnn.plan``): rank communication plans by predicted time to accuracy on a cluster.
 
 A plan is a set of levers: halo codecs and staleness, the gradient strategy, and, for
 GraphSAGE, mini-batch training. Each candidate is trained for ``probe_epochs`` epochs on
@@ -53,13 +53,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
-from commgnn.api import run
 from commgnn.runner.config import RunConfig
 from commgnn.config import dump_toml, from_dict, set_path, to_dict
 from commgnn.errors import UserError
 from commgnn.netmodel import ClusterModel
 from commgnn.netmodel.predict import (barriers_per_epoch, joined_s, overlapped_classes, per_epoch_traffic, pipelined,
                                       read_metrics_rows, residual_s)
+
+def run(cfg: RunConfig, env: Mapping[str, str]) -> Any:
+    """Train one probe (the runner's local launch; the planner sits below the API)."""
+    from commgnn.runner.launch import train_command
+
+    return train_command(cfg, env)
+
 
 HALO_PLANS: dict[str, dict[str, Any]] = {
     "exact": {},

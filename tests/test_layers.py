@@ -15,7 +15,7 @@ import commgnn
 
 ROOT = Path(commgnn.__file__).parent
 
-LEAVES = {"errors", "config", "registry", "distributed"}
+LEAVES = {"errors", "config", "options", "registry", "distributed"}
 """Used by every layer; they import only one another."""
 
 LAYER = {
@@ -33,8 +33,8 @@ LAYER = {
     "report": 7,
     "cluster": 7,
     "runner": 8,
-    "api": 9,
-    "planner": 10,
+    "planner": 9,  # below the API, which exposes it as commgnn.plan
+    "api": 10,
     "cli": 11,
     "__main__": 12,
     "__init__": 12,  # the package's face re-exports the API
@@ -117,6 +117,6 @@ def test_an_upward_import_is_caught(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     monkeypatch.setattr(f"{__name__}.ROOT", fake)
     found = violations()
     assert sorted(f.split(": ", 1)[1] for f in found) == [
-        "'data' (layer 0) imports 'api' (layer 9)", "'data' (layer 0) imports 'cli' (layer 11)",
+        "'data' (layer 0) imports 'api' (layer 10)", "'data' (layer 0) imports 'cli' (layer 11)",
         "'data' (layer 0) imports 'runner' (layer 8)", "'data' (layer 0) imports 'trainers' (layer 6)",
         "leaf 'config' imports 'data'"]

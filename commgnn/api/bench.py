@@ -1,4 +1,5 @@
-"""``commgnn bench --grid FILE.toml``: a grid of ordinary runs, compared side by side.
+"""``commgnn.bench`` (``commgnn bench --grid FILE.toml``): a grid of ordinary runs, compared
+side by side.
 
 Grid file::
 
@@ -58,6 +59,7 @@ from commgnn.comm.config import CommConfig, HaloConfig
 from commgnn.models.config import ModelConfig
 from commgnn.config import from_dict, load_toml, replace_path, to_dict
 from commgnn.errors import ConfigError, UserError
+from commgnn.options import OptionSet
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -83,6 +85,8 @@ class GridAxes:
 
 @dataclass(frozen=True, kw_only=True)
 class GridFile:
+    """A bench grid file."""
+
     base: dict[str, Any] = field(default_factory=dict)
     """Run-config tables applied to every run."""
     grid: GridAxes = field(default_factory=GridAxes)
@@ -93,6 +97,10 @@ class GridFile:
     comm: tuple[dict[str, Any], ...] = ()
     """Whole ``[comm]`` settings (``halo``, ``grad``, ``gossip`` tables), each with a ``name``
     and optionally a ``model`` table as above."""
+
+
+GRID_OPTIONS = OptionSet("bench", lambda: GridFile, (), no_flag=("",))
+"""The grid file's keys (a grid is written as a file; its keys have no flags)."""
 
 
 @dataclass(frozen=True)
@@ -125,8 +133,7 @@ def _named(entries: tuple[dict[str, Any], ...], section: str) -> list[tuple[str,
 
 def load_grid(path: str) -> tuple[RunConfig, GridAxes, list[Setting], str]:
     """Base config, axes, the grid's settings and the reference entry's name."""
-    raw = load_toml(path)
-    grid = from_dict(GridFile, raw)
+    grid = GRID_OPTIONS.resolve(path, {}, {})
     base = from_dict(RunConfig, grid.base, path="base")
     settings = [Setting(n, replace(base.comm, halo=from_dict(HaloConfig, e, path=f"halo[{i}]")), m)
                 for i, (n, e, m) in enumerate(_named(grid.halo, "halo"))]
@@ -151,9 +158,18 @@ def load_grid(path: str) -> tuple[RunConfig, GridAxes, list[Setting], str]:
     return base, grid.grid, settings, reference
 
 
+def bench(grid: str | Path, out: str | Path | None = None, *, report_only: bool = False) -> list[dict[str, Any]]:
+    """Run (or with ``report_only``, only tabulate) every run of the grid file ``grid`` into
+    ``out`` (default ``runs/bench-<grid name>``); return the table, one row per (dataset,
+    model, parts, setting), also written to ``results.csv``, ``results.md`` and
+    ``pareto.png``. Finished runs are not run again."""
+    folder = Path(out) if out is not None else Path("runs") / f"bench-{Path(grid).stem}"
+    return run_grid(str(grid), folder, report_only=report_only)
+
+
 def run_grid(grid_path: str, out: Path, *, report_only: bool = False) -> list[dict[str, Any]]:
     """Run (or with ``report_only``, only tabulate) every run of the grid; return the table."""
-    from commgnn.cli.main import partition_to_dir
+    from commgnn.api.partition import partition_to_dir
     from commgnn.runner.launch import train_local
 
     base, axes, settings, reference = load_grid(grid_path)
@@ -177,7 +193,7 @@ def run_grid(grid_path: str, out: Path, *, report_only: bool = False) -> list[di
                 for setting in settings:
                     name = setting.name
                     for seed in axes.seeds:
-                        run_dir = out / "runs" / f"{Path(dataset).stem}-{model}-p{P}-{_slug(name)}-s{seed}"
+                        run_dir = out / "runs" / f"{Path(dataset).stem}-{model}-p{P}-{slug(name)}-s{seed}"
                         cfg = replace_path(replace_path(cfg0, "model.name", model), "train.seed", seed)
                         # the entry's model keys at once: each alone may not validate (maxk_k
                         # checked against the base's hidden before the entry's hidden applies)
@@ -236,7 +252,8 @@ def _finished_with(run_dir: Path, cfg: RunConfig) -> bool:
     return replace(done, output=cfg.output, partition=replace(done.partition, dir=cfg.partition.dir)) == cfg
 
 
-def _slug(name: str) -> str:
+def slug(name: str) -> str:
+    """``name`` as a folder-name part (letters, digits, ``-_.``; anything else ``_``)."""
     return "".join(c if c.isalnum() or c in "-_." else "_" for c in name)
 
 
