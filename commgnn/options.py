@@ -117,6 +117,11 @@ def first_sentence(text: str) -> str:
     return text.rstrip(".")
 
 
+def _lower_first(text: str) -> str:
+    """``Number of nodes`` -> ``number of nodes`` (``METIS ...`` and ``L2 ...`` stay)."""
+    return text[:1].lower() + text[1:] if text[1:2].islower() else text
+
+
 def _table(tp: Any) -> type | None:
     """The dataclass a field's annotation holds as a table (``X`` or ``X | None``); None for
     a leaf (a scalar, or a union with a scalar such as ``int | BitsConfig``)."""
@@ -365,7 +370,7 @@ class OptionSet:
     def help_text(self, o: Option) -> str:
         """The option's ``--help`` line: its help (or the field docstring's first sentence)
         and its default as users write it, unless the help says its own ``default:``."""
-        text = o.help or first_sentence(self.leaves[o.key].doc) or o.key
+        text = o.help or _lower_first(first_sentence(self.leaves[o.key].doc)) or o.key
         if "default:" in text:
             return text
         value = self.default(o.key)
@@ -397,15 +402,13 @@ class OptionSet:
         """Add a flag for each option (that ``only`` keeps), grouped by config table
         (``[comm.halo]``: its docstring), each help line ending in the default as users
         write it."""
-        groups: dict[str, Any] = {}
-        for o in self.options:
-            if o.flag is None or (only is not None and not only(o)):
-                continue
-            path = self.group_of(o)
-            if path not in groups:
-                title = f"[{path}]" if path else "options"
-                groups[path] = parser.add_argument_group(title, self.table_doc(path) or None)
-            self.add_flag(groups[path], o)
+        chosen = [o for o in self.options if o.flag is not None and (only is None or only(o))]
+        order = [path.rstrip(".") for path, _ in tables(self.root)]
+        paths = sorted({self.group_of(o) for o in chosen}, key=lambda p: order.index(p) if p in order else -1)
+        groups = {path: parser.add_argument_group(f"[{path}]" if path else "options", self.table_doc(path) or None)
+                  for path in paths}  # in the root's order of tables
+        for o in chosen:
+            self.add_flag(groups[self.group_of(o)], o)
 
     def add_flag(self, parser: Any, o: Option, flag: str | None = None) -> None:
         """Add option ``o``'s flag (or ``flag`` in its place) to ``parser`` (or a group)."""
@@ -422,7 +425,12 @@ class OptionSet:
                 parse, literal = _argparse_type(self.leaves[o.key].annotation)
                 if o.generated and choices is None:  # a declared flag leaves the check to the config
                     choices = literal
-            parser.add_argument(name, dest=o.dest, type=parse, choices=choices, metavar=o.metavar, help=help_text)
+            metavar = o.metavar or (flag.lstrip("-").replace("-", "_").upper() if flag else None)
+            tp = self.leaves[o.key].annotation
+            if o.parse is None and get_origin(tp) in (tuple, list) and get_args(tp)[:1] == (str,):
+                parser.add_argument(name, dest=o.dest, nargs="+", metavar=metavar, help=help_text)  # names
+                return
+            parser.add_argument(name, dest=o.dest, type=parse, choices=choices, metavar=metavar, help=help_text)
 
     # -------------------------------------------------------------- values in, config out
     def overrides(self, given: Mapping[str, Any]) -> dict[str, Any]:

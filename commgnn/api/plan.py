@@ -11,7 +11,6 @@ the request, reads the link models and writes the chosen plan.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 from dataclasses import dataclass
@@ -79,12 +78,11 @@ class PlanConfig:
 
 
 def _probe_epochs(text: str) -> int | str:
-    if text == "auto":
-        return text
+    """``30`` -> 30; any other text is left to the config to accept (``auto``) or refuse."""
     try:
         return int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"--probe-epochs must be a number of epochs or 'auto', got {text!r}") from None
+        return text
 
 
 PLAN_OPTIONS = OptionSet("plan", lambda: PlanConfig, (

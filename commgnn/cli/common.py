@@ -29,6 +29,7 @@ def add_train_arguments(p: argparse.ArgumentParser) -> None:
     by config table."""
     from commgnn.runner.config import RUN_OPTIONS
 
+    p.usage = f"{p.prog} [--config FILE] [--resume RUN_DIR] [OPTIONS] (each [table] key is an option)"
     p.add_argument("--config", help="TOML file with [data] [partition] [model] [train] [comm] [runtime] [minibatch] "
                                     "[fetch] [energy] [output] tables; flags override it")
     p.add_argument("--resume", metavar="RUN_DIR", help=RESUME_HELP)
@@ -39,6 +40,7 @@ def add_federate_arguments(p: argparse.ArgumentParser) -> None:
     """``commgnn federate``'s flags: ``--config`` and one per federate option."""
     from commgnn.federated.options import FEDERATE_OPTIONS
 
+    p.usage = f"{p.prog} [--config FILE] [OPTIONS] (each [table] key is an option)"
     p.add_argument("--config", help="TOML file with [data] [split] [federated] [neighgen] [uplink] [secagg] [dp] "
                                     "[policy] [runtime] [output]; flags override it")
     FEDERATE_OPTIONS.add_arguments(p)

@@ -205,6 +205,7 @@ PARTITION_OPTIONS = (
 
 RUN_OPTIONS = OptionSet("run", lambda: RunConfig, (
     *DATA_OPTIONS, *PARTITION_OPTIONS,
+    opt("partition.seed", "--partition-seed", "partitioner seed"),
     opt("partition.dir", "--partition-dir", "use a saved partition directory (default: none, partition in memory)"),
     opt("partition.reorder", "--reorder", "renumber each rank's nodes for cache locality of the aggregation "
         "(full-graph mode; same results): none | degree | rcm | metis", choices=("none", "degree", "rcm", "metis")),
