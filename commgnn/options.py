@@ -119,7 +119,8 @@ def first_sentence(text: str) -> str:
 
 def _lower_first(text: str) -> str:
     """``Number of nodes`` -> ``number of nodes`` (``METIS ...`` and ``L2 ...`` stay)."""
-    return text[:1].lower() + text[1:] if text[1:2].islower() else text
+    word = text.split(" ", 1)[0]
+    return text[:1].lower() + text[1:] if len(word) == 1 or word[1:].islower() else text
 
 
 def _table(tp: Any) -> type | None:
@@ -371,9 +372,9 @@ class OptionSet:
         """The option's ``--help`` line: its help (or the field docstring's first sentence)
         and its default as users write it, unless the help says its own ``default:``."""
         text = o.help or _lower_first(first_sentence(self.leaves[o.key].doc)) or o.key
-        if "default:" in text:
-            return text
         value = self.default(o.key)
+        if "default:" in text or (value is None and "(required)" in text):
+            return text
         return f"{text} (default: {(o.show or default_text)(value)})"
 
     def group_of(self, o: Option) -> str:
@@ -405,8 +406,8 @@ class OptionSet:
         chosen = [o for o in self.options if o.flag is not None and (only is None or only(o))]
         order = [path.rstrip(".") for path, _ in tables(self.root)]
         paths = sorted({self.group_of(o) for o in chosen}, key=lambda p: order.index(p) if p in order else -1)
-        groups = {path: parser.add_argument_group(f"[{path}]" if path else "options", self.table_doc(path) or None)
-                  for path in paths}  # in the root's order of tables
+        groups = {path: parser.add_argument_group(f"[{path}]", self.table_doc(path) or None) if path else parser
+                  for path in paths}  # in the root's order of tables; a flat root's flags join the parser's
         for o in chosen:
             self.add_flag(groups[self.group_of(o)], o)
 

@@ -88,5 +88,6 @@ def run(ns: argparse.Namespace) -> int:
         print(f"removed {len(removed)} stale object(s){': ' + ', '.join(removed) if removed else ''}")
         return 0
     cfg = cluster_config(**{k: v for k, v in given(ns).items() if k in CLUSTER_OPTIONS.by_dest})
+    ns.hosts, ns.ranks_per_host = cfg.hosts, cfg.ranks_per_host  # the defaults filled in
     args, out = _job_args(ns, cfg.world_size)
     return run_emulated(args, cfg, out=out)
