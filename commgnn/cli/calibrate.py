@@ -9,11 +9,10 @@ from typing import Any
 
 from commgnn.cli.common import add_calibrate_arguments, given
 
-HELP = "ping-pong, all-to-all and all-reduce microbenchmark: the links' alpha-beta model"
 
 
-def add_parser(sub: Any) -> None:
-    add_calibrate_arguments(sub.add_parser("calibrate", help=HELP))
+def add_parser(sub: Any, help: str) -> None:
+    add_calibrate_arguments(sub.add_parser("calibrate", help=help))
 
 
 def run(ns: argparse.Namespace) -> int:

@@ -20,13 +20,12 @@ from typing import Any
 from commgnn.cli.common import Parser, add_calibrate_arguments, add_federate_arguments, add_train_arguments, given
 from commgnn.errors import UserError
 
-HELP = "run `train` on H emulated hosts (network namespaces, shaped links)"
 
 
-def add_parser(sub: Any) -> None:
+def add_parser(sub: Any, help: str) -> None:
     from commgnn.cluster.config import CLUSTER_OPTIONS
 
-    c = sub.add_parser("cluster", help=HELP, usage="commgnn cluster --hosts H --ranks-per-host R --rate RATE "
+    c = sub.add_parser("cluster", help=help, usage="commgnn cluster --hosts H --ranks-per-host R --rate RATE "
                        "[--delay T] [--loss P%%] -- train ARGS...")
     CLUSTER_OPTIONS.add_arguments(c)
     c.add_argument("--cleanup", action="store_true",

@@ -25,13 +25,11 @@ from commgnn.cli.common import add_federate_arguments, given
 from commgnn.errors import UserError
 from commgnn.federated.options import FLAG_KEYS, SEED_KEYS, default_out_dir, resolve_federate_config  # noqa: F401
 
-HELP = ("federated training: clients keep their subgraphs, a server averages their updates (FedAvg / FedProx, "
-        "secure aggregation, DP)")
 MB = 1e6
 
 
-def add_parser(sub: Any) -> None:
-    add_federate_arguments(sub.add_parser("federate", help=HELP))
+def add_parser(sub: Any, help: str) -> None:
+    add_federate_arguments(sub.add_parser("federate", help=help))
 
 
 def _participants(cfg: Any, n_clients: int) -> int:

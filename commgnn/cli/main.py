@@ -26,14 +26,20 @@ from commgnn.errors import RankFailure, Terminated, UserError
 
 COMMANDS = {"cluster": "commgnn.cli.cluster", "calibrate": "commgnn.cli.calibrate", "plan": "commgnn.cli.plan",
             "federate": "commgnn.cli.federate"}
-"""Commands in modules of their own: each has ``add_parser(sub)`` and ``run(ns) -> int``."""
+"""Commands in modules of their own: each has ``add_parser(sub, help)`` and ``run(ns) -> int``."""
 
 HELP = {"train": "train a GNN partition-parallel (default: synthetic graph)",
         "partition": "partition a graph, print its quality report, save it",
         "bench": "run a grid of configurations and compare them",
         "predict": "class scores of every node from a trained run (exact exchange)",
         "datasets": "list the dataset names commgnn knows",
-        "report": "write one self-contained HTML page for runs and bench grids"}
+        "report": "write one self-contained HTML page for runs and bench grids",
+        "cluster": "run `train` on H emulated hosts (network namespaces, shaped links)",
+        "calibrate": "ping-pong, all-to-all and all-reduce microbenchmark: the links' alpha-beta model",
+        "plan": "rank communication plans by predicted time to accuracy on a cluster",
+        "federate": "federated training: clients keep their subgraphs, a server averages their updates "
+                    "(FedAvg / FedProx, secure aggregation, DP)"}
+"""Each command's line in ``commgnn --help`` (here, so that listing them imports none)."""
 
 
 def _flags(ns: argparse.Namespace) -> dict[str, Any]:
@@ -82,13 +88,13 @@ def build_parser(commands: set[str] | None = None) -> argparse.ArgumentParser:
     configs; None: every command's."""
     parser = Parser(prog="commgnn", description="Communication-efficient distributed GNN training.")
     sub = parser.add_subparsers(dest="command", parser_class=Parser)
-    for name in (*HELP, *COMMANDS):
+    for name in HELP:
         if commands is not None and name not in commands:
-            sub.add_parser(name, help=HELP.get(name) or importlib.import_module(COMMANDS[name]).HELP)
-        elif name in HELP:
-            _add_own(sub, name)
+            sub.add_parser(name, help=HELP[name])
+        elif name in COMMANDS:
+            importlib.import_module(COMMANDS[name]).add_parser(sub, HELP[name])
         else:
-            importlib.import_module(COMMANDS[name]).add_parser(sub)
+            _add_own(sub, name)
     return parser
 
 

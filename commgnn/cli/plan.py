@@ -14,14 +14,13 @@ from typing import Any
 
 from commgnn.cli.common import given
 
-HELP = "rank communication plans by predicted time to accuracy on a cluster"
 
 
-def add_parser(sub: Any) -> None:
+def add_parser(sub: Any, help: str) -> None:
     from commgnn.api.plan import PLAN_OPTIONS, PLAN_RUN_KEYWORDS
     from commgnn.runner.config import RUN_OPTIONS
 
-    p = sub.add_parser("plan", help=HELP)
+    p = sub.add_parser("plan", help=help)
     p.add_argument("--config", help="TOML file to start from (the planned run)")
     RUN_OPTIONS.add_arguments(p, only=lambda o: o.dest in PLAN_RUN_KEYWORDS)
     PLAN_OPTIONS.add_arguments(p)
