@@ -15,89 +15,15 @@ import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, Mapping
+from typing import Any, Mapping
 
 from commgnn import planner
-from commgnn.cluster.config import flag_value, parse_rate, parse_time, rate_text, time_text
-from commgnn.errors import ConfigError, UserError
-from commgnn.options import OptionSet, opt
+from commgnn.cluster.config import parse_rate, parse_time
+from commgnn.errors import UserError
+from commgnn.planner import PLAN_OPTIONS, PLAN_RUN_KEYWORDS, PlanConfig
 from commgnn.runner.config import RUN_OPTIONS, RunConfig, resolve_config
 
-PLAN_RUN_KEYWORDS = ("dataset", "data_root", "model", "layers", "hidden", "lr", "seed", "epochs")
-"""Run options ``commgnn plan`` takes as flags (the planned run's; any other comes from ``--config``)."""
-
-
-@dataclass(frozen=True, kw_only=True)
-class PlanConfig:
-    """What to plan for (the cluster) and how to probe."""
-
-    out: str | None = None
-    """TOML file for the chosen plan (required); its ranking goes beside it as ``.json``."""
-    hosts: int = 2
-    """Hosts of the written cluster model."""
-    ranks_per_host: int = 1
-    """Ranks per host of the written cluster model."""
-    rate_bps: float = 1e9
-    """Each host's link rate in bits per second (written cluster model)."""
-    delay_s: float = 0.0
-    """One-way delay between hosts in seconds (written cluster model)."""
-    net: str | None = None
-    """A calibrated model (``commgnn calibrate --out``) instead of the rate and delay."""
-    tolerance: float = 0.5
-    """Accuracy points below exact allowed."""
-    probe_epochs: int | Literal["auto"] = 30
-    """Epochs per probe, or ``auto``: as long as the exact probe takes to stop improving
-    (``probe_patience`` epochs without a better validation accuracy)."""
-    probe_patience: int = 20
-    """With ``probe_epochs = "auto"``: epochs without improvement that end the exact probe."""
-    compute_scale: float | None = None
-    """Factor on the probes' compute; None: the exact probe's measured compute alone over
-    shared, at most 1, else cores / ranks."""
-    probe_net: str | None = None
-    """The probes' own link, calibrated (``commgnn calibrate --parts P`` here): what it leaves
-    unexplained in each probe joins that plan's priced communication, half overlapping it."""
-    min_gain: float = 0.1
-    """Choose a plan over exact only if it is predicted at least this fraction sooner to the
-    target, and of plans predicted within this fraction of the fastest, the one with the
-    cheapest epoch (0: the fastest, always)."""
-    shared_cores: bool = False
-    """The cluster's hosts share this machine's cores (a ``commgnn cluster`` emulation): no
-    epoch is predicted shorter than its probe's own compute."""
-    plans: tuple[str, ...] = ()
-    """Only these candidate names (exact is always probed); empty: all."""
-    workdir: str | None = None
-    """Keep the probe runs here (reruns reuse finished probes); None: a temporary folder."""
-
-    def __post_init__(self) -> None:
-        if self.tolerance < 0:
-            raise ConfigError(f"--tolerance must be >= 0 points, got {self.tolerance}")
-        if self.probe_epochs != "auto" and self.probe_epochs < 2:
-            raise ConfigError(f"--probe-epochs must be at least 2, got {self.probe_epochs}")
-        if self.probe_patience < 1:
-            raise ConfigError(f"--probe-patience must be at least 1 epoch, got {self.probe_patience}")
-
-
-def _probe_epochs(text: str) -> int | str:
-    """``30`` -> 30; any other text is left to the config to accept (``auto``) or refuse."""
-    try:
-        return int(text)
-    except ValueError:
-        return text
-
-
-PLAN_OPTIONS = OptionSet("plan", lambda: PlanConfig, (
-    opt("hosts", "--hosts"),
-    opt("ranks_per_host", "--ranks-per-host"),
-    opt("rate_bps", "--rate", "each host's link rate (written cluster model)", parse=flag_value(parse_rate),
-        show=rate_text, dest="rate"),
-    opt("delay_s", "--delay", "one-way delay between hosts (written cluster model)", parse=flag_value(parse_time),
-        show=time_text, dest="delay"),
-    opt("probe_epochs", "--probe-epochs", parse=_probe_epochs),
-    opt("shared_cores", "--shared-cores", const=True),
-))
-"""The options of ``commgnn plan`` (:class:`PlanConfig`); the planned run's come from
-:data:`~commgnn.runner.config.RUN_OPTIONS` (:data:`PLAN_RUN_KEYWORDS`) and ``--config``."""
-
+__all__ = ["PLAN_OPTIONS", "PLAN_RUN_KEYWORDS", "PlanConfig", "PlanOutcome", "format_table", "plan"]
 
 @dataclass(frozen=True)
 class PlanOutcome:
