@@ -47,7 +47,7 @@ def _sizes(text: str) -> tuple[int, ...]:
 
 
 CALIBRATE_OPTIONS = OptionSet("calibrate", lambda: CalibrateConfig, (
-    opt("out", "--out", "JSON file to write the fitted model to"),
+    opt("out", "--out", "JSON file to write the fitted model to (required)"),
     opt("parts", "--parts", "local ranks when not under torchrun"),
     opt("timeout_s", "--timeout", "collective time-out, s"),
     opt("sizes", "--sizes", "ping-pong message sizes in bytes, comma-separated (default: "

@@ -70,6 +70,8 @@ FEDERATE_OPTIONS = OptionSet("federate", _root, (
         "clients spread over ranks 1..W-1 (local gloo ranks)"),
     opt("runtime.threads", "--threads", "intra-op threads per rank (0 = cores / ranks)"),
     opt("runtime.timeout_s", "--timeout", "collective time-out in seconds"),
+    opt("runtime.checkpoint_every", "--checkpoint-every", "write a checkpoint every k rounds (0 = never)",
+        resume=True),
     opt("output.out", "--out", "run folder (default: runs/federate-<dataset>-<algorithm>-<time>)"),
     opt("output.quiet", "--quiet", "no per-evaluation lines", const=True),
 ), prefixes={"data.synthetic": "synthetic_", "uplink": "uplink_", "secagg": "secagg_", "dp": "dp_",
