@@ -41,7 +41,7 @@ from torch_geometric.utils import softmax
 
 from commgnn import kernels
 from commgnn.kernels.jit import njit, prange
-from commgnn.models.graph import CSRPair, _product
+from commgnn.models.graph import CSRPair, csr_product
 from commgnn.partition.reorder import locality_order
 from tables import write_table
 
@@ -136,7 +136,7 @@ def spmm_rows(edge_index: Tensor, n: int, f: int, reps: int, stream: float, with
     runs["commgnn numba"] = (
         _median(lambda: nb(a.crow_indices(), a.col_indices(), a.values(), x, n, buf_f), reps),
         _median(lambda: nb(at.crow_indices(), at.col_indices(), at.values(), grad, n, buf_b), reps),
-        max((_product(a, x, "numba") - ref_f).abs().max().item(), (_product(at, grad, "numba") - ref_b).abs().max().item()))
+        max((csr_product(a, x, "numba") - ref_f).abs().max().item(), (csr_product(at, grad, "numba") - ref_b).abs().max().item()))
     runs["torch CSR sparse.mm"] = (_median(lambda: torch.sparse.mm(a, x, reduce="sum"), reps),
                                    _median(lambda: torch.sparse.mm(at, grad, reduce="sum"), reps), 0.0)
     if with_pyg:

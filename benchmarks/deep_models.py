@@ -37,7 +37,7 @@ from typing import Any
 import torch
 from tables import write_table
 
-from commgnn.cli.bench import _slug, load_grid, read_run, run_grid
+from commgnn.api.bench import load_grid, read_run, run_grid, slug
 from commgnn.runner.config import RunConfig
 from commgnn.config import from_dict, load_toml
 from commgnn.models.deep import ResPlusGNN
@@ -83,7 +83,7 @@ def tabulate(grid: str, out: Path) -> tuple[list[dict[str, Any]], list[dict[str,
                 runs: dict[str, list[tuple[dict[str, Any], RunConfig]]] = {}
                 for s in settings:
                     for seed in axes.seeds:
-                        d = out / "runs" / f"{stem}-{model}-p{P}-{_slug(s.name)}-s{seed}"
+                        d = out / "runs" / f"{stem}-{model}-p{P}-{slug(s.name)}-s{seed}"
                         if (d / "summary.json").is_file():
                             cfg = from_dict(RunConfig, load_toml(d / "config.toml"))
                             runs.setdefault(s.name, []).append((read_run(d)[0], cfg))

@@ -59,9 +59,13 @@ SETTINGS = {
 # A child interpreter that runs one CLI command and prints its own peak RSS (ru_maxrss of
 # this process only: the ranks' peaks come from summary.json).
 CHILD = """
-import json, resource, sys
-from commgnn.cli.main import main
-rc = main(sys.argv[1:])
+import json, resource, runpy, sys
+sys.argv = ["commgnn", *sys.argv[1:]]
+try:  # `python -m commgnn ARGS` in this process, so that its peak RSS is this process's
+    runpy.run_module("commgnn", run_name="__main__")
+    rc = 0
+except SystemExit as exc:
+    rc = exc.code
 print(json.dumps({"rc": rc, "peak_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
 """
 

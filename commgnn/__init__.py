@@ -1,14 +1,17 @@
 """commgnn: communication-efficient distributed GNN training on torch.distributed.
 
 Data flows ``data -> partition -> comm -> models -> trainers -> metrics/report -> runner ->
-api -> planner -> cli``;
-``dist``, ``config``, ``registry`` and ``errors`` are leaves any layer may use.
+planner -> api -> cli``;
+``distributed``, ``config``, ``options``, ``registry`` and ``errors`` are leaves any layer may use.
 """
 
 __version__ = "0.1.0"
 
 _API = {"train": "commgnn.api", "resume": "commgnn.api", "run": "commgnn.api", "load_result": "commgnn.api", "TrainResult": "commgnn.api",
         "federate": "commgnn.api", "FederateResult": "commgnn.api", "FederateConfig": "commgnn.federated.config",
+        "partition_graph": "commgnn.api", "PartitionResult": "commgnn.api", "bench": "commgnn.api",
+        "plan": "commgnn.api", "calibrate": "commgnn.api", "run_emulated": "commgnn.api",
+        "option_sets": "commgnn.api",
         "RunConfig": "commgnn.runner.config", "CommConfig": "commgnn.comm.config",
         "HaloConfig": "commgnn.comm.config", "GradConfig": "commgnn.comm.config",
         "GossipConfig": "commgnn.comm.config", "ModelConfig": "commgnn.models.config",

@@ -1,4 +1,4 @@
-"""``commgnn plan``: rank communication plans by predicted time to accuracy on a cluster.
+"""The planner (below the API, which exposes it as ``commgnn.plan``): rank communication plans by predicted time to accuracy on a cluster.
 
 A plan is a set of levers: halo codecs and staleness, the gradient strategy, and, for
 GraphSAGE, mini-batch training. Each candidate is trained for ``probe_epochs`` epochs on
@@ -51,15 +51,99 @@ import tempfile
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Literal, Mapping
 
-from commgnn.api import run
-from commgnn.runner.config import RunConfig
+from commgnn.cluster.config import flag_value, parse_rate, parse_time, rate_text, time_text
 from commgnn.config import dump_toml, from_dict, set_path, to_dict
-from commgnn.errors import UserError
+from commgnn.errors import ConfigError, UserError
+from commgnn.options import OptionSet, opt
+from commgnn.runner.config import RunConfig
 from commgnn.netmodel import ClusterModel
 from commgnn.netmodel.predict import (barriers_per_epoch, joined_s, overlapped_classes, per_epoch_traffic, pipelined,
                                       read_metrics_rows, residual_s)
+
+PLAN_RUN_KEYWORDS = ("dataset", "data_root", "model", "layers", "hidden", "lr", "seed", "epochs")
+"""Run options ``commgnn plan`` takes as flags (the planned run's; any other comes from ``--config``)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class PlanConfig:
+    """What to plan for (the cluster) and how to probe."""
+
+    out: str | None = None
+    """TOML file for the chosen plan (required); its ranking goes beside it as ``.json``."""
+    hosts: int = 2
+    """Hosts of the written cluster model."""
+    ranks_per_host: int = 1
+    """Ranks per host of the written cluster model."""
+    rate_bps: float = 1e9
+    """Each host's link rate in bits per second (written cluster model)."""
+    delay_s: float = 0.0
+    """One-way delay between hosts in seconds (written cluster model)."""
+    net: str | None = None
+    """A calibrated model (``commgnn calibrate --out``) instead of the rate and delay."""
+    tolerance: float = 0.5
+    """Accuracy points below exact allowed."""
+    probe_epochs: int | Literal["auto"] = 30
+    """Epochs per probe, or ``auto``: as long as the exact probe takes to stop improving
+    (``probe_patience`` epochs without a better validation accuracy)."""
+    probe_patience: int = 20
+    """With ``probe_epochs = "auto"``: epochs without improvement that end the exact probe."""
+    compute_scale: float | None = None
+    """Factor on the probes' compute; None: the exact probe's measured compute alone over
+    shared, at most 1, else cores / ranks."""
+    probe_net: str | None = None
+    """The probes' own link, calibrated (``commgnn calibrate --parts P`` here): what it leaves
+    unexplained in each probe joins that plan's priced communication, half overlapping it."""
+    min_gain: float = 0.1
+    """Choose a plan over exact only if it is predicted at least this fraction sooner to the
+    target, and of plans predicted within this fraction of the fastest, the one with the
+    cheapest epoch (0: the fastest, always)."""
+    shared_cores: bool = False
+    """The cluster's hosts share this machine's cores (a ``commgnn cluster`` emulation): no
+    epoch is predicted shorter than its probe's own compute."""
+    plans: tuple[str, ...] = ()
+    """Only these candidate names (exact is always probed); empty: all."""
+    workdir: str | None = None
+    """Keep the probe runs here (reruns reuse finished probes); None: a temporary folder."""
+
+    def __post_init__(self) -> None:
+        if self.tolerance < 0:
+            raise ConfigError(f"--tolerance must be >= 0 points, got {self.tolerance}")
+        if self.probe_epochs != "auto" and self.probe_epochs < 2:
+            raise ConfigError(f"--probe-epochs must be at least 2, got {self.probe_epochs}")
+        if self.probe_patience < 1:
+            raise ConfigError(f"--probe-patience must be at least 1 epoch, got {self.probe_patience}")
+
+
+def _probe_epochs(text: str) -> int | str:
+    """``30`` -> 30; any other text is left to the config to accept (``auto``) or refuse."""
+    try:
+        return int(text)
+    except ValueError:
+        return text
+
+
+PLAN_OPTIONS = OptionSet("plan", lambda: PlanConfig, (
+    opt("hosts", "--hosts"),
+    opt("ranks_per_host", "--ranks-per-host"),
+    opt("rate_bps", "--rate", "each host's link rate (written cluster model)", parse=flag_value(parse_rate),
+        show=rate_text, dest="rate"),
+    opt("delay_s", "--delay", "one-way delay between hosts (written cluster model)", parse=flag_value(parse_time),
+        show=time_text, dest="delay"),
+    opt("probe_epochs", "--probe-epochs", parse=_probe_epochs),
+    opt("shared_cores", "--shared-cores", const=True),
+))
+"""The options of ``commgnn plan`` (:class:`PlanConfig`); the planned run's come from
+:data:`~commgnn.runner.config.RUN_OPTIONS` (:data:`PLAN_RUN_KEYWORDS`) and ``--config``."""
+
+
+def run(cfg: RunConfig, env: Mapping[str, str]) -> Any:
+    """Train one probe (the runner's local launch; the planner sits below the API)."""
+    from commgnn.runner.launching import train_command
+
+    return train_command(cfg, env)
+
 
 HALO_PLANS: dict[str, dict[str, Any]] = {
     "exact": {},
@@ -196,10 +280,12 @@ def _reach(vals: list[float], cum: list[float], target: float) -> float | None:
     return next((t for v, t in zip(vals, cum) if v >= target - 1e-12), None)
 
 
-def plan(base: RunConfig, model: ClusterModel, *, tolerance: float, probe_epochs: int | None = 30,
-         probe_patience: int = 20, compute_scale: float | None = None, workdir: Path | None = None,
+def plan(base: RunConfig, model: ClusterModel, *, tolerance: float,
+         probe_epochs: int | None = PlanConfig.probe_epochs,  # type: ignore[assignment]
+         probe_patience: int = PlanConfig.probe_patience, compute_scale: float | None = None,
+         workdir: Path | None = None,
          names: list[str] | None = None, log: Any = print,
-         probe_model: ClusterModel | None = None, min_gain: float = 0.1,
+         probe_model: ClusterModel | None = None, min_gain: float = PlanConfig.min_gain,
          shared_cores: bool = False) -> list[PlanResult]:
     """Probe every candidate and rank them (best first). ``probe_epochs=None``: probe as long
     as the exact plan takes to stop improving for ``probe_patience`` epochs; ``probe_model``:
@@ -307,7 +393,7 @@ def _check_min_gain(min_gain: float) -> None:
         raise UserError(f"the minimum gain over exact (--min-gain) must be a fraction in [0, 1), got {min_gain}")
 
 
-def choose(ranked: list[PlanResult], min_gain: float = 0.1) -> PlanResult:
+def choose(ranked: list[PlanResult], min_gain: float = PlanConfig.min_gain) -> PlanResult:
     """The plan to run, from ``ranked`` (:func:`plan`'s order).
 
     1. Exact, if the leader is predicted less than ``min_gain`` sooner than exact.

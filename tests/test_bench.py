@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from commgnn.cli.bench import load_grid, pareto_front, traffic_axis
+from commgnn.api.bench import load_grid, pareto_front, traffic_axis
 from commgnn.cli.main import main
 from commgnn.errors import ConfigError, UserError
 
@@ -110,7 +110,7 @@ def test_an_entrys_model_keys_apply_together(tmp_path, monkeypatch):
     """``activation = "maxk"`` alone would be checked against the default ``maxk_k`` (32),
     above this base's hidden (16): the entry's keys are applied, and validated, at once."""
     import commgnn.runner.local as launch
-    from commgnn.cli.bench import run_grid
+    from commgnn.api.bench import run_grid
 
     ran = []
     fake = {"test_acc": 0.0, "best_epoch": 0, "epochs_run": 0, "halo_bytes_per_epoch": 0.0}

@@ -20,28 +20,21 @@ bad setting) or a :class:`~commgnn.errors.RankFailure`.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
-from commgnn.config import from_dict, load_checked_toml, replace_path, set_path, to_dict
-from commgnn.errors import ConfigError, UserError
+from commgnn.config import replace_path
+from commgnn.errors import UserError
 from commgnn.federated.config import FederateConfig
+from commgnn.federated.options import FEDERATE_OPTIONS, resolve_federate_config
 from commgnn.report import read_json
 from commgnn.runner.federate import default_out_dir, federate_command, is_federated_run
 
 __all__ = ["FederateResult", "federate", "is_federated_run", "load_federate_result", "resume_federated",
            "run_federation"]
-
-SEED_KEYS = ("federated.seed", "split.seed")
-"""``seed=`` sets both (as ``--seed`` does)."""
-
-RESUME_OPTIONS = ("rounds", "quiet", "checkpoint_every")
-"""What may change when a federated run resumes (the rest is the run's own ``config.toml``)."""
-
 
 @dataclass(frozen=True)
 class FederateResult:
@@ -55,48 +48,14 @@ class FederateResult:
     """The run folder."""
 
 
-def _option_keys() -> dict[str, str]:
-    """Each leaf field name of :class:`FederateConfig` -> its dotted key (``epsilon`` ->
-    ``dp.epsilon``): the key of that name, or, where several tables have one, the
-    ``[federated]`` table's (``rounds`` -> ``federated.rounds``, not ``neighgen.rounds``).
-    Names that are ambiguous otherwise (``clip``) are not options."""
-    found: dict[str, list[str]] = {}
-
-    def walk(cls: Any, prefix: str) -> None:
-        for f in dataclasses.fields(cls):
-            default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
-            if dataclasses.is_dataclass(default):
-                walk(type(default), f"{prefix}{f.name}.")
-            else:
-                found.setdefault(f.name, []).append(prefix + f.name)
-
-    walk(FederateConfig, "")
-    out = {}
-    for name, keys in found.items():
-        main = [k for k in keys if k.startswith("federated.")]
-        if len(keys) == 1 or len(main) == 1:
-            out[name] = keys[0] if len(keys) == 1 else main[0]
-    return out
-
-
 def _config(config: FederateConfig | str | Path | None, options: Mapping[str, Any]) -> FederateConfig:
-    """``config`` (a config, a TOML file or the defaults) with ``options`` set, checked once."""
-    keys = _option_keys()
-    unknown = sorted(set(options) - set(keys) - {"seed"})
-    if unknown:
-        raise ConfigError(f"unknown option {unknown[0]!r}; options are the field names of FederateConfig "
-                          f"({', '.join(sorted(keys))}) and seed; start from a FederateConfig or a TOML file "
-                          f"for the others")
+    """``config`` (a config, a TOML file or the defaults) with the keyword ``options`` applied,
+    checked once: every federate option (:data:`~commgnn.federated.options.FEDERATE_OPTIONS`)
+    is one, by the Python name of its flag (``dp_epsilon=4`` is ``--dp-epsilon 4``)."""
+    FEDERATE_OPTIONS.unknown(list(options), "the flags of `commgnn federate` by their Python names")
     if isinstance(config, FederateConfig):
-        data = to_dict(config)
-    elif config is not None:
-        data = load_checked_toml(FederateConfig, str(config))
-    else:
-        data = {}
-    for name, value in options.items():
-        for key in SEED_KEYS if name == "seed" else (keys[name],):
-            set_path(data, key, value)
-    return from_dict(FederateConfig, data)
+        return resolve_federate_config(None, dict(options), {}, start=config)
+    return resolve_federate_config(str(config) if config is not None else None, dict(options), {})
 
 
 def federate(data: Any = None, *, config: FederateConfig | str | Path | None = None, out: str | Path | None = None,
@@ -109,11 +68,10 @@ def federate(data: Any = None, *, config: FederateConfig | str | Path | None = N
         config: a :class:`FederateConfig`, or a TOML file, to start from.
         out: the run folder (default ``runs/federate-<dataset>-<algorithm>-<time>``).
         env: where to look for ``torchrun``'s variables (default ``os.environ``).
-        **options: a field of :class:`FederateConfig` by its name (``[federated]``'s where
-            tables share one), e.g.
-            ``clients=5``, ``rounds=100``, ``participation=0.5``, ``epsilon=4.0``,
-            ``parts=3``, ``checkpoint_every=10``, ``quiet=True``; ``seed`` sets the split's
-            and the training's seed.
+        **options: any ``commgnn federate`` flag by its Python name, e.g. ``clients=5``,
+            ``rounds=100``, ``participation=0.5``, ``dp_epsilon=4.0``, ``parts=3``,
+            ``checkpoint_every=10``, ``quiet=True``; ``seed`` sets the split's and the
+            training's seed.
     """
     cfg = _config(config, options)
     graph = None
@@ -150,9 +108,10 @@ def resume_federated(run_dir: str | Path, data: Any = None, *, rounds: int | Non
                         f"or a manifest.json of another command)")
     if rounds is not None:
         options = {**options, "rounds": rounds}
-    other = sorted(set(options) - set(RESUME_OPTIONS))
+    allowed = FEDERATE_OPTIONS.resume_dests
+    other = sorted(set(options) - set(allowed))
     if other:
-        raise UserError(f"--resume continues the run as its config.toml says; only {', '.join(RESUME_OPTIONS)} "
+        raise UserError(f"--resume continues the run as its config.toml says; only {', '.join(allowed)} "
                         f"may change, not {other[0]}")
     cfg = _config(run_dir / "config.toml", {k: v for k, v in options.items() if v is not None})
     old = _config(run_dir / "config.toml", {})

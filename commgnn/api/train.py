@@ -26,12 +26,12 @@ from typing import TYPE_CHECKING, Any, Mapping
 
 from torch import Tensor, nn
 
-from commgnn.runner.config import FLAG_KEYS, RunConfig, resolve_config
+from commgnn.runner.config import RUN_OPTIONS, RunConfig, resolve_config
 from commgnn.runner.own_model import load_own_model, load_weights
 from commgnn.runner.launching import train_command
 from commgnn.runner.run_dir import default_out_dir
 from commgnn.comm.config import CommConfig
-from commgnn.config import from_dict, replace_path, set_path, to_dict
+from commgnn.config import replace_path
 from commgnn.errors import ConfigError, UserError
 from commgnn.integrity import load_run_file
 from commgnn.models import ModelConfig, ReferenceGNN
@@ -183,15 +183,11 @@ def build_model(cfg: ModelConfig, in_dim: int, num_classes: int) -> nn.Module:
 
 
 def _config(config: RunConfig | str | Path | None, options: Mapping[str, Any]) -> RunConfig:
-    unknown = sorted(set(options) - set(FLAG_KEYS))
-    if unknown:
-        raise ConfigError(f"unknown option {unknown[0]!r}; options are the flags of `commgnn train`: "
-                          f"{', '.join(sorted(FLAG_KEYS))}")
+    """``config`` (a :class:`RunConfig`, a TOML file or None) with the keyword ``options``
+    applied: every run option (:data:`~commgnn.runner.config.RUN_OPTIONS`) is one."""
+    RUN_OPTIONS.unknown(list(options), "the flags of `commgnn train` by their Python names")
     if isinstance(config, RunConfig):
-        data = to_dict(config)
-        for name, value in options.items():
-            set_path(data, FLAG_KEYS[name], value)
-        return from_dict(RunConfig, data)
+        return resolve_config(None, dict(options), {}, start=config)
     return resolve_config(str(config) if config is not None else None, dict(options), {})
 
 

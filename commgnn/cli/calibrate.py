@@ -1,95 +1,24 @@
-"""``commgnn calibrate``: measure the cluster's links and write its alpha-beta model.
-
-    commgnn calibrate --parts 4 --out net.json                     # local ranks, one host
-    commgnn cluster --hosts 4 --ranks-per-host 2 --rate 100mbit -- calibrate --out net.json
-    torchrun --nnodes 2 --nproc-per-node 4 ... -m commgnn calibrate --out net.json
-
-Under torchrun a host is a torchrun node (``LOCAL_WORLD_SIZE`` ranks); rank 0 writes the
-model (:class:`commgnn.netmodel.ClusterModel` as JSON) and prints its fit.
-"""
+"""``commgnn calibrate``: measure the cluster's links and write their alpha-beta model
+(:func:`commgnn.api.calibrate.calibrate`)."""
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
-from pathlib import Path
 from typing import Any
 
-from commgnn.errors import UserError
+from commgnn.cli.common import add_calibrate_arguments, given
 
 
-def add_parser(sub: Any) -> None:
-    c = sub.add_parser("calibrate", help="ping-pong, all-to-all and all-reduce microbenchmark: the links' alpha-beta model")
-    c.add_argument("--out", required=True, help="JSON file to write the fitted model to")
-    c.add_argument("--parts", type=int, default=2, help="local ranks when not under torchrun (default: 2)")
-    c.add_argument("--timeout", type=float, default=300.0, help="collective time-out, s (default: 300)")
-    c.add_argument("--sizes", type=_sizes, help="ping-pong message sizes in bytes, comma-separated "
-                                                "(default: 1000,10000,100000,1000000,4000000)")
+
+def add_parser(sub: Any, help: str) -> None:
+    add_calibrate_arguments(sub.add_parser("calibrate", help=help))
 
 
-def _sizes(text: str) -> list[int]:
-    try:
-        sizes = sorted({int(float(x)) for x in text.split(",") if x.strip()})
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"sizes are byte counts separated by commas, got {text!r}") from None
-    if len(sizes) < 2 or sizes[0] < 1:
-        raise argparse.ArgumentTypeError("give at least two positive sizes")
-    return sizes
+def run(ns: argparse.Namespace) -> int:
+    from commgnn.api.calibrate import calibrate, describe
 
-
-def _rank(info: Any, out: str, timeout_s: float, sizes: list[int] | None) -> None:
-    from commgnn.distributed.context import RuntimeConfig, init_distributed, shutdown
-    from commgnn.netmodel.calibrate import calibrate
-
-    ctx = init_distributed(info, RuntimeConfig(parts=info.world_size, timeout_s=timeout_s, threads=1))
-    given = {"sizes": sizes, "a2a_sizes": sizes[-2:], "ar_sizes": sorted({4_000, *sizes[-2:]})} if sizes else {}
-    model = calibrate(ctx, info.local_world_size, **given)
-    if ctx.is_main:
-        tmp = Path(out).with_suffix(".tmp")
-        tmp.write_text(json.dumps(model.to_dict(), indent=1) + "\n")
-        tmp.replace(out)
-    shutdown(ctx)
-
-
-def describe(d: dict[str, Any]) -> str:
-    lines = [f"{d['hosts']} hosts x {d['ranks_per_host']} ranks ({d['source']})"]
-    for name in ("intra", "inter"):
-        link = d[name]
-        rate = 8.0 / link["beta_s"] if link["beta_s"] > 0 else float("inf")
-        lines.append(f"  {name}: alpha {link['alpha_s'] * 1e6:.1f} us, {rate / 1e6:.1f} Mbit/s")
-    a2a = d.get("fits", {}).get("all_to_all")
-    if a2a:
-        for n, m, p in zip(a2a["sizes"], a2a["measured_s"], a2a["predicted_s"]):
-            lines.append(f"  all-to-all {n / 1e3:g} kB/peer: measured {m * 1e3:.2f} ms, model {p * 1e3:.2f} ms")
-    ar = d.get("fits", {}).get("all_reduce")
-    if ar:
-        for n, m, r in zip(ar["sizes"], ar["measured_s"], ar["ring_s"]):
-            lines.append(f"  all-reduce {n / 1e3:g} kB: measured {m * 1e3:.2f} ms, ring over the links {r * 1e3:.2f} ms")
-    if d.get("scalar_allreduce_s") is not None:
-        lines.append(f"  all-reduce of 4 scalars: {d['scalar_allreduce_s'] * 1e3:.2f} ms")
-    if d.get("barrier_s") is not None:
-        lines.append(f"  barrier: {d['barrier_s'] * 1e3:.2f} ms")
-    return "\n".join(lines)
-
-
-def cmd_calibrate(ns: argparse.Namespace) -> int:
-    from commgnn.distributed.context import free_port, launch_info_from_env
-    from commgnn.distributed.spawn import spawn_ranks
-
-    out = Path(ns.out)
-    if not out.parent.is_dir():
-        raise UserError(f"--out {out}: folder {out.parent} does not exist")
-    info = launch_info_from_env(os.environ)
-    if info is not None:
-        if info.world_size < 2:
-            raise UserError("calibration needs at least 2 ranks")
-        _rank(info, str(out), ns.timeout, ns.sizes)
-        if info.rank != 0:
-            return 0
-    else:
-        if ns.parts < 2:
-            raise UserError("--parts must be at least 2 (a link needs two ends)")
-        spawn_ranks(_rank, (str(out), ns.timeout, ns.sizes), nprocs=ns.parts, master_addr="127.0.0.1", port=free_port())
-    print(describe(json.loads(out.read_text())))
+    model = calibrate(env=os.environ, **given(ns, drop=("command",)))
+    if model:  # rank 0 (or the local launcher)
+        print(describe(model))
     return 0

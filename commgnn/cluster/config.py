@@ -6,10 +6,13 @@ second, SI prefixes), times as ``5ms``, ``200us``, ``1s``, loss as ``0.1%``.
 
 from __future__ import annotations
 
+import argparse
 import re
 from dataclasses import dataclass
+from typing import Any
 
 from commgnn.errors import ConfigError
+from commgnn.options import OptionSet, opt
 
 _RATE_UNITS = {"bit": 1.0, "kbit": 1e3, "mbit": 1e6, "gbit": 1e9, "tbit": 1e12}
 _TIME_UNITS = {"s": 1.0, "ms": 1e-3, "us": 1e-6}
@@ -102,3 +105,50 @@ class ClusterConfig:
         if self.loss:
             text += f", {self.loss:.2%} loss"
         return f"{self.hosts} hosts x {self.ranks_per_host} ranks, {text}"
+
+
+def flag_value(parse: Any) -> Any:
+    """``parse`` as an argparse ``type``: its :class:`ConfigError` becomes argparse's one-line
+    usage error."""
+    def read(text: str) -> Any:
+        try:
+            return parse(text)
+        except ConfigError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+    read.__name__ = parse.__name__
+    return read
+
+
+def rate_text(bps: float) -> str:
+    """1e9 -> ``1gbit`` (as ``tc`` writes a rate)."""
+    for unit, scale in (("tbit", 1e12), ("gbit", 1e9), ("mbit", 1e6), ("kbit", 1e3)):
+        if bps >= scale:
+            return f"{bps / scale:g}{unit}"
+    return f"{bps:g}bit"
+
+
+def time_text(seconds: float) -> str:
+    """0.005 -> ``5ms``."""
+    return f"{seconds * 1e3:g}ms"
+
+
+def percent_text(fraction: float) -> str:
+    """0.001 -> ``0.1%``."""
+    return f"{fraction * 100:g}%"
+
+
+CLUSTER_OPTIONS = OptionSet("cluster", lambda: ClusterConfig, (
+    opt("hosts", "--hosts", "emulated machines"),
+    opt("ranks_per_host", "--ranks-per-host", "ranks per host, torchrun's --nproc-per-node"),
+    opt("rate_bps", "--rate", "each host's link rate per direction, tc units", parse=flag_value(parse_rate),
+        show=rate_text, dest="rate"),
+    opt("delay_s", "--delay", "one-way delay per host, e.g. 5ms (netem, or the user-space delay line where the "
+        "kernel has no netem)", parse=flag_value(parse_time), show=time_text, dest="delay"),
+    opt("jitter_s", "--jitter", "uniform jitter around --delay, e.g. 1ms", parse=flag_value(parse_time),
+        show=time_text, dest="jitter"),
+    opt("loss", "--loss", "packet loss per host, e.g. 0.1% (of 1500-byte packets)", parse=flag_value(parse_percent),
+        show=percent_text),
+    opt("rdzv_port", "--rdzv-port", "rendezvous port on host 0"),
+))
+"""The options of ``commgnn cluster`` (:class:`ClusterConfig`): rates, times and losses
+are written in ``tc`` units (``100mbit``, ``5ms``, ``0.1%``)."""

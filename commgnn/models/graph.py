@@ -40,13 +40,16 @@ Kernel = str
 KERNELS = ("torch", "numba")
 
 
-def _product(a: Tensor, x: Tensor, kernel: Kernel) -> Tensor:
-    """``a @ x`` for CSR ``a: [m, n]`` and dense ``x: [n, f]``."""
+def csr_product(a: Tensor, x: Tensor, kernel: Kernel) -> Tensor:
+    """``a @ x`` for CSR ``a: [m, n]`` and dense ``x: [n, f]``, by ``kernel``'s SpMM."""
     if x.device.type != "cpu":  # reduce= exists on CPU only; plain sparse.mm is cuSPARSE's SpMM
         return torch.sparse.mm(a, x)
     if kernel == "numba" and kernels.available():
         return kernels.csr_spmm(a.crow_indices(), a.col_indices(), a.values(), x, a.shape[0])
     return torch.sparse.mm(a, x, reduce="sum")
+
+
+_product = csr_product
 
 
 @dataclass

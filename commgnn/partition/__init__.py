@@ -10,6 +10,12 @@ Typical use::
     lp = load_partition("parts/", rank, expected_fingerprint=fp, expected_parts=P)
 """
 
+# the strategies first: importing them fills PARTITIONERS (commgnn.partition.config checks
+# `method` against it)
+from commgnn.partition import contiguous as _contiguous  # noqa: F401  (registers "contiguous")
+from commgnn.partition import ldg as _ldg  # noqa: F401  (registers "ldg")
+from commgnn.partition import metis as _metis  # noqa: F401  (registers "metis")
+from commgnn.partition import random as _random  # noqa: F401  (registers "random")
 from commgnn.partition.api import partition_graph
 from commgnn.partition.base import PARTITIONERS
 from commgnn.partition.build import build_local_partition, build_local_partitions

@@ -11,22 +11,18 @@ arguments before and the assignment after, so strategies may assume sane input.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable
+from typing import Callable
 
 import torch
 from torch import Tensor
 
 from commgnn.errors import PartitionError
-from commgnn.registry import Registry
+from commgnn.partition.config import PARTITIONERS, PartitionConfig
 
-if TYPE_CHECKING:
-    from commgnn.partition.config import PartitionConfig
-
-Partitioner = Callable[[Tensor, int, int, "PartitionConfig"], Tensor]
+Partitioner = Callable[[Tensor, int, int, PartitionConfig], Tensor]
 """Signature of a registered partitioning strategy."""
 
-PARTITIONERS: Registry[Partitioner] = Registry("partitioner")
-"""Strategies by name (``metis``, ``random``, ``contiguous``)."""
+__all__ = ["PARTITIONERS", "Partitioner", "chunk_ids", "check_edge_index", "check_parts"]
 
 
 def chunk_ids(num_items: int, num_chunks: int) -> Tensor:

@@ -5,16 +5,24 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal, get_args
 
-from commgnn.errors import ConfigError
-from commgnn.partition.base import PARTITIONERS
+from typing import TYPE_CHECKING, Any, Callable
 
-# Importing the strategies fills PARTITIONERS, so `method` can be checked against it
-# whichever module the caller imported first.
-from commgnn.partition import contiguous as _contiguous  # noqa: F401  (registers "contiguous")
-from commgnn.partition import ldg as _ldg  # noqa: F401  (registers "ldg")
-from commgnn.partition import metis as _metis  # noqa: F401  (registers "metis")
-from commgnn.partition import random as _random  # noqa: F401  (registers "random")
-from commgnn.partition.reorder import REORDER_METHODS, ReorderMethod
+from commgnn.errors import ConfigError
+from commgnn.registry import Registry
+
+if TYPE_CHECKING:
+    from torch import Tensor
+
+# This module imports nothing else of the package: the strategies name PartitionConfig in
+# their signatures, so the registry they fill lives here, and they register themselves
+# when the package is imported (commgnn/partition/__init__.py runs before this module,
+# whichever one the caller names), so `method` is checked against all of them.
+PARTITIONERS: Registry[Callable[["Tensor", int, int, Any], "Tensor"]] = Registry("partitioner")
+"""Strategies by name (``metis``, ``random``, ``contiguous``, ``ldg``)."""
+
+ReorderMethod = Literal["none", "degree", "rcm", "metis"]
+REORDER_METHODS: tuple[str, ...] = get_args(ReorderMethod)
+"""Node orders inside a partition (:mod:`commgnn.partition.reorder`)."""
 
 Objective = Literal["cut", "vol"]
 

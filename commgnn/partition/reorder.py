@@ -38,18 +38,16 @@ no Python loop runs per node or per edge.
 from __future__ import annotations
 
 import math
-from typing import Literal, get_args
 
 import numpy as np
 import torch
 from torch import Tensor
 
 from commgnn.errors import PartitionError
+from commgnn.partition.config import REORDER_METHODS, ReorderMethod  # noqa: F401  (re-exported)
 from commgnn.partition.local import LocalPartition
 from commgnn.partition.metis import metis_parts, symmetric_csr
 
-ReorderMethod = Literal["none", "degree", "rcm", "metis"]
-REORDER_METHODS: tuple[str, ...] = get_args(ReorderMethod)
 """The accepted ``[partition] reorder`` values."""
 
 METIS_BLOCK = 4096

@@ -12,20 +12,20 @@ wrong types are errors)::
     [fetch]      commgnn.fetch.config.FetchConfig
     [output]     OutputConfig
 
-CLI flags override the file; each flag names the key it sets (:data:`FLAG_KEYS`). The file
-is checked on its own first (unknown keys, wrong types), so a flag cannot hide a mistake in it.
+Every leaf field is an option (:data:`RUN_OPTIONS`): a flag of ``commgnn train`` and a
+keyword of ``commgnn.train``. Options override the file, which is checked on its own first
+(unknown keys, wrong types), so a flag cannot hide a mistake in it.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import typing
+import argparse
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Mapping, get_args
+from typing import Any, Mapping
 
 from commgnn.comm.config import CommConfig
-from commgnn.config import from_dict, load_checked_toml, replace_path, set_path, to_dict
+from commgnn.config import from_dict, set_path, to_dict
 from commgnn.data import DataConfig
 from commgnn.distributed.context import RuntimeConfig
 from commgnn.distributed.faults import FaultConfig
@@ -37,6 +37,7 @@ from commgnn.models import ModelConfig
 from commgnn.models.deep import MINIBATCH_REFUSED, PRECOMPUTE_REFUSED
 from commgnn.models.net import MATCHED_REFUSED_FOR_GAT
 from commgnn.partition import PartitionConfig, load_meta
+from commgnn.options import OptionSet, opt
 from commgnn.trainers import TrainConfig
 
 
@@ -151,113 +152,178 @@ class RunConfig:
                               "rows travel through [fetch] (bits, cache)")
 
 
-# flag name (argparse dest) -> dotted config key
-FLAG_KEYS: dict[str, str] = {
-    "dataset": "data.dataset",
-    "data_root": "data.root",
-    "model": "model.name",
-    "layers": "model.layers",
-    "hidden": "model.hidden",
-    "dropout": "model.dropout",
-    "heads": "model.heads",
-    "activation": "model.activation",
-    "maxk_k": "model.maxk_k",
-    "residual": "model.residual",
-    "checkpoint_activations": "model.checkpoint",
-    "parts": "runtime.parts",
-    "partitioner": "partition.method",
-    "objective": "partition.objective",
-    "partition_dir": "partition.dir",
-    "place_hosts": "partition.hosts",
-    "reorder": "partition.reorder",
-    "partition_memory_gb": "partition.memory_limit_gb",
-    "epochs": "train.epochs",
-    "lr": "train.lr",
-    "optimizer": "train.optimizer",
-    "kernel": "train.kernel",
-    "schedule": "train.schedule",
-    "normalize_features": "data.normalize_features",
-    "patience": "train.patience",
-    "seed": "train.seed",
-    "timeout": "runtime.timeout_s",
-    "threads": "runtime.threads",
-    "port": "runtime.port",
-    "backend": "runtime.backend",
-    "out": "output.out",
-    "checkpoint_every": "runtime.checkpoint_every",
-    "gc_freeze": "runtime.gc_freeze",
-    "embeddings_layer": "output.embeddings_layer",
-    "memory_limit_gb": "runtime.memory_limit_gb",
-    "force": "runtime.force",
-    "quiet": "output.quiet",
-    "precompute": "comm.halo.precompute",
-    "precompute_dropout": "comm.halo.precompute_dropout",
-    "transform_first": "comm.halo.transform_first",
-    "bits": "comm.halo.bits",
-    "budget_mb": "comm.halo.budget_mb",
-    "adapt_every": "comm.halo.adapt_every",
-    "budget_s": "comm.halo.budget_s",
-    "sample_rate": "comm.halo.sample_rate",
-    "staleness": "comm.halo.staleness.mode",
-    "stale_threshold": "comm.halo.staleness.threshold",
-    "max_age": "comm.halo.staleness.max_age",
-    "max_error": "comm.halo.staleness.max_error",
-    "exact_every": "comm.halo.exact_every",
-    "grad": "comm.grad.strategy",
-    "ratio": "comm.grad.ratio",
-    "half": "comm.grad.half",
-    "levels": "comm.grad.levels",
-    "powersgd_rank": "comm.grad.rank",
-    "grad_start": "comm.grad.start_iter",
-    "gossip": "comm.gossip.topology",
-    "gossip_method": "comm.gossip.method",
-    "gossip_average_every": "comm.gossip.average_every",
-    "mode": "train.mode",
-    "sampler": "minibatch.sampler",
-    "batch_size": "minibatch.batch_size",
-    "fanout": "minibatch.fanout",
-    "replace": "minibatch.replace",
-    "topology": "minibatch.topology",
-    "cache_mb": "fetch.cache_mb",
-    "cache_ratio": "fetch.cache_ratio",
-    "cache_policy": "fetch.cache_policy",
-    "fetch_bits": "fetch.bits",
-    "fetch_budget_mb": "fetch.budget_mb",
-    "fetch_sparse": "fetch.sparse",
-    "prefetch": "fetch.prefetch",
-    "country": "energy.country_iso_code",
-    "energy_track": "energy.track",
-    "network_j_per_byte": "energy.network_j_per_byte",
-}
+def _bits(text: str) -> Any:
+    """``8`` -> 8, ``4,8`` -> {forward: 4, backward: 8}, ``adaptive`` -> "adaptive"."""
+    if text == "adaptive":
+        return text
+    try:
+        parts = [int(p) for p in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected N, FWD,BWD or 'adaptive', got {text!r}") from None
+    if len(parts) == 1:
+        return parts[0]
+    if len(parts) == 2:
+        return {"forward": parts[0], "backward": parts[1]}
+    raise argparse.ArgumentTypeError(f"expected N, FWD,BWD or 'adaptive', got {text!r}")
+
+
+def _fanout(text: str) -> list[int]:
+    """``15,10`` -> [15, 10] (hop 1 first)."""
+    try:
+        return [int(p) for p in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers such as 15,10, got {text!r}") from None
+
+
+def _fetch_bits(text: str) -> Any:
+    """``4`` -> 4, ``adaptive`` -> "adaptive"."""
+    if text == "adaptive":
+        return text
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected 1, 2, 4, 8, 32 or 'adaptive', got {text!r}") from None
+
+
+DATA_OPTIONS = (
+    opt("data.dataset", "--dataset", "'synthetic', a dataset name (see `commgnn datasets`) or a .pt graph"),
+    opt("data.root", "--data-root", "folder with staged datasets (default: $COMMGNN_DATA_ROOT, else PyG downloads)"),
+    opt("data.normalize_features", "--normalize-features", "scale each feature row to sum 1 (PyG's NormalizeFeatures)",
+        const=True),
+)
+"""``[data]`` options with flags of their own (``commgnn train``, ``partition`` and ``plan``)."""
+
+PARTITION_OPTIONS = (
+    opt("runtime.parts", "--parts", "number of partitions / ranks P"),
+    opt("partition.method", "--partitioner", "metis | ldg (streaming, about half METIS's memory) | random | contiguous"),
+    opt("partition.memory_limit_gb", "--partition-memory-gb",
+        "refuse to partition above this estimated peak, naming a leaner partitioner (0 = available memory)"),
+    opt("partition.objective", "--objective", "METIS objective: cut | vol"),
+    opt("partition.hosts", "--place-hosts", "place partitions on H hosts of P/H ranks, heaviest halo pairs together"),
+)
+"""The options ``commgnn partition`` shares with ``commgnn train``."""
+
+RUN_OPTIONS = OptionSet("run", lambda: RunConfig, (
+    *DATA_OPTIONS, *PARTITION_OPTIONS,
+    opt("partition.seed", "--partition-seed", "partitioner seed"),
+    opt("partition.dir", "--partition-dir", "use a saved partition directory (default: none, partition in memory)"),
+    opt("partition.reorder", "--reorder", "renumber each rank's nodes for cache locality of the aggregation "
+        "(full-graph mode; same results): none | degree | rcm | metis", choices=("none", "degree", "rcm", "metis")),
+    opt("model.name", "--model", "gcn | sage | gat"),
+    opt("model.layers", "--layers", "message-passing layers"),
+    opt("model.hidden", "--hidden", "hidden width"),
+    opt("model.dropout", "--dropout", "dropout rate"),
+    opt("model.heads", "--heads", "GAT heads"),
+    opt("model.activation", "--activation", "auto | relu | elu | maxk (MaxK-GNN: k largest per row)"),
+    opt("model.maxk_k", "--maxk-k", "maxk: entries kept per row"),
+    opt("model.residual", "--residual", "none | res+ (DeeperGCN pre-activation residual blocks, LayerNorm; "
+        "--layers counts the blocks)", choices=("none", "res+")),
+    opt("model.checkpoint", "--checkpoint-activations",
+        "res+: recompute each block in the backward pass (less memory, same numbers)", const=True),
+    opt("train.epochs", "--epochs", "maximum epochs", resume=True),
+    opt("train.lr", "--lr", "learning rate"),
+    opt("train.optimizer", "--optimizer", "adam | sgd (with momentum 0.9)"),
+    opt("train.kernel", "--kernel", "CPU aggregation kernels: auto | torch | numba (fused; auto = numba when installed)"),
+    opt("train.schedule", "--schedule", "learning-rate schedule: constant | cosine"),
+    opt("train.patience", "--patience", "early-stopping patience in epochs (0 = off)"),
+    opt("train.seed", "--seed", "training seed"),
+    opt("train.mode", "--mode", "fullgraph | minibatch"),
+    opt("runtime.timeout_s", "--timeout", "collective time-out in seconds", resume=True),
+    opt("runtime.threads", "--threads", "intra-op threads per rank (0 = cores / local ranks)", resume=True),
+    opt("runtime.port", "--port", "rendezvous port for local ranks (0 = pick a free one)", resume=True),
+    opt("runtime.backend", "--backend", "auto | gloo | nccl"),
+    opt("runtime.checkpoint_every", "--checkpoint-every", "write an atomic checkpoint every k epochs (0 = never)",
+        resume=True),
+    opt("runtime.gc_freeze", "--gc-freeze", "keep the heap held at the first epoch out of Python's full garbage "
+        "collections during the epochs", negatable=True, resume=True),
+    opt("runtime.memory_limit_gb", "--memory-limit-gb",
+        "refuse a job whose estimated memory exceeds this (0 = available memory)", resume=True),
+    opt("runtime.force", "--force", "start more than 8 local ranks per core", const=True, resume=True),
+    opt("output.out", "--out", "run directory (default: runs/<date>-<dataset>-<model>-p<P>)"),
+    opt("output.embeddings_layer", "--embeddings-layer",
+        "also write embeddings.pt: every node's output of this layer (0-based)"),
+    opt("output.quiet", "--quiet", "no progress bar or table", const=True, resume=True),
+    opt("comm.halo.precompute", "--precompute", "aggregate the input features once (no per-epoch input exchange)",
+        const=True),
+    opt("comm.halo.precompute_dropout", "--precompute-dropout",
+        "precompute: dropout on the aggregate, or noise matched to the exact model's", choices=("aggregate", "matched")),
+    opt("comm.halo.transform_first", "--transform-first", "send W h instead of h where narrower", const=True),
+    opt("comm.halo.bits", "--bits", "quantization: 1|2|4|8|32, FWD,BWD (e.g. 4,8) or adaptive", parse=_bits),
+    opt("comm.halo.budget_mb", "--budget-mb", "adaptive bits: MB per rank per epoch"),
+    opt("comm.halo.adapt_every", "--adapt-every", "adaptive bits: re-solve the widths every k epochs"),
+    opt("comm.halo.budget_s", "--budget-s", "adaptive bits: halo exchange seconds per rank per epoch (a time budget)"),
+    opt("comm.halo.sample_rate", "--sample-rate", "fraction of boundary rows sent"),
+    opt("comm.halo.staleness.mode", "--staleness", "none | pipeline | skip"),
+    opt("comm.halo.staleness.threshold", "--stale-threshold", "skip: relative change to resend"),
+    opt("comm.halo.staleness.max_age", "--max-age", "skip: oldest a cached row may be (epochs)"),
+    opt("comm.halo.staleness.max_error", "--max-error",
+        "pipeline: run the next epoch exact when stale rows were off by more than this (relative)"),
+    opt("comm.halo.exact_every", "--exact-every", "exact refresh every k epochs (0 = never)"),
+    opt("comm.grad.strategy", "--grad", "allreduce | fp16 | bf16 | powersgd | localsgd | topk | cltk | qsgd | signsgd"),
+    opt("comm.grad.ratio", "--ratio", "topk, cltk: fraction of entries sent"),
+    opt("comm.grad.half", "--half", "powersgd, cltk: values travel in fp16", const=True),
+    opt("comm.grad.levels", "--levels", "qsgd: quantization levels"),
+    opt("comm.grad.rank", "--powersgd-rank", "powersgd: approximation rank"),
+    opt("comm.grad.start_iter", "--grad-start", "powersgd, localsgd: plain all-reduce steps first (>= 2)"),
+    opt("comm.gossip.topology", "--gossip", "decentralised averaging instead of all-reduce: ring | torus | "
+        "exponential | full | a graph file (default: none, gradients are all-reduced)"),
+    opt("comm.gossip.method", "--gossip-method", "with --gossip: dpsgd | dpsgd-atc | pushsum | tracking | tracking-atc"),
+    opt("comm.gossip.average_every", "--gossip-average-every",
+        "dpsgd: exact model average every k rounds instead of gossip (Gossip-PGA)"),
+    opt("minibatch.sampler", "--sampler", "neighbor | cluster | saint-node | saint-edge | saint-rw | vrgcn"),
+    opt("minibatch.fanout", "--fanout", "neighbours per layer, hop 1 first, e.g. 15,10 (-1 = all)", parse=_fanout),
+    opt("minibatch.batch_size", "--batch-size", "seed nodes per batch (largest rank)"),
+    opt("minibatch.replace", "--replace", "sample neighbours with replacement", const=True),
+    opt("minibatch.topology", "--topology", "auto | replicated | partitioned (owners sample their own nodes)"),
+    opt("fetch.cache_mb", "--cache-mb", "remote-row cache per rank in MB"),
+    opt("fetch.cache_ratio", "--cache-ratio", "remote-row cache per rank as a fraction of its remote rows"),
+    opt("fetch.cache_policy", "--cache-policy", "degree | presample | lru"),
+    opt("fetch.bits", "--fetch-bits", "bits of fetched rows: 1|2|4|8|32 or adaptive (with --fetch-budget-mb)",
+        parse=_fetch_bits),
+    opt("fetch.budget_mb", "--fetch-budget-mb", "adaptive fetch bits: MB of rows each rank may receive per epoch"),
+    opt("fetch.sparse", "--fetch-sparse",
+        "fetched rows as lossless index lists / bitmaps (one more all-to-all per step)", const=True),
+    opt("fetch.prefetch", "--prefetch", "sample and fetch the next batch while the current one computes", const=True),
+    opt("energy.country_iso_code", "--country", "ISO 3166-1 alpha-3 code of where the run's machines are (grid CO2)"),
+    opt("energy.track", "--no-energy", "do not measure CPU/RAM energy (set COMMGNN_ENERGY=0 for the same)",
+        dest="energy_track", const=False),
+    opt("energy.network_j_per_byte", "--network-j-per-byte", "joules per byte sent between ranks (network energy model)"),
+), prefixes={"data.synthetic": "synthetic_", "comm.grad": "grad_", "comm.gossip": "gossip_",
+             "comm.halo.staleness": "staleness_", "minibatch.saint": "saint_", "energy": "energy_",
+             "fault": "fault_"},
+    groups={"comm": 2})
+"""Every option of a run (``commgnn train``, ``commgnn.train``): the table above gives the
+flags kept from earlier releases their names and short help; each other ``[table]`` field
+is an option named after it (``train.weight_decay``: ``--weight-decay``, ``weight_decay=``;
+``comm.grad.momentum``: ``--grad-momentum``; ``fault.at``: ``--fault-at``)."""
+
+
+def __getattr__(name: str) -> Any:
+    if name == "FLAG_KEYS":  # derived, kept for compatibility: {argparse dest: dotted key}
+        return RUN_OPTIONS.flag_keys
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def resolve_config(toml_path: str | None, flags: Mapping[str, Any],
-                   env: Mapping[str, str]) -> RunConfig:
-    """File (if any), then flags that were given, then ``COMMGNN_DATA_ROOT`` if no root is set.
-    A mini-batch run that names no model (in neither) trains GraphSAGE, the model its
-    samplers fit.
+                   env: Mapping[str, str], *, start: RunConfig | None = None) -> RunConfig:
+    """File (if any; or the config ``start``), then flags that were given (``{dest: value}``,
+    :data:`RUN_OPTIONS`), then ``COMMGNN_DATA_ROOT`` if no root is set. A mini-batch run
+    that names no model (in neither) trains GraphSAGE, the model its samplers fit.
 
     The file alone must hold only known keys with values of the right types (an error names
     the file and the key), even where a flag then replaces the value; settings that only
     make sense together are validated once, after the flags are merged."""
-    data: dict[str, Any] = {}
-    if toml_path:
-        data = load_checked_toml(RunConfig, toml_path)
-    for dest, key in FLAG_KEYS.items():
-        value = flags.get(dest)
-        if value is not None:
-            set_path(data, key, value)
-    train, model = data.get("train", {}), data.get("model", {})
-    if isinstance(train, dict) and train.get("mode") == "minibatch" and isinstance(model, dict) \
-            and "name" not in model:
-        # the samplers fit GraphSAGE only, so a mini-batch run that names no model gets it
-        # (not the full-graph default, GCN, which it would then refuse)
-        set_path(data, "model.name", "sage")
-    cfg = from_dict(RunConfig, data)
-    if cfg.data.root is None and env.get("COMMGNN_DATA_ROOT"):
-        cfg = replace_path(cfg, "data.root", env["COMMGNN_DATA_ROOT"])
-    return cfg
+    RUN_OPTIONS.unknown(list(flags), "the flags of `commgnn train`")
 
+    def sage_for_minibatch(data: dict[str, Any]) -> None:
+        train, model = data.get("train", {}), data.get("model", {})
+        if isinstance(train, dict) and train.get("mode") == "minibatch" and isinstance(model, dict) \
+                and "name" not in model and start is None:
+            # the samplers fit GraphSAGE only, so a mini-batch run that names no model gets it
+            # (not the full-graph default, GCN, which it would then refuse)
+            set_path(data, "model.name", "sage")
+
+    return RUN_OPTIONS.resolve(toml_path, flags, env, start=start, adjust=sage_for_minibatch)  # type: ignore[no-any-return]
 
 
 PARTITION_META_KEYS = ("method", "objective", "seed", "hosts")
@@ -286,36 +352,11 @@ def config_from_partition_dir(cfg: RunConfig) -> RunConfig:
 
 
 def default_for_key(dotted: str) -> Any:
-    """Default of config key ``a.b.c`` in a default :class:`RunConfig`.
-
-    A table that is off by default (``comm.gossip``) answers with its own defaults; a value
-    that ``__post_init__`` widens into a table (``comm.halo.bits = 32``) answers with the
-    declared default, as it would be written in TOML.
-    """
-    obj: Any = RunConfig()
-    cls: type = RunConfig
-    *heads, leaf = dotted.split(".")
-    for head in heads:
-        hints = typing.get_type_hints(cls)
-        if head not in hints:
-            raise KeyError(dotted)
-        value = getattr(obj, head)
-        if value is None:  # an optional table: its defaults
-            tables = [a for a in (hints[head], *get_args(hints[head])) if dataclasses.is_dataclass(a)]
-            if not tables:
-                raise KeyError(dotted)
-            value = tables[0]()
-        obj, cls = value, type(value)
-    fields = {f.name: f for f in dataclasses.fields(cls)}
-    if leaf not in fields:
-        raise KeyError(dotted)
-    value = getattr(obj, leaf)
-    declared = fields[leaf].default
-    if dataclasses.is_dataclass(value) and declared is not dataclasses.MISSING:
-        return declared
-    return value
+    """Default of config key ``a.b.c`` in a default :class:`RunConfig` (see
+    :meth:`OptionSet.default`)."""
+    return RUN_OPTIONS.default(dotted)
 
 
 def default_for(dest: str) -> Any:
-    """Config default behind CLI flag ``dest`` (an argparse dest in :data:`FLAG_KEYS`)."""
-    return default_for_key(FLAG_KEYS[dest])
+    """Config default behind CLI flag ``dest`` (an argparse dest of :data:`RUN_OPTIONS`)."""
+    return default_for_key(RUN_OPTIONS.by_dest[dest].key)

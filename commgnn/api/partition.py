@@ -1,0 +1,78 @@
+"""``commgnn.partition_graph`` (``commgnn partition``): partition a graph once and save the
+parts, for runs to read with ``partition.dir`` (``--partition-dir``).
+
+The verb is ``partition_graph``, not ``partition``: ``commgnn.partition`` is the subpackage
+of partitioners, and a lazy attribute of that name would hide it.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, Mapping
+
+from commgnn.errors import ConfigError
+from commgnn.runner.config import RunConfig, resolve_config
+
+
+@dataclass(frozen=True)
+class PartitionResult:
+    """A saved partition directory and its quality report."""
+
+    dir: Path
+    """The partition directory (``meta.json`` and one file per part)."""
+    parts: int
+    """Number of parts."""
+    report: dict[str, Any]
+    """The partition's quality report (edge cut, balance, halo sizes) as a plain dict."""
+    text: str
+    """The report as ``commgnn partition`` prints it."""
+
+
+def partition_to_dir(cfg: RunConfig, out: Path) -> str:
+    """Partition ``cfg``'s graph into ``cfg.runtime.parts`` parts, save to ``out``; the report text."""
+    return _partition(cfg, out).text
+
+
+def _partition(cfg: RunConfig, out: Path) -> PartitionResult:
+    from commgnn.data import fingerprint, load_dataset
+    from commgnn.partition import PartitionReport, build_local_partitions, format_report, save_partitions
+    from commgnn.runner.prepare import partition_for_run, partition_meta
+
+    cfg = replace(cfg, partition=replace(cfg.partition, dir=None))
+    data = load_dataset(cfg.data)
+    fp = fingerprint(data)
+    parts, report = partition_for_run(cfg, data, fp)
+    save_partitions(out, build_local_partitions(data, parts, cfg.runtime.parts),
+                    partition_meta(cfg, fp, report, data))
+    return PartitionResult(dir=Path(out), parts=cfg.runtime.parts, report=report, text=format_report(PartitionReport.from_dict(report)))
+
+
+def partition_graph(out: str | Path, data: str | None = None, *, parts: int | None = None,
+                    config: RunConfig | str | Path | None = None, env: Mapping[str, str] | None = None,
+                    **options: Any) -> PartitionResult:
+    """Partition a graph into ``parts`` parts (default: the config's, 2) and save them to
+    ``out``.
+
+    Args:
+        out: the partition directory to write.
+        data: a dataset name or a ``.pt`` graph (default: the config's).
+        parts: number of parts P.
+        config: a :class:`RunConfig` or a TOML file to start from.
+        env: where ``COMMGNN_DATA_ROOT`` is looked up (default ``os.environ``).
+        **options: run options by keyword (:data:`commgnn.runner.config.RUN_OPTIONS`), e.g.
+            ``partitioner="ldg"``, ``partition_seed=1``, ``objective="vol"``.
+    """
+    given = dict(options)
+    if data is not None:
+        given["dataset"] = str(data)
+    if parts is not None:
+        given["parts"] = parts
+    if isinstance(config, RunConfig):
+        cfg = resolve_config(None, given, os.environ if env is None else env, start=config)
+    elif config is None or isinstance(config, (str, Path)):
+        cfg = resolve_config(str(config) if config else None, given, os.environ if env is None else env)
+    else:
+        raise ConfigError(f"config= takes a RunConfig or a TOML path, got {type(config).__name__}")
+    return _partition(cfg, Path(out))
