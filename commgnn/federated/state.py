@@ -20,15 +20,16 @@ the rounds after it: keep a DP run's checkpoints as private as the data.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import Any, Mapping
 
 import torch
 from torch import Tensor
 
 from commgnn.errors import UserError
 
-if TYPE_CHECKING:
-    from commgnn.federated.engine import Federation
+# ``fed`` below is a :class:`~commgnn.federated.engine.Federation`, typed ``Any`` because the
+# engine imports this module (a type-only import back would make a circle).
+
 
 FORMAT = 1
 """Version of the state layout (a checkpoint of another layout is refused)."""
@@ -64,7 +65,7 @@ def _load_gens(gens: Mapping[int, torch.Generator], states: Mapping[int, Tensor]
         g.set_state(states[c])
 
 
-def federation_state(fed: Federation, *, round_done: int, params: Tensor | dict[int, Tensor],
+def federation_state(fed: Any, *, round_done: int, params: Tensor | dict[int, Tensor],
                      best: dict[str, Any], curve: list[dict[str, Any]], wall_s: float) -> dict[str, Any]:
     """This rank's state after round ``round_done`` (see the module docstring)."""
     t = fed.tally
@@ -92,7 +93,7 @@ def federation_state(fed: Federation, *, round_done: int, params: Tensor | dict[
     return state
 
 
-def load_federation_state(fed: Federation, state: Mapping[str, Any]) -> tuple[
+def load_federation_state(fed: Any, state: Mapping[str, Any]) -> tuple[
         int, Tensor | dict[int, Tensor], dict[str, Any], list[dict[str, Any]], float]:
     """Put ``state`` (from :func:`federation_state`, on the same rank of as many ranks) back
     into ``fed``; returns ``(rounds done, params, best, curve, wall seconds so far)``.
