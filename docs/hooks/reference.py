@@ -18,10 +18,12 @@ import argparse
 import ast
 import dataclasses
 import importlib
+import html
 import inspect
 import re
 import sys
 import textwrap
+import types
 import typing
 from pathlib import Path
 from typing import Any
@@ -75,13 +77,20 @@ def _dataclass_in(tp: Any) -> type | None:
 
 
 def _type_text(tp: Any) -> str:
-    text = getattr(tp, "__name__", None) if isinstance(tp, type) else None
-    text = text or str(tp).replace("typing.", "")
-    for mod in ("commgnn.", "pathlib."):
-        while mod in text:  # drop module paths: `int | None`, `Literal['a', 'b']`
-            head, _, tail = text.partition(mod)
-            text = head + tail.split(".")[-1] if "." in tail.split("[")[0].split(",")[0] else head + tail
-    return text
+    """A field's type as a user reads it: ``int | None``, ``'none' | 'pipeline'``, ``tuple[int, ...]``."""
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin is typing.Literal:
+        return " | ".join(repr(a) for a in args)
+    if origin in (typing.Union, types.UnionType):
+        return " | ".join(_type_text(a) for a in args)
+    if origin is not None:
+        inner = ", ".join("..." if a is Ellipsis else _type_text(a) for a in args)
+        return f"{getattr(origin, '__name__', str(origin))}[{inner}]"
+    if tp is type(None):
+        return "None"
+    if dataclasses.is_dataclass(tp):
+        return "table"
+    return getattr(tp, "__name__", str(tp))
 
 
 def _default_text(f: dataclasses.Field) -> str:
@@ -98,10 +107,17 @@ def _default_text(f: dataclasses.Field) -> str:
 
 def _cell(text: str) -> str:
     text = re.sub(r":(?:func|class|mod|meth|attr|data|obj):(`+)", r"\1", text)  # reST roles -> code
-    text = " ".join(text.split()).replace("|", "\\|")
-    # `[data]` outside code would read as a Markdown reference link: escape it there
-    parts = re.split(r"(`+[^`]*`+)", text)
-    return "".join(p if p.startswith("`") else p.replace("[", "\\[") for p in parts)
+    text = " ".join(text.split())
+    out = []
+    for part in re.split(r"(`+[^`]*`+)", text):
+        if not part.startswith("`"):  # `[data]` would read as a reference link, `|` as a column
+            out.append(part.replace("[", "\\[").replace("|", "\\|"))
+        elif "|" in part:  # a table cell's code span cannot hold a pipe: write it as HTML
+            code = html.escape(part.strip("`").strip()).replace("|", "&#124;")
+            out.append(f"<code>{code}</code>")
+        else:
+            out.append(part)
+    return "".join(out)
 
 
 def config_rows(cls: type, prefix: str = "") -> list[tuple[str, str, str, str]]:
@@ -113,12 +129,17 @@ def config_rows(cls: type, prefix: str = "") -> list[tuple[str, str, str, str]]:
         if not f.init:
             continue
         key = f"{prefix}{f.name}"
-        sub = _dataclass_in(hints.get(f.name, f.type))
-        if sub is not None:
+        tp = hints.get(f.name, f.type)
+        sub = _dataclass_in(tp)
+        scalar_too = sub is not None and any(a is not sub and a is not type(None) for a in typing.get_args(tp))
+        if scalar_too:  # a value or a table, e.g. `bits = 8` or `bits = { forward = 4, backward = 8 }`
+            rows.append((key, _type_text(tp), _default_text(f), docs.get(f.name, "")))
+            rows.extend(config_rows(sub, key + "."))
+        elif sub is not None:
             rows.append((f"[{key}]", "table", "", docs.get(f.name, "")))
             rows.extend(config_rows(sub, key + "."))
         else:
-            rows.append((key, _type_text(hints.get(f.name, f.type)), _default_text(f), docs.get(f.name, "")))
+            rows.append((key, _type_text(tp), _default_text(f), docs.get(f.name, "")))
     return rows
 
 
@@ -192,7 +213,7 @@ def cli_markdown() -> str:
             if not actions:
                 continue
             out += [f"**{group.title}**", "", "| argument | help |", "|---|---|"]
-            out += [f"| `{_cell(_flag_text(a))}` | {_cell(_help_text(sub, a))} |" for a in actions]
+            out += [f"| {_cell('`' + _flag_text(a) + '`')} | {_cell(_help_text(sub, a))} |" for a in actions]
             out.append("")
     return "\n".join(out)
 
