@@ -13,6 +13,10 @@ The rule, explicit in each fence's language:
 - a block that cannot run here (a real dataset, root, a GPU) carries the visible marker
   ``<!-- skip-test: why -->`` on the line before its fence; there are few of them.
 
+The README's and the getting-started page's blocks run in CI; the how-to pages' blocks (small
+runs, but several per page) and the slower tutorial scripts are marked ``slow``
+(``python -m pytest -m slow tests/test_docs.py`` runs them).
+
 Snippet includes (``--8<-- "examples/x.py"``) are the example scripts themselves, which the
 tests at the end of this file (and ``tests/test_api.py`` for ``own_model.py``) run.
 """
@@ -79,7 +83,12 @@ def blocks(page: Path) -> list[Block]:
 
 
 ALL = [b for p in PAGES for b in blocks(p)]
-RUN_PAGES = [p for p in PAGES if any(b.runnable for b in blocks(p))]
+# Pages whose blocks run in CI (the README's and the first steps'); the others start several
+# small runs each (15-35 s apiece on 2 shared cores) and run with `pytest -m slow`.
+CI_PAGES = {"README.md", "docs/getting-started.md"}
+RUN_PAGES = [pytest.param(p, id=str(p.relative_to(ROOT)),
+                          marks=() if str(p.relative_to(ROOT)) in CI_PAGES else pytest.mark.slow)
+             for p in PAGES if any(b.runnable for b in blocks(p))]
 
 
 def _env(tmp: Path) -> dict[str, str]:
@@ -172,7 +181,7 @@ def test_reference_generator_lists_every_flag_and_key():
 # ----------------------------------------------------------------------------- running the pages
 
 @pytest.mark.timeout(900)
-@pytest.mark.parametrize("page", RUN_PAGES, ids=lambda p: str(p.relative_to(ROOT)))
+@pytest.mark.parametrize("page", RUN_PAGES)
 def test_page_code_runs_as_pasted(page: Path, tmp_path: Path):
     env = _env(tmp_path)
     known = None
