@@ -45,7 +45,7 @@ from commgnn.models.graph import CSRPair, csr_product
 from commgnn.partition.reorder import locality_order
 from tables import write_table
 
-RESULTS = Path(__file__).parent / "results"
+RESULTS = Path(__file__).parent / "results" / "kernels"
 
 
 class SumConv(MessagePassing):

@@ -157,7 +157,7 @@ def main() -> None:
     cols = list(dict.fromkeys(k for r in rows for k in r))
     rows = [{k: r.get(k, "—") for k in cols} for r in rows]
     stamp = datetime.date.today().isoformat()
-    stem = Path(__file__).resolve().parent / "results" / f"{stamp}-cost-model{'-' + ns.tag if ns.tag else ''}"
+    stem = Path(__file__).resolve().parent / "results" / "cost-model" / f"{stamp}-cost-model{'-' + ns.tag if ns.tag else ''}"
     write_table(rows, stem, f"Cost model: prediction against emulated-cluster runs ({stamp})", [
         "All emulated hosts share this machine's cores; links shaped with tbf in network namespaces (`commgnn cluster`). "
         f"GCN {ns.layers}x64 on {ns.dataset} ({', '.join(ns.entries)}), METIS, {ns.epochs} epochs; mean over "

@@ -14,8 +14,8 @@ Two models per row, side by side:
 * ``recalibrated`` (with ``--calibrations DIR``): every file from ``DIR`` whole.
 
     python benchmarks/cost_model_grids.py --out runs/bench-emulated \\
-        --collectives benchmarks/results/2026-12-05-calibrations \\
-        --calibrations benchmarks/results/2026-12-05-calibrations --tag grids
+        --collectives benchmarks/results/cost-model/2026-12-05-calibrations \\
+        --calibrations benchmarks/results/cost-model/2026-12-05-calibrations --tag grids
 """
 
 from __future__ import annotations
@@ -136,7 +136,7 @@ def main() -> None:
     if done2:
         summary.append(f"Recalibrated: {min(done2):+.1f}% to {max(done2):+.1f}%.")
     stamp = ns.stamp or datetime.date.today().isoformat()
-    stem = Path(__file__).resolve().parent / "results" / f"{stamp}-cost-model{'-' + ns.tag if ns.tag else ''}"
+    stem = Path(__file__).resolve().parent / "results" / "cost-model" / f"{stamp}-cost-model{'-' + ns.tag if ns.tag else ''}"
     write_table(rows, stem, f"The cost model on the stored emulated-grid runs ({stamp})", [
         f"`python benchmarks/cost_model_grids.py` on `{out}`: {ns.hosts} emulated hosts x {ns.ranks_per_host} ranks, "
         f"GCN {ns.layers}x{ns.hidden}, every seed's run re-priced from its recorded per-pair bytes and its busiest "

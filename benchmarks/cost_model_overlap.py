@@ -16,8 +16,8 @@ after it was fixed. The entries must not be pipelined (their link price is all e
 which holds for exact, tf+q4 and precompute+tf.
 
     python benchmarks/cost_model_overlap.py \
-        --fit benchmarks/results/2026-12-0[34]-cost-model-levers-*.csv \
-        --held-out benchmarks/results/2026-12-04-cost-model-heldout-*.csv --tag overlap
+        --fit benchmarks/results/cost-model/2026-12-0[34]-cost-model-levers-*.csv \
+        --held-out benchmarks/results/cost-model/2026-12-04-cost-model-heldout-*.csv --tag overlap
 """
 
 from __future__ import annotations
@@ -83,7 +83,7 @@ def main() -> None:
     ns = ap.parse_args()
     rows = rows_of(ns.fit, "fit") + rows_of(ns.held_out, "held out")
     stamp = datetime.date.today().isoformat()
-    stem = Path(__file__).resolve().parent / "results" / f"{stamp}-cost-model-{ns.tag}"
+    stem = Path(__file__).resolve().parent / "results" / "cost-model" / f"{stamp}-cost-model-{ns.tag}"
     write_table(rows, stem, f"Cost model: joining the loopback residual to the links' price ({stamp})",
                 ["Each row is one emulated run (`benchmarks/cost_model.py --reference loopback`). Rules: links only = "
                  "compute + link; added = compute + link + residual (no overlap, an upper bound); max = compute + "

@@ -6,7 +6,7 @@ as mean ± std over seeds (population std, as `commgnn bench` reports it), with 
 the reference setting. Writes a Markdown table and a plot of that accuracy against E.
 
     python benchmarks/curves.py runs/bench-grad-long-Computers --at 150,300,450,600 \
-        --out benchmarks/results/2026-11-30-grad-sync-long-computers-budget
+        --out benchmarks/results/grad-sync/2026-11-30-grad-sync-long-computers-budget
 """
 
 from __future__ import annotations

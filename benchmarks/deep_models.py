@@ -3,7 +3,7 @@
 Runs the ``commgnn bench`` grid ``benchmarks/deep_models_cs.toml`` (res+ GCN with 3, 7, 14
 and 28 blocks on CS, 4 ranks, exact and with halo levers, 3 seeds, early stopping; see the
 file for the protocol), then tabulates its runs into two dated tables under
-``benchmarks/results/``:
+``benchmarks/results/deep/``:
 
 ``<date>-deep-models-<dataset>``, one row per setting (mean ± std over seeds): test accuracy
 at the best validation epoch, training halo bytes per epoch (forward rows and backward
@@ -131,7 +131,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--grid", default=str(HERE / "deep_models_cs.toml"))
     ap.add_argument("--out", default="runs/bench-deep-CS", help="bench output folder (runs are reused)")
-    ap.add_argument("--results", default=str(HERE / "results"), help="where the dated tables go")
+    ap.add_argument("--results", default=str(HERE / "results" / "deep"), help="where the dated tables go")
     ap.add_argument("--report-only", action="store_true", help="tabulate finished runs, run nothing")
     ap.add_argument("--tag", default="", help="suffix of the table names (another grid on the same day)")
     ns = ap.parse_args()

@@ -120,7 +120,7 @@ def main() -> None:
     ap.add_argument("--tag", default="")
     ns = ap.parse_args()
     day = datetime.date.today().isoformat()
-    res = ROOT / "benchmarks" / "results"
+    res = ROOT / "benchmarks" / "results" / "kernels"
     tag = f"-{ns.tag}" if ns.tag else ""
     write_table(kernel_rows(ns.repeats), res / f"{day}-dropout-kernel{tag}",
                 "Dropout forward + backward on the CPU (p = 0.5, one thread)",

@@ -159,12 +159,12 @@ at once on the shared cores, up to 0.84 s each, and that epoch took 1.16-1.24 s 
 median of 0.16 s. With energy measurement on, no rank ran one during training, and neither
 did the ranks on the emulated cluster, with or without it (``benchmarks/twin_flags.py``:
 ``gc.callbacks`` logs beside ``/proc/stat``,
-``benchmarks/results/2026-12-05-twin-flags.md``). With energy on, the Computers 1 Gbit/s
+``benchmarks/results/cost-model/2026-12-05-twin-flags.md``). With energy on, the Computers 1 Gbit/s
 plan's loopback runs left 0.038-0.044 s an epoch unexplained over their first 6, 21 and 60
 epochs alike (two 60-epoch runs). 21 epochs also spread CodeCarbon's start-up probe, in the
 first epochs, over a mean of 20. ``runtime.gc_freeze`` (off by default, added after these
 twins) also keeps a local rank from collecting during training without energy
-(``benchmarks/results/2026-12-05-twin-flags-gc-freeze*.md``); twins still run their runs'
+(``benchmarks/results/cost-model/2026-12-05-twin-flags-gc-freeze*.md``); twins still run their runs'
 flags."""
 
 
@@ -319,7 +319,7 @@ def report(ns: argparse.Namespace, out: Path) -> None:
                     f"speed-up (-{TOLERANCE})": f"{_fmt(speed_tol, 2)}x" if speed_tol else "—",
                     "energy Wh": _fmt(kwh, 2), "network share %": _fmt(net_share, 0)})
     stamp = ns.stamp or datetime.date.today().isoformat()
-    stem = Path(__file__).resolve().parent / "results" / f"{stamp}-emulated-grid{'-' + ns.tag if ns.tag else ''}"
+    stem = Path(__file__).resolve().parent / "results" / "cluster" / f"{stamp}-emulated-grid{'-' + ns.tag if ns.tag else ''}"
     write_table(rows, stem, f"Time to accuracy on an emulated cluster ({stamp})", [
         f"`python benchmarks/emulated_grid.py` (root): {ns.hosts} emulated hosts x "
         f"{ns.ranks_per_host} ranks in network namespaces, links shaped with tbf (`commgnn cluster`), gloo over the "

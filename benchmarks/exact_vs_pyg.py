@@ -8,7 +8,7 @@ For each graph (Cora, Coauthor CS, Amazon Computers, a synthetic 200k-node CSBM)
 * ``commgnn train`` with P = 1, 2, 4 local gloo ranks (METIS, exact halo exchange),
 
 each in its own process (so peak RSS is that run's own), and writes a dated Markdown and
-CSV table plus a plot into ``benchmarks/results/``. Epoch-time ratios are against the PyG
+CSV table plus a plot into ``benchmarks/results/halo/``. Epoch-time ratios are against the PyG
 run of the same graph in the same invocation, on the same machine.
 
     python benchmarks/exact_vs_pyg.py --data-root ../shared/datasets [--quick]
@@ -33,7 +33,7 @@ from pathlib import Path
 from tables import cpu_model
 
 HERE = Path(__file__).resolve().parent
-RESULTS = HERE / "results"
+RESULTS = HERE / "results" / "halo"
 
 GRAPHS = {
     # name: (dataset, extra TOML for [data], epochs)

@@ -437,8 +437,8 @@ def main() -> int:
     ap.add_argument("--parts", type=int, default=4, help="ranks P (default 4)")
     ap.add_argument("--seed", type=int, default=0, help="seed of the fault moments and ranks (default 0)")
     ap.add_argument("--kinds", default=",".join(KINDS), help=f"comma-separated subset of {','.join(KINDS)}")
-    ap.add_argument("--out-dir", default=str(Path(__file__).resolve().parent / "results"),
-                    help="where DATE-faults.{csv,md,png} go (default benchmarks/results)")
+    ap.add_argument("--out-dir", default=str(Path(__file__).resolve().parent / "results" / "faults"),
+                    help="where DATE-faults.{csv,md,png} go (default benchmarks/results/faults/faults)")
     ap.add_argument("--work-dir", default=None,
                     help="run directories go here and are kept (default: a temporary folder, removed)")
     ap.add_argument("--limit", type=float, default=90.0, help="seconds after the fault before a trial is a hang")

@@ -224,7 +224,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=200)
     ap.add_argument("--root", default="../shared/datasets")
     ap.add_argument("--runs", default="runs/federated", help="per-run summaries (a rerun reads them back)")
-    ap.add_argument("--out", default="benchmarks/results")
+    ap.add_argument("--out", default="benchmarks/results/federated/federated")
     ap.add_argument("--tag", default="federated")
     ap.add_argument("--report-only", action="store_true",
                     help="run nothing; tabulate every finished run in --runs (every call's table does)")

@@ -67,7 +67,7 @@ def main() -> None:
         worst = max(r["extra_mb"] / r["result_mb"] for r in res)
         lines.append(f"| {ns.label} | {P} | {ns.nodes} | {ns.features} | {res[0]['result_mb']:.0f} | "
                      f"{sum(r['remote'] for r in res) / P:.2f} | {max(r['extra_mb'] for r in res):.0f} | {worst:.2f} |")
-    path = Path(__file__).resolve().parent / "results" / f"{datetime.date.today().isoformat()}-fetch-memory.md"
+    path = Path(__file__).resolve().parent / "results" / "memory" / f"{datetime.date.today().isoformat()}-fetch-memory.md"
     if not path.exists():
         path.write_text(
             f"# Peak memory of one remote feature fetch ({datetime.date.today().isoformat()})\n\n"

@@ -33,7 +33,7 @@ from pathlib import Path
 
 from tables import write_table
 
-RESULTS = Path(__file__).resolve().parent / "results"
+RESULTS = Path(__file__).resolve().parent / "results" / "memory"
 
 TOML = """
 [data.synthetic]

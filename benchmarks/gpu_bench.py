@@ -16,7 +16,7 @@ exact full-graph training against the best halo levers, on one machine's CUDA de
     row pointers); forward + backward counts two products. GB/s = that / the time.
 
 (ii) **Full graph**: ``commgnn.train`` on a synthetic CSBM graph (GCN by default, 3 layers, hidden 64)
-     with the exact exchange and the best levers of ``benchmarks/results/*-halo-levers-*.md``
+     with the exact exchange and the best levers of ``benchmarks/results/halo/*-halo-levers-*.md``
      (lossless = precompute + transform-first; tf + 4/8-bit; lossless + adaptive bits):
      halo bytes and the median epoch time. With one GPU the run has P = 1 (NCCL refuses two
      ranks on one GPU), so no halo rows travel; the levers' compute effects still show. A

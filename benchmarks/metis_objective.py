@@ -2,7 +2,7 @@
 
 The objective changes only which rows cross partitions, so training stays exact and halo
 bytes scale with C (rows moved per exchanged column) and the busiest rank's halo. Writes a
-dated Markdown/CSV table to benchmarks/results/.
+dated Markdown/CSV table to benchmarks/results/partition/.
 
     python benchmarks/metis_objective.py --data-root ../shared/datasets --parts 8 CS Computers
 """
@@ -26,7 +26,7 @@ def main() -> None:
     ap.add_argument("datasets", nargs="+")
     ap.add_argument("--data-root", required=True)
     ap.add_argument("--parts", type=int, default=8)
-    ap.add_argument("--out", default=str(Path(__file__).parent / "results"))
+    ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "partition"))
     args = ap.parse_args()
     rows = []
     for name in args.datasets:

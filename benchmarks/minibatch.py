@@ -261,7 +261,7 @@ def main() -> None:
                     ensure_partition(out, ns.root, ds, ENTRIES[entry][0])
                     run_one(out, ns.root, ds, entry, seed, ns.memory_limit_gb)
     stamp = datetime.date.today().isoformat()
-    stem = Path(__file__).resolve().parent / "results" / f"{stamp}-minibatch{'-' + ns.tag if ns.tag else ''}"
+    stem = Path(__file__).resolve().parent / "results" / "minibatch" / f"{stamp}-minibatch{'-' + ns.tag if ns.tag else ''}"
     write(table(out, ns.datasets, ns.seeds, targets), stem)
     plot(out, ns.datasets, ns.seeds, stem.with_suffix(".png"))
     print(stem.with_suffix(".md").read_text())

@@ -106,7 +106,7 @@ def main() -> None:
                          "belady_%": f"{100 * brate:.1f}",
                          "feature_MB_per_epoch": f"{r['feature_bytes'] / 1e6:.1f}",
                          "reduction_x": f"{base / max(r['feature_bytes'], 1):.2f}"})
-    stem = Path(__file__).resolve().parent / "results" / f"{datetime.date.today()}-minibatch-cache"
+    stem = Path(__file__).resolve().parent / "results" / "minibatch" / f"{datetime.date.today()}-minibatch-cache"
     write_table(rows, stem, f"Remote-row cache sweep ({datetime.date.today()})",
                 [f"4 gloo ranks; {ns.epochs} epochs per setting (protocol in `benchmarks/minibatch_cache.py`)."])
     print(stem.with_suffix(".md").read_text())

@@ -2,7 +2,7 @@
 edges by default (``--nodes``), 4 local ranks, one epoch of neighbour sampling, and the
 summed peak RSS of all ranks (the issue's bound: under 20 GB); ``--sampler`` runs another
 sampler (fan-out and batch size apply where the sampler has them). One ``commgnn train``
-in a fresh interpreter. Writes a dated Markdown/CSV table to benchmarks/results/.
+in a fresh interpreter. Writes a dated Markdown/CSV table to benchmarks/results/memory/.
 
     python benchmarks/minibatch_scale.py [--topology replicated|partitioned] [--sampler saint-node]
         [--layers 3 --hidden 256 --fanout 15,10,5] [--work DIR --tag=-wide]
@@ -102,7 +102,7 @@ def main() -> None:
     }
     print(json.dumps(out, indent=1))
     day = datetime.date.today()
-    stem = Path(__file__).resolve().parent / "results" / f"{day}-minibatch-scale-{ns.topology}{ns.tag}"
+    stem = Path(__file__).resolve().parent / "results" / "memory" / f"{day}-minibatch-scale-{ns.topology}{ns.tag}"
     write_table([out], stem, f"Mini-batch training at {out['nodes']:,} nodes / {out['edges']:,} edges ({day})",
                 [f"4 local gloo ranks; synthetic CSBM ({ns.features} features, 8 classes, 10% training nodes), GraphSAGE "
                  f"{ns.layers}x{ns.hidden}, "

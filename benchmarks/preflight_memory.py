@@ -4,7 +4,7 @@ For each configuration, one ``commgnn train`` runs in a fresh interpreter (so th
 launcher's own peak RSS is its own), and the table compares the estimate of
 :mod:`commgnn.runner.preflight` with the measured peaks: the launcher's ``ru_maxrss`` and
 every rank's (``summary.json``'s ``peak_rss_mb_by_rank``). An estimate should be an upper
-bound that is not absurdly loose. Writes a dated Markdown/CSV table to benchmarks/results/.
+bound that is not absurdly loose. Writes a dated Markdown/CSV table to benchmarks/results/memory/.
 
     python benchmarks/preflight_memory.py
     python benchmarks/preflight_memory.py --runs RUN_DIR ...   # runs already made
@@ -137,7 +137,7 @@ def from_run(run: Path) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", default=str(Path(__file__).parent / "results"))
+    ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "memory"))
     ap.add_argument("--runs", nargs="+", default=None, help="finished run directories to compare instead")
     ap.add_argument("--tag", default="", help="suffix of the result file names (e.g. -minibatch)")
     args = ap.parse_args()

@@ -84,7 +84,7 @@ def main() -> None:
                                  "MB_per_epoch": f"{p['bytes'] / 1e6:.1f}", "speedup_vs_exact": f"{base / p['epoch']:.2f}"})
         print(f"{ds}: compute alone at P={P_ref}: {summary['compute_alone_s'] * 1e3:.1f} ms", flush=True)
     stamp = datetime.date.today().isoformat()
-    stem = Path(__file__).resolve().parent / "results" / (ns.stamp or f"{stamp}-projection")
+    stem = Path(__file__).resolve().parent / "results" / "cost-model" / (ns.stamp or f"{stamp}-projection")
     write_table(rows, stem, f"Projected epoch time on 8 and 32 hosts ({stamp}): a cost-model projection, not a run", [
         f"GCN {L}x{h}, METIS, one rank per host (each with its own cores). Compute: the {P_ref}-rank reference "
         "run's compute alone, scaled by the busiest rank's work; comm: the halo rows each pair exchanges "

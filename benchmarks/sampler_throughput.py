@@ -79,7 +79,7 @@ def main() -> None:
                          "sampled_edges_per_s": f"{edges / dt / 1e6:.2f} M",
                          "sampled_nodes_per_s": f"{nodes / dt / 1e6:.2f} M", "batches_per_s": f"{batches / dt:.1f}"})
             print(rows[-1], flush=True)
-    stem = Path(__file__).resolve().parent / "results" / f"{datetime.date.today()}-sampler-throughput"
+    stem = Path(__file__).resolve().parent / "results" / "minibatch" / f"{datetime.date.today()}-sampler-throughput"
     write_table(rows, stem, f"Sampler throughput, one process, one thread ({datetime.date.today()})",
                 [f"Rank 0 of {ns.parts} METIS parts: its training nodes are the seeds; the whole graph's CSR; "
                  f"{ns.epochs} epochs after a warm-up (protocol in `benchmarks/sampler_throughput.py`)."])

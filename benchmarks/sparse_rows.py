@@ -107,7 +107,7 @@ def report(ns: argparse.Namespace, out: Path) -> None:
             "fetch s / epoch"]
     rows = [{k: r[k] for k in cols} for r in rows]
     stamp = ns.stamp or datetime.date.today().isoformat()
-    stem = Path(__file__).resolve().parent / "results" / f"{stamp}-sparse-rows"
+    stem = Path(__file__).resolve().parent / "results" / "minibatch" / f"{stamp}-sparse-rows"
     write_table(rows, stem, f"Raw feature rows through the lossless sparse codec ({stamp})", [
         "`python benchmarks/sparse_rows.py`. Full graph: GCN 3x64 with precompute, 8 METIS parts, one epoch "
         "(the set-up does not depend on training). Mini-batch: GraphSAGE 2x64, neighbour sampling (fan-out 15,10, "

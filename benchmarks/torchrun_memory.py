@@ -31,7 +31,7 @@ from pathlib import Path
 from fullgraph_scale import TOML as SCALE_TOML
 from tables import write_table
 
-RESULTS = Path(__file__).resolve().parent / "results"
+RESULTS = Path(__file__).resolve().parent / "results" / "memory"
 ROOT = Path(__file__).resolve().parent.parent
 
 # The scale benchmark's graph and partitioner (its [runtime] parts is replaced by torchrun's

@@ -163,7 +163,7 @@ def main() -> None:
                      **summarise(run, samples, site)})
         print(rows[-1], flush=True)
     stamp = datetime.date.today().isoformat()
-    stem = Path(__file__).resolve().parent / "results" / f"{stamp}-twin-flags{'-' + ns.tag if ns.tag else ''}"
+    stem = Path(__file__).resolve().parent / "results" / "cost-model" / f"{stamp}-twin-flags{'-' + ns.tag if ns.tag else ''}"
     write_table(rows, stem, f"Loopback twins with and without energy measurement ({stamp})", [
         f"`python benchmarks/twin_flags.py`: `{ns.config}` on {ns.dataset}, {ns.epochs} epochs, seed 0, on 8 "
         "local ranks over loopback" + ("" if ns.loopback_only else f" and on 4 emulated hosts x 2 ranks at {ns.rate}")
