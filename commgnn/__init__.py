@@ -16,7 +16,7 @@ _API = {"train": "commgnn.api", "resume": "commgnn.api", "run": "commgnn.api", "
         "HaloConfig": "commgnn.comm.config", "GradConfig": "commgnn.comm.config",
         "GossipConfig": "commgnn.comm.config", "ModelConfig": "commgnn.models.config",
         "TrainConfig": "commgnn.trainers.config", "DataConfig": "commgnn.data.config",
-        "RuntimeConfig": "commgnn.distributed.context", "errors": "commgnn.errors",
+        "RuntimeConfig": "commgnn.distributed.config", "errors": "commgnn.errors",
         "predict": "commgnn.api"}
 __all__ = ["__version__", *_API]
 

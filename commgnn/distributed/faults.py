@@ -11,42 +11,12 @@ from __future__ import annotations
 import os
 import signal
 import time
-from dataclasses import dataclass
-from typing import Literal
 
-from commgnn.config import positive
-from commgnn.errors import ConfigError
+from commgnn.distributed.config import FaultConfig  # noqa: F401 (its home is config.py)
 
 
 class InjectedFault(RuntimeError):
     """The error a ``raise`` fault throws."""
-
-
-@dataclass(frozen=True, kw_only=True)
-class FaultConfig:
-    """One injected failure."""
-
-    rank: int = 0
-    """The rank that fails."""
-    at: Literal["startup", "train", "eval"] = "train"
-    """When: after set-up before the first epoch, at the start of an epoch's training step,
-    or at the start of its evaluation."""
-    epoch: int = 1
-    """The epoch (1-based) of ``train`` and ``eval`` faults."""
-    action: Literal["raise", "kill", "stop"] = "raise"
-    """``raise`` an exception, ``kill`` the process with SIGKILL (a crash), or ``stop`` it
-    with SIGSTOP (a hung rank)."""
-    attempt: int = 0
-    """Inject only in this torchrun attempt (0 = the first; restarts run clean)."""
-
-    def __post_init__(self) -> None:
-        positive("fault.rank", self.rank, allow_zero=True)
-        positive("fault.epoch", self.epoch)
-        positive("fault.attempt", self.attempt, allow_zero=True)
-        if self.at not in ("startup", "train", "eval"):
-            raise ConfigError(f"fault.at must be 'startup', 'train' or 'eval', got {self.at!r}")
-        if self.action not in ("raise", "kill", "stop"):
-            raise ConfigError(f"fault.action must be 'raise', 'kill' or 'stop', got {self.action!r}")
 
 
 class FaultInjector:

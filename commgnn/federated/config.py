@@ -29,7 +29,7 @@ from typing import Literal, get_args
 
 from commgnn.config import fraction, one_line, positive
 from commgnn.data.config import DataConfig
-from commgnn.distributed.context import RuntimeConfig
+from commgnn.distributed.config import RuntimeConfig
 from commgnn.errors import ConfigError
 
 Algorithm = Literal["fedavg", "fedprox", "local", "central"]

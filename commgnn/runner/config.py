@@ -27,11 +27,11 @@ from typing import Any, Mapping
 from commgnn.comm.config import CommConfig
 from commgnn.config import from_dict, set_path, to_dict
 from commgnn.data import DataConfig
-from commgnn.distributed.context import RuntimeConfig
-from commgnn.distributed.faults import FaultConfig
+from commgnn.distributed.config import RuntimeConfig
+from commgnn.distributed.config import FaultConfig
 from commgnn.errors import ConfigError, PartitionError
 from commgnn.fetch.config import FetchConfig
-from commgnn.metrics.energy import EnergyConfig
+from commgnn.metrics.config import EnergyConfig
 from commgnn.sampling.config import SamplerConfig
 from commgnn.models import ModelConfig
 from commgnn.models.deep import MINIBATCH_REFUSED, PRECOMPUTE_REFUSED
