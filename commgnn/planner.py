@@ -298,10 +298,7 @@ def plan(base: RunConfig, model: ClusterModel, *, tolerance: float,
     probe's own busiest-rank compute, unscaled: in a probe every rank computes at once on
     these cores, and on the emulated cluster the same work meets the same cores, whatever
     the link hides. Without it a lever whose codec costs compute is priced as if each host
-    had its own cores (Computers, 8 ranks on 2 cores: the probes' compute of 1.54 s for
-    precompute + transform-first and 2.23 s with 4-bit rows, against 1.49 and 1.95 s
-    epochs measured at 100 Mbit/s + 5 ms, means of 3 seeds, where compute scaled by exact's
-    cluster-over-probe factor priced them at 1.24 and 1.13 s)."""
+    had its own cores (the docs' emulated cluster results page shows the error that made)."""
     _check_min_gain(min_gain)
     if probe_epochs is not None and probe_epochs < 2:
         raise UserError(f"probes need at least 2 epochs, got {probe_epochs}")
@@ -402,17 +399,12 @@ def choose(ranked: list[PlanResult], min_gain: float = PlanConfig.min_gain) -> P
        the cheapest predicted epoch.
 
     Why: a probe is one seed's curve, and the epochs it needs to reach the target vary by tens
-    of percent between seeds and between near-lossless plans (Computers on 8 ranks at
-    1 Gbit/s: the 8-bit probe reached the target in about 80 epochs, exact's in about 103),
-    while a predicted epoch errs by 10-30% where ranks share cores. A lossy plan predicted
-    only marginally sooner is within that noise (that 8-bit plan, predicted 1.5% sooner than
-    exact, measured 0.66x exact's speed), and exact carries no accuracy risk. Between lossy
-    plans that close, the epoch price is the better-measured half of the prediction (the cost
-    model, validated within about 20% on the emulated grids), so the cheaper epoch is
-    preferred. This second rule was added after a grid had shown the need: CS on 4 emulated
-    hosts at 100 Mbit/s, where precompute + transform-first was predicted 1% sooner than it +
-    4-bit, from 0.76 s against 0.65 s epochs, and reached exact's best 15.3x sooner than exact
-    against 17.6x (3 seeds). ``min_gain = 0`` turns both rules off."""
+    of percent between seeds and between near-lossless plans, while a predicted epoch errs
+    where ranks share cores. A lossy plan predicted only marginally sooner is within that
+    noise, and exact carries no accuracy risk. Between lossy plans that close, the epoch
+    price is the better-measured half of the prediction (the cost model), so the cheaper
+    epoch is preferred. The cases that led to both rules are on the docs' emulated cluster
+    results page. ``min_gain = 0`` turns both rules off."""
     _check_min_gain(min_gain)
     best = ranked[0]
     exact = next((r for r in ranked if r.name == "exact"), None)

@@ -30,7 +30,7 @@ class ResidualSAGE(nn.Module):
         return self.conv3(h, edge_index)
 
 
-if __name__ == "__main__":  # spawned ranks import this file; train only in the main process
+if __name__ == "__main__":  # not for commgnn (its ranks never re-run this file): so that `from own_model import ResidualSAGE` does not train
     # %% Data: any PyG graph with x, edge_index, y (masks optional)
     data = FakeDataset(num_graphs=1, avg_num_nodes=2000, num_channels=16, num_classes=4, seed=0)[0]
     torch.manual_seed(0)

@@ -40,11 +40,6 @@ LANGUAGES = {"python", "bash", "text", "toml", "console", "json"}
 MAX_SKIPPED = 8  # blocks marked skip-test, all pages together: keep the exceptions few
 FENCE = re.compile(r"^```([^\n`]*)\n(.*?)^```[ \t]*$", re.M | re.S)
 SKIP = re.compile(r"<!--\s*skip-test:\s*(.+?)\s*-->")
-# The README's example as a script: fails today with multiprocessing's bootstrapping error
-# (spawned ranks re-import the user's script); commgnn.train is being fixed to run from any
-# script (issue 53, item 1). Only that failure is tolerated.
-KNOWN_SPAWN_FAILURE = ("commgnn.train(data, model=\"sage\"", ("bootstrapping phase", "freeze_support",
-                                                             "RankFailure"))
 
 
 @dataclass(frozen=True)
@@ -165,17 +160,25 @@ def test_reference_generator_lists_every_flag_and_key():
         import reference
     finally:
         sys.path.remove(str(DOCS / "hooks"))
-    from commgnn.runner.config import RunConfig
+    from commgnn.api import option_sets
 
     cli = reference.cli_markdown()
-    for flag in ("--parts", "--resume", "--secure-agg", "--probe-epochs", "--hosts", "--grid"):
+    for flag in ("--parts", "--resume", "--secure-agg", "--probe-epochs", "--hosts", "--grid", "--checkpoint-every"):
         assert f"`{flag}" in cli, flag
     config = reference.config_markdown()
-    keys = [k for k, tp, _, _ in reference.config_rows(RunConfig) if tp != "table"]
-    assert len(keys) > 100
-    for key in keys:
-        assert f"| `{key}` |" in config, key
-    assert "`comm.halo.bits`" in config and "`secagg.enabled`" in config
+    sets = option_sets()
+    assert set(reference.CONFIG_ROOTS) == set(sets), "a config root without a section on the reference page"
+    for name, option_set in sets.items():
+        section = config.split(f"## {reference.CONFIG_ROOTS[name][0]}\n", 1)[1].split("\n## ", 1)[0]
+        rows = option_set.reference()
+        assert rows, name
+        for row in rows:  # each key in its root's section, with its flag where it has one
+            line = next((ln for ln in section.splitlines() if ln.startswith(f"| `{row['key']}` |")), None)
+            assert line is not None, f"{name}: {row['key']}"
+            if row["flag"]:
+                assert row["flag"].split(" ")[0] in line, f"{name}: {row['key']} without {row['flag']}"
+    assert len(sets["run"].reference()) > 100
+    assert "`comm.halo.bits`" in config and "`secagg.enabled`" in config and "`dp_epsilon`" in config
 
 
 # ----------------------------------------------------------------------------- running the pages
@@ -184,21 +187,13 @@ def test_reference_generator_lists_every_flag_and_key():
 @pytest.mark.parametrize("page", RUN_PAGES)
 def test_page_code_runs_as_pasted(page: Path, tmp_path: Path):
     env = _env(tmp_path)
-    known = None
     for n, block in enumerate(b for b in blocks(page) if b.runnable):
         res = run_block(block, tmp_path, env, n)
-        if res.returncode != 0:
+        if res.returncode != 0:  # the README's Python example included: no __main__ guard needed
             out = res.stdout[-3000:] + res.stderr[-3000:]
-            marker, symptoms = KNOWN_SPAWN_FAILURE
-            if marker in block.code and any(s in out for s in symptoms):
-                known = (f"{block.where}: commgnn.train from a script fails with multiprocessing's "
-                         f"bootstrapping error (issue 53, item 1; being fixed in commgnn.train)")
-                continue  # the page's other blocks still run
             pytest.fail(f"{block.where} ({block.lang}) exited {res.returncode}:\n{out}")
     if page.name == "getting-started.md":
         _check_fields_documented(tmp_path / "runs" / "first")
-    if known:
-        pytest.xfail(known)
 
 
 def _check_fields_documented(run: Path) -> None:

@@ -3,8 +3,9 @@ epochs, and handed back after.
 
 Why it exists: ranks running the same code reach a full collection at the same epoch, and
 8 local ranks on 2 cores collecting at once made one 1.2 s epoch out of 0.16 s ones
-(``benchmarks/results/2026-12-05-twin-flags.md``). Off by default: the later epochs of
-frozen runs measured 3.8% slower (``...-twin-flags-gc-freeze-ab*.md``).
+(``benchmarks/results/cost-model/2026-12-05-twin-flags.md``). Off by default: the later
+epochs of frozen runs measured 3.8% slower
+(``benchmarks/results/cost-model/2026-12-05-twin-flags-gc-freeze-ab*.md``).
 """
 
 from __future__ import annotations

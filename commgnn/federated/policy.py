@@ -375,7 +375,7 @@ class PolicyGate:
 
     def check(self, payload: Payload) -> None:
         """Raise :class:`PolicyViolation` if the policy forbids ``payload``, recording nothing:
-        what a sender asks before the payload leaves (the receiver then :meth:`admit`\ s it)."""
+        what a sender asks before the payload leaves (the receiver then admits it with :meth:`admit`)."""
         link = self.link_of(payload)
         with self._lock:
             why = self._refusal(payload, link)

@@ -58,9 +58,8 @@ def peak_rss_mb() -> float:
 
     Linux's ``VmHWM`` (``/proc/self/status``) is the high-water mark of the current address
     space. ``getrusage``'s ``ru_maxrss`` is not: it survives ``execve``, so a rank spawned by
-    a launcher that had already loaded and partitioned the graph reports the launcher's
-    peak as its own (measured: four ranks of a 1M-node run each "peaked" at the launcher's
-    3.4 GB). ``ru_maxrss`` remains the fallback where ``/proc`` is not available."""
+    a launcher that had already loaded and partitioned the graph would report the launcher's
+    peak as its own. ``ru_maxrss`` remains the fallback where ``/proc`` is not available."""
     try:
         with open("/proc/self/status") as fh:
             for line in fh:

@@ -14,9 +14,8 @@ rank all-reduces ``n`` bytes (float32) at a few sizes, fitted to ``alpha + n * b
 the model's ``allreduce`` (whatever algorithm the backend runs; the links' ring price is
 kept beside it in ``fits``); the trainer's scalar all-reduce (4 float64) is timed apart as
 ``scalar_allreduce_s``, and a barrier as ``barrier_s``. Why apart: a tensor of a few
-elements need not cost what the fit gives a few bytes (measured on 4 emulated hosts x 2
-ranks at 100 Mbit/s + 5 ms under gloo: 4 float64 took 45-50 ms, 16 float32 148 ms, 215 kB
-160 ms; the cause inside gloo was not examined). Under NCCL
+elements need not cost what the fit gives a few bytes (under gloo it may not; the docs'
+cost-model design page gives the measurement). Under NCCL
 the buffers are device tensors and every timing waits for the device; under gloo they are
 host tensors.
 """

@@ -17,10 +17,9 @@ with ``steps = 1`` for an all-to-all. A calibrated model prices an all-to-all on
 calibration's measured curve instead: the links' price of its bytes (the formula with
 factor 1) interpolated piecewise-linearly between the calibrated sizes' (price, measured)
 points (``a2a_points``), extended past the largest by the last segment's slope and below
-the smallest by that size's excess over its price (when positive). One factor fitted at
-the largest size over-priced mid-size exchanges (100 kB a peer on 100 Mbit/s measured
-105-118 ms against 125-135 ms) and under-priced small ones (10 kB a peer on 1 Gbit/s, 8
-ranks on 2 cores: 5-6 ms against 1.3 ms). An all-reduce of ``n`` bytes per rank (a run records
+the smallest by that size's excess over its price (when positive). A single factor fitted
+at the largest size cannot follow that curve: it over-prices mid-size exchanges and
+under-prices small ones (the docs' cost-model pages give the measurements). An all-reduce of ``n`` bytes per rank (a run records
 its bytes on the ring pairs ``(r, r + 1)``: ``2 (P - 1) / P * n`` per rank) is priced by
 :meth:`ClusterModel.allreduce_s`: on a calibrated model by the backend's measured
 all-reduce, ``alpha_ar + n * beta_ar`` (``allreduce``, fitted by ``commgnn calibrate``);
@@ -31,10 +30,9 @@ counts) costs the calibrated ``scalar_allreduce_s`` each. A barrier costs the ca
 host, ring over hosts, then broadcast) is always priced from the links.
 
 Why measure the all-reduce rather than count its ring steps: the backend need not run
-the textbook ring. On 4 emulated hosts x 2 ranks at 100 Mbit/s + 5 ms (one-way latency
-5.1 ms), ``2 (P - 1)`` latencies price a small all-reduce at 72 ms; gloo took 148 ms for
-16 float32, 45-50 ms for 4 float64 and 31 ms for a barrier
-(:mod:`commgnn.netmodel.calibrate`).
+the textbook ring, and a small all-reduce, a scalar one and a barrier each cost what the
+backend makes them cost, not ``2 (P - 1)`` latencies (:mod:`commgnn.netmodel.calibrate`
+measures them; the docs' cost-model design page gives figures).
 
 An epoch is predicted as the busiest rank's measured compute plus the model's time for
 each class's collectives, called ``calls[c]`` times with ``B_c / calls[c]`` bytes each.

@@ -20,10 +20,8 @@ open, caches warm).
 What the links do not explain. A run's measured communication time also holds time that
 no byte count predicts: waiting inside a collective for peers that arrive later, and each
 collective's own software cost. Where ranks share cores (an emulated cluster on one
-machine) this dominates small exchanges: CS with transform-first and 4-bit rows spends
-0.57-0.72 s an epoch blocked in collectives on loopback and 0.82 s at 1 Gbit/s, against
-0.06 s that the calibrated links price its 35 MB at (spread over four hosts' 1 Gbit/s
-ports). :func:`residual_s` measures it once, on a reference run of the same configuration
+machine) this can dominate small exchanges (the docs' cost-model results page has an
+example). :func:`residual_s` measures it once, on a reference run of the same configuration
 on a link with its own calibration (local ranks over loopback, say), as that run's
 measured epoch time less its predicted one; ``predict_run(..., overhead_s=residual)`` joins
 it to the price on another link.
@@ -36,17 +34,10 @@ larger (one hides the other) bounds it from below. The prediction takes the midp
 of the reference link's price for the same traffic (``predict_run(..., reference=...)``;
 without a reference, all of the link's price): only the extra wire time frees the cores
 (the model's assumption, tested only through the validation below), and the reference run
-itself is then predicted as measured. On the 36 emulated runs of
-2026-12-03/04 the sum erred by -11.1..+22.8%, the maximum by -19.0..+6.4% and the midpoint
-over the whole price by -12.1..+12.8% (`benchmarks/results/2026-12-04-cost-model-overlap.md`,
-under the model of that day). With the current model and the residual, each twin run with
-its runs' own flags (energy measurement on, 21 epochs; ``benchmarks/emulated_grid.py``'s
-``TWIN_EPOCHS`` says why): the 30 stored grid entries of 2026-12-05 (4 hosts, 3 seeds each;
-`benchmarks/results/2026-12-05-cost-model-grids-energy-twins.md`) within -17.2..+15.4%, 9
-later ones (`...-cost-model-tie-energy-twins.md`) within -15.2..+15.9%, every twin trained
-again -17.4..+16.0% (`...-repeat.md`), and 18 runs on 2 hosts
-(`...-cost-model-2hosts-current-{CS,Computers}.md`) within -16.1..+3.7%. The weakest rows are
-Computers at 1 Gbit/s (0.2 s epochs, mostly shared-core waiting): -8.6..-17.4%.
+itself is then predicted as measured. How close the sum, the maximum and the midpoint
+came to emulated runs, and the current model's errors against its validation grids, are on
+the docs' cost-model results page (``benchmarks/emulated_grid.py`` and
+``benchmarks/results/cost-model/``).
 """
 
 from __future__ import annotations

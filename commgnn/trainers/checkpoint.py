@@ -9,7 +9,7 @@ Layout inside the run directory::
 Every rank writes its own state (:meth:`FullGraphTrainer.state_dict`, which holds the
 model, optimiser, scheduler, RNG and every stateful communication part, plus the meter's
 byte totals; :func:`save_rank` adds the process's Python and NumPy RNG states) to a
-temporary name, ``fsync``\ s it and renames it into place, and returns its SHA-256. Only
+temporary name, ``fsync``-s it and renames it into place, and returns its SHA-256. Only
 after all ranks have written (the caller gathers the hashes, which is also the barrier,
 between :func:`save_rank` and :func:`commit`) does rank 0 replace ``latest.json``, the set's
 manifest, atomically and last, so it never names an incomplete set; then older sets are

@@ -274,7 +274,7 @@ class MiniBatchTrainer(FullGraphTrainer):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         mb = state["minibatch"]
-        saved = mb.get("topology", self.topology)  # (checkpoints before 2026-12-02 did not say)
+        saved = mb.get("topology", self.topology)  # (checkpoints of earlier versions did not record it)
         if saved != self.topology:
             # topology = auto decides from the free memory at start: a resume can choose
             # otherwise, and the samples (and a cache's rows) would then not be the run's.

@@ -10,15 +10,14 @@ Written by hand.
 
 The built-in models' kernels take the same time whatever the values (zeros are no
 denormals); a user's own model with value-dependent steps (``nonzero``, ``unique``) could
-differ. Until 2026-12-03 one real step recorded every block the rank received and replayed
-them, which kept every layer's forward and backward blocks at once and made this
-measurement the run's memory peak: at 1M nodes (GCN 3x128, 4 ranks) the peak per rank fell
-from 3.64 to 2.37 GB without it (`benchmarks/results/2026-12-03-fullgraph-scale.md`).
+differ. No received block is recorded or replayed: each exchange returns fresh zeros of the
+shape it would receive, so the measurement keeps no layer's received blocks beyond the
+step that uses them (the memory results page says what replaying them once cost).
 
 What it measures is the exact model's training forward and backward and its evaluation
-forward (what every lever's compute is built on; every epoch evaluates, and until 2026-12-04
-the evaluation was left out, which the shared/alone ratio then counted as contention); a
-lever's encode and decode, the optimiser step and the gradient sync are not in it. The
+forward (what every lever's compute is built on; every epoch evaluates, so leaving the
+evaluation out would count it as contention in the shared/alone ratio); a lever's encode
+and decode, the optimiser step and the gradient sync are not in it. The
 model's gradients are cleared and its mode restored afterwards, so training is unaffected.
 """
 

@@ -4,27 +4,19 @@ A page that holds the line ``<!-- generated: cli -->`` gets the whole command li
 from the argparse parsers (``commgnn.cli.main.build_parser()``: every sub-command, its
 argument groups, each flag with its metavar, choices and the help text ``--help`` prints).
 A page that holds ``<!-- generated: config -->`` gets every configuration key, read from
-the config dataclasses (key, type, default and the docstring that follows each field).
-Nothing here is copied by hand, so the pages cannot drift from the code.
-
-Only public, stable things are read: parser objects and dataclass fields. Field docstrings
-are read from the source with :mod:`ast`, the same way ``tests/test_config_docs.py`` checks
-that each field has one.
+the option sets (``commgnn.api.option_sets()``): one section per config root (run,
+federate, cluster, plan, calibrate, the bench grid), grouped by table, each key with its
+Python keyword, flag, type, default and the docstring of its field. The flags, the TOML
+keys and the keywords are made from the same declaration (``commgnn/options.py``), so
+nothing here is copied by hand and the pages cannot drift from the code.
 """
 
 from __future__ import annotations
 
 import argparse
-import ast
-import dataclasses
-import importlib
 import html
-import inspect
 import re
 import sys
-import textwrap
-import types
-import typing
 from pathlib import Path
 from typing import Any
 
@@ -32,78 +24,25 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:  # build from a checkout without `pip install -e .`
     sys.path.insert(0, str(ROOT))
 
-# (heading, TOML file it lives in, "module:Class" candidates; the first that imports is used)
-CONFIG_ROOTS: list[tuple[str, str, list[str]]] = [
-    ("`commgnn train`", "`commgnn train --config FILE.toml`, `commgnn.train(...)`",
-     ["commgnn.runner.config:RunConfig"]),
-    ("`commgnn federate`", "`commgnn federate --config FILE.toml`",
-     ["commgnn.federated.config:FederateConfig"]),
-    ("`commgnn cluster`", "the flags of `commgnn cluster` (`commgnn.cluster.config.ClusterConfig`)",
-     ["commgnn.cluster.config:ClusterConfig"]),
-    ("`commgnn bench` grid files", "`commgnn bench --grid FILE.toml`",
-     ["commgnn.bench.config:GridFile", "commgnn.api.bench:GridFile", "commgnn.cli.bench:GridFile"]),
-]
+# option set name -> (heading, where its keys are set); the order of the page
+CONFIG_ROOTS: dict[str, tuple[str, str]] = {
+    "run": ("`commgnn train`",
+            "a TOML file (`commgnn train --config FILE.toml`), the flags of `commgnn train`, or the "
+            "keywords of `commgnn.train(...)`"),
+    "federate": ("`commgnn federate`",
+                 "a TOML file (`commgnn federate --config FILE.toml`), the flags of `commgnn federate`, "
+                 "or the keywords of `commgnn.federate(...)`"),
+    "cluster": ("`commgnn cluster`",
+                "the flags of `commgnn cluster`, or the keywords of `commgnn.run_emulated(job, ...)`"),
+    "plan": ("`commgnn plan`",
+             "the flags of `commgnn plan`, or the keywords of `commgnn.plan(...)` (the planned run's own "
+             "options come from `--config` and the run flags above)"),
+    "calibrate": ("`commgnn calibrate`", "the flags of `commgnn calibrate`, or the keywords of `commgnn.calibrate(...)`"),
+    "bench": ("`commgnn bench` grid files", "a grid file (`commgnn bench --grid FILE.toml`)"),
+}
 
 
 # --------------------------------------------------------------------------- config keys
-
-def _field_docs(cls: type) -> dict[str, str]:
-    """Docstring of each field of ``cls`` (and of its dataclass bases), from the source."""
-    docs: dict[str, str] = {}
-    for klass in reversed(cls.__mro__):
-        if not dataclasses.is_dataclass(klass) or klass is object:
-            continue
-        try:
-            tree = ast.parse(textwrap.dedent(inspect.getsource(klass)))
-        except (OSError, TypeError):
-            continue
-        node = next(n for n in ast.walk(tree) if isinstance(n, ast.ClassDef))
-        for st, nxt in zip(node.body, node.body[1:]):
-            if (isinstance(st, ast.AnnAssign) and isinstance(st.target, ast.Name)
-                    and isinstance(nxt, ast.Expr) and isinstance(nxt.value, ast.Constant)
-                    and isinstance(nxt.value.value, str)):
-                docs[st.target.id] = inspect.cleandoc(nxt.value.value)
-    return docs
-
-
-def _dataclass_in(tp: Any) -> type | None:
-    """The config dataclass a field's type names (``X`` or ``X | None``), else None."""
-    if dataclasses.is_dataclass(tp) and isinstance(tp, type):
-        return tp
-    for arg in typing.get_args(tp):
-        if dataclasses.is_dataclass(arg) and isinstance(arg, type):
-            return arg
-    return None
-
-
-def _type_text(tp: Any) -> str:
-    """A field's type as a user reads it: ``int | None``, ``'none' | 'pipeline'``, ``tuple[int, ...]``."""
-    origin, args = typing.get_origin(tp), typing.get_args(tp)
-    if origin is typing.Literal:
-        return " | ".join(repr(a) for a in args)
-    if origin in (typing.Union, types.UnionType):
-        return " | ".join(_type_text(a) for a in args)
-    if origin is not None:
-        inner = ", ".join("..." if a is Ellipsis else _type_text(a) for a in args)
-        return f"{getattr(origin, '__name__', str(origin))}[{inner}]"
-    if tp is type(None):
-        return "None"
-    if dataclasses.is_dataclass(tp):
-        return "table"
-    return getattr(tp, "__name__", str(tp))
-
-
-def _default_text(f: dataclasses.Field) -> str:
-    if f.default is not dataclasses.MISSING:
-        value = f.default
-    elif f.default_factory is not dataclasses.MISSING:  # type: ignore[misc]
-        value = f.default_factory()  # type: ignore[misc]
-    else:
-        return "(required)"
-    if isinstance(value, tuple):
-        value = list(value)
-    return repr(value).replace("'", '"') if not isinstance(value, bool) else str(value).lower()
-
 
 def _cell(text: str) -> str:
     text = re.sub(r":(?:func|class|mod|meth|attr|data|obj):(`+)", r"\1", text)  # reST roles -> code
@@ -120,49 +59,56 @@ def _cell(text: str) -> str:
     return "".join(out)
 
 
-def config_rows(cls: type, prefix: str = "") -> list[tuple[str, str, str, str]]:
-    """``(key, type, default, doc)`` for every leaf key under ``cls``, tables first-come."""
-    hints = typing.get_type_hints(cls)
-    docs = _field_docs(cls)
-    rows: list[tuple[str, str, str, str]] = []
-    for f in dataclasses.fields(cls):
-        if not f.init:
-            continue
-        key = f"{prefix}{f.name}"
-        tp = hints.get(f.name, f.type)
-        sub = _dataclass_in(tp)
-        scalar_too = sub is not None and any(a is not sub and a is not type(None) for a in typing.get_args(tp))
-        if scalar_too:  # a value or a table, e.g. `bits = 8` or `bits = { forward = 4, backward = 8 }`
-            rows.append((key, _type_text(tp), _default_text(f), docs.get(f.name, "")))
-            rows.extend(config_rows(sub, key + "."))
-        elif sub is not None:
-            rows.append((f"[{key}]", "table", "", docs.get(f.name, "")))
-            rows.extend(config_rows(sub, key + "."))
-        else:
-            rows.append((key, _type_text(tp), _default_text(f), docs.get(f.name, "")))
-    return rows
+def option_sets() -> dict[str, Any]:
+    """Every config root's :class:`commgnn.options.OptionSet`, by name."""
+    from commgnn.api import option_sets as sets
+
+    return sets()
 
 
-def _import(spec: str) -> type | None:
-    module, _, name = spec.partition(":")
-    try:
-        return getattr(importlib.import_module(module), name)
-    except (ImportError, AttributeError):
-        return None
+def config_rows(name: str) -> list[dict[str, str]]:
+    """The reference rows of option set ``name`` (``key``, ``keyword``, ``flag``, ``type``,
+    ``default``, ``help``), as :meth:`OptionSet.reference` gives them."""
+    return option_sets()[name].reference()
+
+
+def _by_table(option_set: Any) -> list[tuple[str, list[dict[str, str]]]]:
+    """The set's rows grouped by their table (the key without its last part; "" for the
+    root's own keys), tables in the root's declaration order, rows in the set's order."""
+    from commgnn.options import tables
+
+    groups: dict[str, list[dict[str, str]]] = {path.rstrip("."): [] for path, _ in tables(option_set.root)}
+    for row in option_set.reference():
+        groups.setdefault(row["key"].rpartition(".")[0], []).append(row)
+    return [(table, rows) for table, rows in groups.items() if rows]
+
+
+def _code(text: str) -> str:
+    return _cell(f"`{text}`") if text else ""
 
 
 def config_markdown() -> str:
+    sets = option_sets()
     out: list[str] = []
-    for heading, where, specs in CONFIG_ROOTS:
-        cls = next((c for c in map(_import, specs) if c is not None), None)
-        if cls is None:
+    for name, (heading, where) in CONFIG_ROOTS.items():
+        if name not in sets:
             continue
-        out += [f"## {heading}", "", f"Set in {where}. Unknown keys and wrong types are errors.", "",
-                "| key | type | default | what it is |", "|---|---|---|---|"]
-        for key, tp, default, doc in config_rows(cls):
-            shown = f"**`{key}`**" if tp == "table" else f"`{key}`"
-            out.append(f"| {shown} | {_cell(tp and f'`{tp}`')} | {_cell(default and f'`{default}`')} | {_cell(doc)} |")
-        out.append("")
+        groups = _by_table(sets[name])
+        flags = any(r["flag"] for _, rows in groups for r in rows)
+        keywords = name != "bench"  # `commgnn.bench(grid)` takes the file, not its keys
+        columns = ["key", *(["keyword"] if keywords else []), *(["flag"] if flags else []), "type", "default",
+                   "what it is"]
+        out += [f"## {heading}", "", f"Set in {where}. Unknown keys and wrong types are errors.", ""]
+        for table, members in groups:
+            if table:
+                out += [f"### `[{table}]`", ""]
+            out += ["| " + " | ".join(columns) + " |", "|---" * len(columns) + "|"]
+            for r in members:
+                cells = [f"`{r['key']}`", *([_code(r["keyword"])] if keywords else []),
+                         *([_code(r["flag"])] if flags else []), _code(r["type"]), _code(r["default"]),
+                         _cell(r["help"])]
+                out.append("| " + " | ".join(cells) + " |")
+            out.append("")
     return "\n".join(out)
 
 
