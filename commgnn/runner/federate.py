@@ -43,12 +43,12 @@ from commgnn.federated.config import FederateConfig
 from commgnn.federated.engine import Federation
 from commgnn.federated.fairness import fairness_markdown
 from commgnn.federated.transport import Transport
-from commgnn.report import (commit_out_dir, git_commit, host_info, library_versions, prepare_out_dir, read_json,
-                            write_json, write_status)
+from commgnn.report import git_commit, host_info, library_versions, read_json, write_json, write_status
 from commgnn.report.records import MetricsLog
 from commgnn.runner.local import prepare_local_ranks, run_local_ranks
 from commgnn.runner.preflight import check_disk, estimate_run_bytes
-from commgnn.runner.run_dir import GIVEN_PREFIX, describe_graph, given_graph_name, mark_ended, previous_attempt
+from commgnn.runner.run_dir import (GIVEN_PREFIX, describe_graph, given_graph_name, mark_ended, previous_attempt,
+                                    write_staged)
 from commgnn.trainers import checkpoint
 
 COMMAND = "federate"
@@ -143,17 +143,12 @@ def _write_run_dir(cfg: FederateConfig, out: Path, graph: dict[str, Any], torchr
         graph.get("num_classes", 0)
     check_disk(out, estimate_run_bytes(partition_bytes=0.0, epochs=cfg.federated.rounds, param_count=int(params),
                                        parts=cfg.runtime.parts, checkpoint_every=cfg.runtime.checkpoint_every))
-    staging = prepare_out_dir(out)
-    try:
+
+    def write(staging: Path) -> None:
         (staging / "config.toml").write_text(dump_toml(to_dict(cfg)))
         write_json(staging / "manifest.json", _manifest(cfg, graph, torchrun))
-        commit_out_dir(staging, out)
-    except OSError as exc:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise UserError(f"cannot write the run folder {out}: {exc.strerror or exc}") from None
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
+
+    write_staged(out, write)
 
 
 def _progress(row: dict[str, Any]) -> str:

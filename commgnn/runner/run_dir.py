@@ -13,7 +13,7 @@ import shutil
 import sys
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import torch
 from torch import nn
@@ -148,15 +148,26 @@ def write_run_dir(cfg: RunConfig, out: Path, data: Any, graph: dict[str, Any],
     check_disk(out, estimate_run_bytes(partition_bytes=part_bytes, epochs=cfg.train.epochs,
                                        param_count=int(params), parts=P,
                                        checkpoint_every=cfg.runtime.checkpoint_every))
-    staging = prepare_out_dir(out)
-    try:
+
+    def write(staging: Path) -> None:
         write_header(staging, cfg, graph, report, torchrun=False, own=own)
         if parts is not None:
             save_partitions(staging / "partitions", build_local_partitions(data, parts, P), meta or {})
+
+    write_staged(out, write)
+
+
+def write_staged(out: Path, write: Callable[[Path], None]) -> None:
+    """Create the run folder ``out`` whole or not at all: ``write`` fills a hidden staging
+    sibling, which is then renamed into place. A failure removes the staging folder; an
+    ``OSError`` (a full disk, no permission) becomes one line naming ``out``."""
+    staging = prepare_out_dir(out)
+    try:
+        write(staging)
         commit_out_dir(staging, out)
     except OSError as exc:
         shutil.rmtree(staging, ignore_errors=True)
-        raise UserError(f"cannot write the run directory {out}: {exc.strerror or exc}") from None
+        raise UserError(f"cannot write the run folder {out}: {exc.strerror or exc}") from None
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
