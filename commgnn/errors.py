@@ -39,6 +39,13 @@ class IntegrityError(UserError):
     (a pickle that is not tensors and plain data); reported as one line naming the file."""
 
 
+class DamagedRecord(IntegrityError, ValueError):
+    """A run's JSON record (``manifest.json``, ``summary.json``, ...) cannot be read, is not
+    JSON, or lacks an entry the command needs; one line naming the file. Also a
+    :class:`ValueError`, as the ``json.loads`` error it replaces was, for callers that treat
+    an unreadable record as absent."""
+
+
 class Diverged(RankFailure):
     """A training step's loss or a gradient was not finite (``train.on_nonfinite = "stop"``):
     the run stops at that epoch with exit code 1, naming the epoch and the quantity."""

@@ -40,7 +40,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any, Iterable
 
-from commgnn.errors import UserError
+from commgnn.errors import DamagedRecord, UserError
 
 
 def library_versions() -> dict[str, str]:
@@ -286,4 +286,33 @@ def _frac(rows: list[dict[str, Any]], phase: str) -> float:
 
 
 def read_json(path: Path) -> Any:
-    return json.loads(Path(path).read_text())
+    """The JSON document at ``path``. A missing file raises :class:`FileNotFoundError` (for
+    callers that treat it as absent); a file that cannot be read or is not JSON (cut short,
+    altered) raises :class:`~commgnn.errors.DamagedRecord`, one line naming the file."""
+    path = Path(path)
+    try:
+        return json.loads(path.read_bytes().decode("utf-8"))
+    except FileNotFoundError:
+        raise
+    except OSError as exc:
+        raise DamagedRecord(f"cannot read {path}: {exc.strerror or exc}") from None
+    except ValueError:  # JSONDecodeError and UnicodeDecodeError are both ValueErrors
+        raise DamagedRecord(f"{path} is damaged (not JSON); it is not used") from None
+
+
+def json_field(path: Path, *keys: str, kind: type | tuple[type, ...] = object) -> Any:
+    """``read_json(path)[keys[0]][keys[1]]...``, or one line naming the file and the entry
+    (:class:`~commgnn.errors.DamagedRecord`) when the file is missing or damaged, or does not
+    hold that entry as an instance of ``kind``."""
+    path = Path(path)
+    try:
+        value = read_json(path)
+    except FileNotFoundError:
+        raise DamagedRecord(f"{path} is missing") from None
+    for i, key in enumerate(keys):
+        if not isinstance(value, dict) or key not in value:
+            raise DamagedRecord(f"{path} is damaged: it has no {'.'.join(keys[:i + 1])} entry")
+        value = value[key]
+    if not isinstance(value, kind) or (isinstance(value, bool) and kind in (int, float)):
+        raise DamagedRecord(f"{path} is damaged: its {'.'.join(keys)} entry is not what a run records")
+    return value
