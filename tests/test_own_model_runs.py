@@ -293,3 +293,99 @@ def test_resume_rebuilds_the_model_by_name_from_its_starting_weights(trained, tm
         return [json.loads(line)["loss"] for line in (path / "metrics.jsonl").read_text().splitlines()]
     assert losses(run) == losses(trained.run)
     assert torch.equal(torch.load(run / "model.pt")["out.weight"], torch.load(trained.run / "model.pt")["out.weight"])
+
+
+EVIL = "from pathlib import Path\nPath({marker!r}).write_text('ran')\nfrom own_models import JKGATv2\n"
+
+
+def _plant(run: Path, module: str) -> None:
+    record = json.loads((run / "own_model.json").read_text())
+    (run / "own_model.json").write_text(json.dumps({**record, "module": module}))
+
+
+@pytest.mark.parametrize("cwd_is", ["run folder", "its parent"])
+def test_a_module_in_the_run_folder_or_the_current_directory_is_never_imported(trained, tmp_path, cwd_is):
+    """A stranger's folder names a module it ships (``evil.py``), and the command runs with
+    the current directory on ``sys.path`` (``python -m``): refused in one line, nothing of
+    the module runs."""
+    import shutil
+
+    run = tmp_path / "stranger" / "run"
+    shutil.copytree(trained.run, run)
+    marker = tmp_path / "MARKER"
+    for where in (run, run.parent):
+        (where / "evil.py").write_text(EVIL.format(marker=str(marker)))
+    _plant(run, "evil")
+    torch.save(trained.data.to_dict(), tmp_path / "g.pt")
+    cwd = run if cwd_is == "run folder" else run.parent
+    env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{ROOT / 'tests'}", "COMMGNN_ENERGY": "0"}
+    res = subprocess.run([sys.executable, "-m", "commgnn", "predict", str(run), "--dataset", str(tmp_path / "g.pt"),
+                          "--parts", "1", "--out", str(tmp_path / "p.pt")],
+                         capture_output=True, text=True, timeout=240, env=env, cwd=cwd)
+    assert not marker.exists()
+    assert res.returncode == 2, res.stderr[-3000:]
+    line = _one_error_line(res.stderr)
+    assert "evil" in line and "not imported" in line and "model=JKGATv2" in line, line
+    assert not (tmp_path / "p.pt").exists()
+
+
+def test_a_package_inside_the_run_folder_is_refused_even_on_sys_path(trained, tmp_path, monkeypatch):
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(trained.run, run)
+    marker = tmp_path / "MARKER"
+    (run / "evilpkg").mkdir()
+    (run / "evilpkg" / "__init__.py").write_text(EVIL.format(marker=str(marker)))
+    _plant(run, "evilpkg")
+    monkeypatch.syspath_prepend(str(run))  # even where the run folder is on sys.path
+    with pytest.raises(UserError, match=r"evilpkg .*run folder.*not imported.*model=JKGATv2"):
+        commgnn.load_result(run)
+    assert not marker.exists() and "evilpkg" not in sys.modules
+
+
+@pytest.mark.parametrize("damaged", ["model.pt", "own_model_init.pt"])
+def test_the_weights_are_checked_before_the_class_is_imported(trained, tmp_path, monkeypatch, damaged):
+    """A module found where imports are allowed (an installed location) is imported only
+    after the run's weights passed their sha256 check."""
+    import shutil
+    from commgnn.errors import IntegrityError
+
+    run = tmp_path / "run"
+    shutil.copytree(trained.run, run)
+    lib = tmp_path / "lib"
+    lib.mkdir()
+    marker = tmp_path / "MARKER"
+    (lib / "planted_model.py").write_text(EVIL.format(marker=str(marker)))
+    monkeypatch.syspath_prepend(str(lib))
+    monkeypatch.delitem(sys.modules, "planted_model", raising=False)
+    _plant(run, "planted_model")
+    blob = bytearray((run / damaged).read_bytes())
+    blob[len(blob) // 2] ^= 0xFF
+    (run / damaged).write_bytes(bytes(blob))
+    for call in (lambda: commgnn.load_result(run), lambda: commgnn.predict(run, trained.data, parts=1)):
+        with pytest.raises(IntegrityError, match=damaged):
+            call()
+        assert not marker.exists()
+    (run / damaged).write_bytes((trained.run / damaged).read_bytes())  # intact: the import is allowed
+    assert type(commgnn.load_result(run).model).__name__ == "JKGATv2" and marker.exists()
+
+
+def test_the_run_folder_appears_with_its_own_model_files(tmp_path, monkeypatch):
+    """``own_model.json`` and ``own_model_init.pt`` (hashed) are in the staging folder when
+    it is renamed into place: no reader ever sees the run folder without them."""
+    from commgnn.runner import run_dir as run_dir_mod
+
+    seen: dict[str, object] = {}
+    commit = run_dir_mod.commit_out_dir
+
+    def spy(staging: Path, out: Path) -> None:
+        seen["files"] = sorted(p.name for p in staging.iterdir())
+        seen["hashed"] = sorted(json.loads((staging / "hashes.json").read_text())["files"]) \
+            if (staging / "hashes.json").is_file() else []
+        commit(staging, out)
+    monkeypatch.setattr(run_dir_mod, "commit_out_dir", spy)
+    res = commgnn.train(_graph(), model=JKGATv2(6, 4, 3), parts=1, epochs=1, quiet=True, out=tmp_path / "run")
+    assert {"own_model.json", "own_model_init.pt", "hashes.json"} <= set(seen["files"]), seen
+    assert seen["hashed"] == ["own_model_init.pt"]
+    assert json.loads((res.run_dir / "own_model.json").read_text())["qualname"] == "JKGATv2"

@@ -18,9 +18,11 @@ Every run that ``train`` can produce predicts:
 * **a built-in model**: rebuilt from ``config.toml``;
 * **your own model**: its class is imported by the name recorded in the run folder and built
   from its recorded constructor arguments; nothing is unpickled from the folder
-  (:mod:`commgnn.runner.own_model`). Pass ``model=`` (the class, or an instance) when the
-  class cannot be imported by name (``__main__``, a notebook) or its arguments were not
-  recorded; each such case is refused in one line that says so;
+  (:mod:`commgnn.runner.own_model`), only after ``model.pt`` passed its hash check and
+  never from a file inside the run folder or the current directory. Pass ``model=`` (the
+  class, or an instance) when the class cannot be imported by name (``__main__``, a
+  notebook, a module the run folder ships) or its arguments were not recorded; each such
+  case is refused in one line that says so;
 * **a graph given in Python**: no file holds it, so ``data`` must be given again (refused in
   one line otherwise, never silently replaced by another graph).
 
@@ -45,10 +47,10 @@ from commgnn.distributed.context import LaunchInfo, free_port, init_distributed,
 from commgnn.distributed.events import Hooks
 from commgnn.distributed.forkserver import prestart
 from commgnn.distributed.spawn import spawn_ranks
-from commgnn.integrity import load_run_file
+from commgnn.integrity import load_run_file, save_tensors
 from commgnn.errors import DataError, UserError
 from commgnn.partition import build_local_partitions, load_partition, partition_graph, save_partitions
-from commgnn.report import read_json
+from commgnn.report import json_field
 from commgnn.runner.config import RunConfig, resolve_config
 from commgnn.runner.own_model import carry_model, load_own_model, load_weights, unpack_model
 from commgnn.runner.preflight import check_rank_count
@@ -82,7 +84,7 @@ def predict(run_dir: str | Path, data: Any = None, *, model: nn.Module | type | 
         if not (run_dir / name).is_file():
             raise UserError(f"{run_dir} holds no trained model (no {name}); train it first")
     cfg = resolve_config(str(run_dir / "config.toml"), {}, {})
-    trained = read_json(run_dir / "manifest.json").get("dataset") or {}
+    trained = json_field(run_dir / "manifest.json", "dataset", kind=dict)
     graph = None
     if isinstance(data, (str, Path)):
         cfg = replace(cfg, data=replace(cfg.data, dataset=str(data), root=data_root or cfg.data.root))
@@ -91,15 +93,16 @@ def predict(run_dir: str | Path, data: Any = None, *, model: nn.Module | type | 
     elif is_given_graph(cfg) or trained.get("name") == GIVEN_GRAPH:
         raise UserError(f"{run_dir} trained on a graph given in Python, which no file holds; pass it again: "
                         f"commgnn.predict({str(run_dir)!r}, data) (or `commgnn predict --dataset FILE.pt`)")
+    # The weights are checked against their sha256 before any class is imported by name.
+    state = load_run_file(run_dir, "model.pt")  # sha256-checked, tensors only
+    if not isinstance(state, dict):
+        raise UserError(f"{run_dir / 'model.pt'} does not hold a state dict")
     module = load_own_model(run_dir, model, verb=f"commgnn.predict({str(run_dir)!r}, model=MODEL)")
     if parts is not None:
         cfg = replace(cfg, runtime=replace(cfg.runtime, parts=parts))
     cfg = replace(cfg, partition=replace(cfg.partition, dir=None))
     P = cfg.runtime.parts
     check_rank_count(P, force=cfg.runtime.force)
-    state = load_run_file(run_dir, "model.pt")  # sha256-checked, tensors only
-    if not isinstance(state, dict):
-        raise UserError(f"{run_dir / 'model.pt'} does not hold a state dict")
     if module is not None:  # the weights must fit before any rank starts
         load_weights(module, state, run_dir / "model.pt")
     loaded = load_dataset(cfg.data, graph)
@@ -146,7 +149,5 @@ def _predict_rank(info: LaunchInfo, cfg: RunConfig, part_dir: str, fp: str, stat
                                module=unpack_model(packed))
     scores = gather_rows(ctx, hooks, trainer, part, trainer.predict(state))
     if ctx.is_main:
-        tmp = Path(out).with_name(Path(out).name + ".tmp")
-        torch.save(scores.cpu(), tmp)
-        tmp.replace(out)
+        save_tensors(scores.cpu(), out)  # written whole (fsync), then renamed into place
     shutdown(ctx)

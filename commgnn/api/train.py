@@ -35,7 +35,7 @@ from commgnn.config import replace_path
 from commgnn.errors import ConfigError, UserError
 from commgnn.integrity import load_run_file
 from commgnn.models import ModelConfig, ReferenceGNN
-from commgnn.report import read_json
+from commgnn.report import json_field, read_json
 
 if TYPE_CHECKING:
     from commgnn.api.federate import FederateResult
@@ -167,10 +167,13 @@ def load_result(run_dir: str | Path, *, model: nn.Module | type | None = None) -
     if not (run_dir / "summary.json").is_file():
         raise UserError(f"{run_dir} holds no finished run (no summary.json)")
     cfg = resolve_config(str(run_dir / "config.toml"), {}, {})
-    dataset = read_json(run_dir / "manifest.json")["dataset"]
+    manifest = run_dir / "manifest.json"
+    # The weights are checked against their sha256 before any class is imported by name.
+    state = load_run_file(run_dir, "model.pt")  # tensors only
     module = load_own_model(run_dir, model, verb=f"commgnn.load_result({str(run_dir)!r}, model=MODEL)") \
-        or build_model(cfg.model, dataset["num_features"], dataset["num_classes"])
-    load_weights(module, load_run_file(run_dir, "model.pt"), run_dir / "model.pt")  # sha256-checked, tensors only
+        or build_model(cfg.model, json_field(manifest, "dataset", "num_features", kind=int),
+                       json_field(manifest, "dataset", "num_classes", kind=int))
+    load_weights(module, state, run_dir / "model.pt")
     module.eval()
     return TrainResult(model=module, summary=read_json(run_dir / "summary.json"),
                        predictions=load_run_file(run_dir, "predictions.pt"),

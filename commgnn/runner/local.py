@@ -24,10 +24,9 @@ from commgnn.distributed.forkserver import prestart
 from commgnn.distributed.spawn import first_line, spawn_ranks
 from commgnn.errors import UserError
 from commgnn.partition import load_partition
-from commgnn.report import read_json, write_status
+from commgnn.report import json_field, read_json, write_status
 from commgnn.runner.config import RunConfig, config_from_partition_dir
-from commgnn.runner.own_model import (carry_model, check_own_model, describe_own_model, load_own_model, unpack_model,
-                                      write_own_model)
+from commgnn.runner.own_model import carry_model, check_own_model, describe_own_model, load_own_model, unpack_model
 from commgnn.runner.preflight import check_rank_count
 from commgnn.runner.prepare import partition_for_run, partition_meta, preflight_memory, recorded_graph
 from commgnn.runner.rank import run_rank
@@ -49,7 +48,7 @@ def train_local(cfg: RunConfig, *, resume: bool = False, graph: Any = None,
         check_own_model(module, cfg)
     port, cuda = prepare_local_ranks(rt, P)
     out = Path(cfg.output.out) if cfg.output.out else default_out_dir(cfg, graph=graph, module=module)
-    if graph is None and resume and read_json(out / "manifest.json")["dataset"]["name"] == GIVEN_GRAPH:
+    if graph is None and resume and json_field(out / "manifest.json", "dataset", "name") == GIVEN_GRAPH:
         raise UserError(f"{out} trained on a graph given in Python; resume it from Python with "
                         f"commgnn.resume({str(out)!r}, data)")
     if graph is None and is_given_graph(cfg):
@@ -66,7 +65,7 @@ def train_local(cfg: RunConfig, *, resume: bool = False, graph: Any = None,
         cfg = record_given_graph(cfg, fp)
     cfg = replace(cfg, output=replace(cfg.output, out=str(out)))
     if resume:
-        parts, report = None, read_json(out / "manifest.json")["partition"]["report"]
+        parts, report = None, json_field(out / "manifest.json", "partition", "report", kind=dict)
         part_dir = cfg.partition.dir or str(out / "partitions")
         for r in range(P):
             load_partition(part_dir, r, expected_fingerprint=fp, expected_parts=P)
@@ -81,11 +80,9 @@ def train_local(cfg: RunConfig, *, resume: bool = False, graph: Any = None,
         preflight_memory(cfg, described, report, own=module is not None, data=data, parts=parts)
         meta = partition_meta(cfg, fp, report, data) if parts is not None else None
         own = describe_own_model(module) if module is not None else None
-        write_run_dir(cfg, out, data, described, parts, report, meta, own)
+        write_run_dir(cfg, out, data, described, parts, report, meta, own, module)
         part_dir = cfg.partition.dir or str(out / "partitions")
         attempt = 0
-        if module is not None:
-            write_own_model(out, module, own)
     del data, parts
     packed = carry_model(module, P)  # to this launch's own ranks only; the run folder holds no pickle
     args = (cfg, str(out), part_dir, fp, report, resume, attempt, packed)

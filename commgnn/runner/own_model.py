@@ -23,29 +23,58 @@ recorded class, that instance (a copy) is used; with ``model=`` the class, or wi
 given, the class is built from the recorded ``init``, imported by name when not given. A
 class defined in ``__main__``, in a notebook or inside a function cannot be imported by
 name, and one whose constructor arguments were not recorded cannot be built: each is
-refused in one line that says to pass ``model=``. Importing by name runs that module's
-import-time code, as ``import`` in a script would; the imported object must be an
+refused in one line that says to pass ``model=``. The imported object must be an
 ``nn.Module`` subclass of the recorded name before anything calls it. A folder from an older
 commgnn that holds ``model_module.pkl`` is never unpickled: it needs ``model=``.
+
+**What may be imported by name.** Importing a module runs its import-time code, and the
+name comes from the folder, so (:func:`import_outside`):
+
+* ``model.pt`` (for ``predict`` and ``load_result``) and ``own_model_init.pt`` are checked
+  against their recorded sha256 first; a damaged or swapped file stops the command before
+  any import.
+* The module is looked up, without running anything, on ``sys.path`` less the current
+  directory (``''``, relative entries and the current directory's own path, which
+  ``python -m`` and ``python -c`` put there) and less the run folder and anything inside
+  it; each package on a dotted path is looked up the same way before it is imported. A
+  module whose file or package folder lies inside the run folder, or that is found only in
+  the run folder or the current directory, is refused in one line that says to pass
+  ``model=``. So a module is imported only from an installed location or a ``sys.path``
+  entry that you added yourself (``PYTHONPATH``, a script's own folder when that is not
+  the current directory).
+* A module this process has already imported (your script's ``from mymodels import Net``)
+  is used as it is: nothing runs again, wherever it came from, unless it came from inside
+  the run folder.
+
+A folder that names a module installed here can still make commgnn import it, as any
+``import`` of that name would; for a stranger's folder, pass ``model=`` (the class is then
+never imported by name). Ranks receive the class the launcher holds; they resolve a class
+that was imported by name by that name again, so do not run ``python -m commgnn`` from
+inside a stranger's folder (it puts that folder first on ``sys.path`` for every import;
+the ``commgnn`` command does not).
 """
 
 from __future__ import annotations
 
 import copy
 import importlib
+import importlib.machinery
+import importlib.util
 import inspect
 import json
 import math
 import pickle
 import re
+import sys
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import cloudpickle
 import torch
 from torch import nn
 
-from commgnn.integrity import load_run_file, save_run_file
+from commgnn.integrity import atomic_write_json, load_run_file, save_run_file
 from commgnn.errors import ConfigError, UserError
 from commgnn.models.byo import DistributedModel
 from commgnn.runner.config import RunConfig
@@ -134,12 +163,10 @@ def derive_init(module: nn.Module) -> dict[str, Any] | None:
 
 def write_own_model(out: Path, module: nn.Module, record: dict[str, Any] | None = None) -> None:
     """``own_model.json`` (``record``, default :func:`describe_own_model`) and
-    ``own_model_init.pt`` into the run folder ``out`` (each written whole, then renamed
-    into place)."""
-    text = json.dumps(record if record is not None else describe_own_model(module), indent=2) + "\n"
-    tmp = out / (RECORD + ".tmp")
-    tmp.write_text(text)
-    tmp.replace(out / RECORD)
+    ``own_model_init.pt`` (its sha256 in ``hashes.json``) into the folder ``out``: the run
+    folder's staging folder, so that the run folder appears with them (each file is also
+    written whole, then renamed into place)."""
+    atomic_write_json(out / RECORD, record if record is not None else describe_own_model(module))
     save_run_file({k: v.detach().cpu() for k, v in module.state_dict().items()}, out, START)  # hashed
 
 
@@ -179,6 +206,9 @@ def load_own_model(out: Path, model: nn.Module | type | None = None, *,
                             f"not loaded because it could run code; pass an instance: "
                             f"{verb.replace('MODEL', 'YourModel(...)')}")
         return copy.deepcopy(model)
+    start = Path(out) / START
+    # Checked against its sha256 before anything is imported (tensors only, nothing runs).
+    started = load_run_file(out, START) if start.is_file() else None
     if isinstance(model, nn.Module):
         _same_class(type(model), record, out)
         module = copy.deepcopy(model)
@@ -195,9 +225,8 @@ def load_own_model(out: Path, model: nn.Module | type | None = None, *,
         except Exception as exc:
             raise UserError(f"cannot build {name}(**{init}) recorded in {out / RECORD}: "
                             f"{type(exc).__name__}: {exc}; pass an instance with model=") from None
-    start = Path(out) / START
-    if start.is_file():
-        load_weights(module, load_run_file(out, START), start)  # sha256-checked, tensors only
+    if started is not None:
+        load_weights(module, started, start)
     return module
 
 
@@ -222,15 +251,74 @@ def _import_class(record: dict[str, Any], out: Path, verb: str) -> type:
         raise UserError(f"{out} trained your model {name}, defined {where}, which cannot be imported by "
                         f"name; pass the class or an instance: {hint}")
     try:
-        obj: Any = importlib.import_module(mod)
+        obj: Any = import_outside(mod, Path(out))
         for part in qual.split("."):
             obj = getattr(obj, part)
+    except _Refused as exc:
+        raise UserError(f"{out} trained your model {mod}.{qual}; {exc}, so it is not imported (that would run "
+                        f"code found there); pass the class or an instance: {hint}") from None
     except Exception as exc:
         raise UserError(f"{out} trained your model {mod}.{qual}, which cannot be imported here "
                         f"({type(exc).__name__}: {exc}); pass the class or an instance: {hint}") from None
     if not (isinstance(obj, type) and issubclass(obj, nn.Module)):
         raise UserError(f"{out / RECORD} names {mod}.{qual}, which is not an nn.Module class; nothing was built")
     return obj
+
+
+class _Refused(Exception):
+    """A module that :func:`import_outside` does not import (the message says where it is)."""
+
+
+def import_outside(name: str, run_dir: Path) -> ModuleType:
+    """Import the module ``name`` (dotted) unless any part of it would come from inside
+    ``run_dir`` or from the current directory (see the module docstring for the rule). Each
+    package on the way is located first without running anything (``find_spec``) with
+    ``sys.path`` stripped of the current directory (``''``, relative entries and the
+    current directory's own path) and of ``run_dir`` and anything inside it, and refused
+    when its file or package folder lies inside ``run_dir``; the import itself runs with the
+    same stripped ``sys.path``. A module already imported by this process is used as it is
+    (importing it again runs nothing), unless it was loaded from inside ``run_dir``."""
+    run_dir, cwd = Path(run_dir).resolve(), Path.cwd().resolve()
+
+    def inside_run(where: str) -> bool:
+        path = Path(where).resolve()
+        return path == run_dir or run_dir in path.parents
+
+    def kept(entry: Any) -> bool:
+        if not isinstance(entry, str) or not entry or not Path(entry).is_absolute():
+            return False  # '' and relative entries are the current directory's
+        path = Path(entry).resolve()
+        return path != cwd and not (path == run_dir or run_dir in path.parents)
+
+    parts = name.split(".")
+    saved = list(sys.path)
+    sys.path[:] = [e for e in saved if kept(e)]
+    try:
+        importlib.invalidate_caches()
+        for i in range(1, len(parts) + 1):
+            sub = ".".join(parts[:i])
+            loaded = sys.modules.get(sub)
+            if loaded is not None:
+                spec = getattr(loaded, "__spec__", None)
+            else:
+                spec = importlib.util.find_spec(sub)  # the parent is imported already: nothing runs here
+                if spec is None:
+                    found = importlib.machinery.PathFinder.find_spec(sub, [str(cwd), str(run_dir)]) \
+                        if i == 1 else None
+                    if found is not None:
+                        raise _Refused(f"{sub} is found only in the run folder or the current directory "
+                                       f"({found.origin or sub})")
+                    raise ModuleNotFoundError(f"No module named {sub!r}")
+            places = [spec.origin] if spec is not None and spec.has_location and spec.origin else []
+            places += list(getattr(spec, "submodule_search_locations", None) or [])
+            for where in places:
+                if inside_run(where):
+                    raise _Refused(f"{sub} would come from inside the run folder ({where})")
+            if loaded is None:
+                importlib.import_module(sub)
+        return sys.modules[name]
+    finally:
+        sys.path[:] = saved
 
 
 def _same_class(cls: type, record: dict[str, Any], out: Path) -> None:

@@ -25,6 +25,7 @@ from commgnn.report import (commit_out_dir, git_commit, host_info, library_versi
                             read_json, write_json, write_status)
 from commgnn.report.records import STATUS
 from commgnn.runner.config import RunConfig
+from commgnn.runner.own_model import write_own_model
 from commgnn.runner.preflight import check_disk, estimate_run_bytes
 
 
@@ -134,10 +135,12 @@ def write_header(staging: Path, cfg: RunConfig, graph: dict[str, Any], report: d
 
 def write_run_dir(cfg: RunConfig, out: Path, data: Any, graph: dict[str, Any],
                   parts: torch.Tensor | None, report: dict[str, Any], meta: dict[str, Any] | None,
-                  own: Mapping[str, Any] | None = None) -> None:
+                  own: Mapping[str, Any] | None = None, module: nn.Module | None = None) -> None:
     """Write the run directory through a hidden staging sibling (nothing half-written):
-    its header and, when ``parts`` are given, ``partitions/`` with ``meta`` as its
-    ``meta.json``. ``data`` (the loaded graph) is needed only when ``parts`` are to be saved.
+    its header, the user's own ``module`` (``own_model.json`` with ``own`` as its record,
+    and ``own_model_init.pt``) when given and, when ``parts`` are given, ``partitions/``
+    with ``meta`` as its ``meta.json``. ``data`` (the loaded graph) is needed only when
+    ``parts`` are to be saved.
     Refuses in one line when the disk is too small or the folder cannot be written."""
     P = cfg.runtime.parts
     part_bytes = 0.0
@@ -151,6 +154,8 @@ def write_run_dir(cfg: RunConfig, out: Path, data: Any, graph: dict[str, Any],
 
     def write(staging: Path) -> None:
         write_header(staging, cfg, graph, report, torchrun=False, own=own)
+        if module is not None:
+            write_own_model(staging, module, dict(own) if own is not None else None)
         if parts is not None:
             save_partitions(staging / "partitions", build_local_partitions(data, parts, P), meta or {})
 
