@@ -1,13 +1,18 @@
 """Corruption fuzzing (hypothesis) of a finished run folder: random byte flips, truncations,
 splices and appended bytes in each file kind (a checkpoint, ``latest.json``, ``model.pt``,
 ``predictions.pt``, ``hashes.json``, a partition file, the partition ``meta.json``), then
-``train --resume``, ``load_result`` and ``predict``.
+``train --resume``, ``load_result`` and ``predict``; and in the records that carry no hash
+(``manifest.json``, ``config.toml``, a user's model's ``own_model.json``, also replaced by
+``{}``), then those and ``commgnn report``.
 
 The property, for every case: the command refuses in one line (exit 2, or one
 :class:`~commgnn.errors.UserError` line), or it succeeds with exactly what the intact
 folder gives (the resumed losses and accuracies, the loaded weights and predictions): a
 change the checksums let through must be one the format does not read (JSON whitespace,
-say). No case completes on changed weights, and no case raises anything else.
+say). No case completes on changed weights, and no case raises anything else. A record
+without a hash may be changed into another valid one (an edited ``config.toml`` is the
+user's to make): there the property is only one line (exit 2) or success, never a
+traceback.
 
 The ``ci`` profile runs a few examples per property (derandomized); the ``slow`` test runs
 the same properties with many more, from a fresh seed (``pytest -m slow``).
@@ -22,13 +27,14 @@ from pathlib import Path
 
 import pytest
 import torch
-from hypothesis import event, given, settings
+from hypothesis import event, example, given, settings
 from hypothesis import strategies as st
 
 import commgnn
 from commgnn.cli.main import main
 from commgnn.errors import UserError
 from fuzz_harness import CI, LONG
+from helpers import small_graph
 
 CONFIG = """
 [data.synthetic]
@@ -50,6 +56,7 @@ quiet = true
 
 RESUME_KINDS = ("checkpoint", "latest.json", "partitions/part_0.pt", "partitions/meta.json")
 LOAD_KINDS = ("model.pt", "predictions.pt", "hashes.json")
+RECORD_KINDS = ("manifest.json", "config.toml")
 
 
 def _file(run: Path, kind: str) -> Path:
@@ -86,7 +93,9 @@ def intact(tmp_path_factory) -> tuple[Path, list[tuple], dict, torch.Tensor]:
 def corruption(draw: st.DrawFn, kinds: tuple[str, ...]) -> tuple[str, str, int, int]:
     """``(kind, how, where, value)``: where is a fraction of the file in thousandths."""
     kind = draw(st.sampled_from(kinds))
-    how = draw(st.sampled_from(["flip", "truncate", "splice", "append"]))
+    how = draw(st.sampled_from(["flip", "truncate", "splice", "append", "object"]
+                               if kinds in (RECORD_KINDS, ("own_model.json",)) else
+                               ["flip", "truncate", "splice", "append"]))
     return kind, how, draw(st.integers(0, 999)), draw(st.integers(1, 255))
 
 
@@ -102,8 +111,10 @@ def _damage(run: Path, case: tuple[str, str, int, int], donor: bytes) -> None:
     elif how == "splice":  # bytes of another file of the run over this one's
         piece = donor[len(donor) * where // 1000:][:value]
         blob[at:at + len(piece)] = piece
-    else:
+    elif how == "append":
         blob += bytes([value]) * (1 + where % 7)
+    else:  # a valid record that holds nothing
+        blob = bytearray(b"{}")
     path.write_bytes(bytes(blob))
 
 
@@ -170,6 +181,61 @@ def prop_load(intact, capfd, tmp_path, case) -> None:
                 _one_line(capfd)
     finally:
         shutil.rmtree(work.parent, ignore_errors=True)
+
+
+def _one_line_or_done(rc: int, capfd, case) -> None:
+    if rc != 0:
+        assert rc == 2, (rc, case)
+        event(f"{case[0]}: refused ({_kind(_one_line(capfd))})")
+
+
+def prop_records(run: Path, capfd, tmp_path, case, *, report: bool = True) -> None:
+    """A record without a hash, damaged: every command refuses in one line or succeeds."""
+    work = _copy(run)
+    try:
+        _damage(work, case, (run / "summary.json").read_bytes())
+        try:
+            commgnn.load_result(work)
+        except UserError as exc:
+            assert "\n" not in str(exc), case
+        capfd.readouterr()
+        _one_line_or_done(main(["predict", str(work), "--parts", "1", "--out", str(tmp_path / "p.pt")]), capfd, case)
+        if report:
+            _one_line_or_done(main(["report", str(work), "--out", str(tmp_path / "r.html")]), capfd, case)
+        _one_line_or_done(main(["train", "--resume", str(work), "--epochs", "5"]), capfd, case)
+    finally:
+        shutil.rmtree(work.parent, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def own_run(tmp_path_factory) -> Path:
+    """A finished one-rank run of a user's model (``own_model.json``), on a graph file."""
+    from own_models import JKGATv2
+
+    tmp = tmp_path_factory.mktemp("own")
+    g = small_graph(n=120, m=480, f=6, c=3, seed=2)
+    torch.save({k: g[k] for k in ("x", "edge_index", "y", "train_mask", "val_mask", "test_mask")}, tmp / "g.pt")
+    res = commgnn.train(str(tmp / "g.pt"), model=JKGATv2(6, 4, 3), parts=1, epochs=3, quiet=True, out=tmp / "run",
+                        checkpoint_every=2, threads=1)
+    return res.run_dir
+
+
+@pytest.mark.timeout(600)
+@settings(CI, max_examples=8)
+@given(case=corruption(RECORD_KINDS))
+@example(case=("manifest.json", "truncate", 500, 1))  # what the reviewer saw: a traceback
+@example(case=("manifest.json", "object", 0, 1))
+@example(case=("config.toml", "truncate", 500, 1))
+def test_a_damaged_record_is_refused_in_one_line_or_harmless(intact, capfd, tmp_path, case):
+    prop_records(intact[0], capfd, tmp_path, case)
+
+
+@pytest.mark.timeout(600)
+@settings(CI, max_examples=4)
+@given(case=corruption(("own_model.json",)))
+@example(case=("own_model.json", "object", 0, 1))
+def test_a_damaged_own_model_record_is_refused_in_one_line_or_harmless(own_run, capfd, tmp_path, case):
+    prop_records(own_run, capfd, tmp_path, case, report=False)
 
 
 @pytest.mark.timeout(600)
