@@ -22,7 +22,7 @@ from commgnn.errors import ConfigError, PartitionError
 from commgnn.metrics import Meter
 from commgnn.metrics.meter import CLASSES
 from commgnn.models import ModelConfig
-from commgnn.partition import PartitionConfig, build_local_partition, partition_graph
+from commgnn.partition import PartitionConfig, assign_parts, build_local_partition
 from commgnn.report.console import EpochProgress, plain_epochs, print_summary
 from commgnn.trainers import FullGraphTrainer, TrainConfig
 from helpers import run_on_ranks, small_graph
@@ -228,7 +228,7 @@ def pairs_rank(ctx: DistContext, data: Any, parts: torch.Tensor) -> dict[str, An
 def test_bytes_by_pair_holds_collectives_in_ring_pairs(tmp_path):
     data = small_graph(n=90, m=360)
     P = 3
-    parts = partition_graph(data.edge_index, data.num_nodes, P, PartitionConfig(method="random"))
+    parts = assign_parts(data.edge_index, data.num_nodes, P, PartitionConfig(method="random"))
     res = run_on_ranks(pairs_rank, P, tmp_path, data, parts, timeout_s=120)
     totals = res[0]["totals"]
     for i, c in enumerate(CLASSES):
