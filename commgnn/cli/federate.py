@@ -22,21 +22,6 @@ from commgnn.cli.common import add_federate_arguments, given
 MB = 1e6
 
 
-def __getattr__(name: str) -> Any:
-    """Names this module held in earlier releases, imported on first use from where they live
-    now (``FLAG_KEYS``, ``SEED_KEYS``, ``resolve_federate_config``: the federate options;
-    ``default_out_dir``, ``preflight``: the federated run folder)."""
-    if name in ("FLAG_KEYS", "SEED_KEYS", "resolve_federate_config"):
-        from commgnn.federated import options
-
-        return getattr(options, name)
-    if name in ("default_out_dir", "preflight"):
-        from commgnn.runner import federate
-
-        return getattr(federate, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
 def add_parser(sub: Any, help: str) -> None:
     add_federate_arguments(sub.add_parser("federate", help=help))
 
