@@ -30,11 +30,6 @@ class PartitionResult:
     """The report as ``commgnn partition`` prints it."""
 
 
-def partition_to_dir(cfg: RunConfig, out: Path) -> str:
-    """Partition ``cfg``'s graph into ``cfg.runtime.parts`` parts, save to ``out``; the report text."""
-    return _partition(cfg, out).text
-
-
 def _partition(cfg: RunConfig, out: Path) -> PartitionResult:
     from commgnn.data import fingerprint, load_dataset
     from commgnn.partition import PartitionReport, build_local_partitions, format_report, save_partitions
