@@ -357,3 +357,24 @@ def test_partition_graph_is_a_deprecated_alias_of_assign_parts():
     assert old is assign_parts
     with pytest.raises(AttributeError):
         partition.no_such_name  # noqa: B018
+
+
+def test_the_partition_verb_takes_a_graph_given_in_python(tmp_path: Path) -> None:
+    """``commgnn.partition_graph(out, data)`` with a PyG ``Data`` (as ``commgnn.train`` takes
+    it): ``meta.json`` names the graph by its fingerprint, and a run on the same graph
+    trains on the saved parts."""
+    import json
+
+    import commgnn
+    from commgnn.data import fingerprint, load_dataset
+    from commgnn.data.config import DataConfig, SyntheticConfig
+
+    data = load_dataset(DataConfig(synthetic=SyntheticConfig(num_nodes=200, num_classes=3, feature_dim=8,
+                                                             avg_degree=5.0, seed=3)))
+    done = commgnn.partition_graph(tmp_path / "parts", data, parts=2, partitioner="random")
+    meta = json.loads((tmp_path / "parts" / "meta.json").read_text())
+    assert meta["graph_fingerprint"] == fingerprint(data) and meta["dataset"].startswith("python:")
+    assert done.parts == 2 and done.report
+    res = commgnn.train(data, parts=2, partition_dir=str(tmp_path / "parts"), epochs=2, threads=1, quiet=True,
+                        out=tmp_path / "run")
+    assert res is not None and res.summary["epochs_run"] == 2
