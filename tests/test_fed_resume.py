@@ -313,3 +313,35 @@ def test_restored_rows_are_standard_json(tmp_path):
     assert res is not None
     got = _strict_rows(out)
     assert len(got) == 3 and got[0]["val_acc"] is None and got[1]["val_acc"] is not None
+
+
+def test_an_elastic_restart_refuses_a_damaged_checkpoint_before_marking_running(tmp_path, monkeypatch):
+    """Under torchrun (here one rank, restarted once) each rank checks its own checkpoint
+    file before rank 0 marks the run running: a damaged one fails the restart in one line
+    naming the file, and the run is never marked running nor counted as an attempt."""
+    from commgnn.distributed.context import LaunchInfo, free_port
+    from commgnn.federated.options import resolve_federate_config
+    from commgnn.runner.federate import federate_torchrun
+
+    cfg_path = _config(tmp_path, SMALL)
+    out = tmp_path / "run"
+    assert main(["federate", "--config", str(cfg_path), "--rounds", "2", "--checkpoint-every", "1",
+                 "--out", str(out)]) == 0
+    latest = json.loads((out / "checkpoints" / "latest.json").read_text())
+    path = out / "checkpoints" / latest["dir"] / "rank0.pt"
+    path.write_bytes(path.read_bytes()[:-7] + b"damaged")
+    status = (out / "status.json").read_text()
+    cfg = resolve_federate_config(str(out / "config.toml"), {"out": str(out)}, {})
+    info = LaunchInfo(rank=0, world_size=1, local_rank=0, local_world_size=1, master_addr="127.0.0.1",
+                      port=free_port(), external=True, restart_count=1)
+    import commgnn.runner.run_dir as run_dir
+
+    written, write = [], run_dir.write_status
+    monkeypatch.setattr(run_dir, "write_status", lambda o, state, **kw: (written.append(state), write(o, state, **kw)))
+    with pytest.raises(UserError, match="rank0.pt"):
+        federate_torchrun(cfg, info)
+    assert written == ["failed"]
+    after, before = json.loads((out / "status.json").read_text()), json.loads(status)
+    # never marked running nor counted as an attempt; the restart failed, and says why
+    assert after["state"] == "failed" and "rank0.pt" in after["error"]
+    assert after.get("attempt", 0) == before.get("attempt", 0)

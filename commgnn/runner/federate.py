@@ -281,10 +281,16 @@ def federate_torchrun(cfg: FederateConfig, info: LaunchInfo, graph: Any = None) 
         cfg, graph = given_graph(cfg, graph, out, resume)
         fed = Federation(cfg, graph, ctx=ctx)
         error = None
-        if ctx.is_main:
+        if resume:  # each rank checks its own file (a host may see no other's), before the run is marked running
+            try:
+                checkpoint.verify(out, fed.t.world, ranks=[ctx.rank])
+            except UserError as exc:
+                error = str(exc)
+            errors = fed.t.gather(error)
+            error = next((e for e in errors or [] if e is not None), None)
+        if ctx.is_main and error is None:
             try:
                 if resume:
-                    checkpoint.verify(out, fed.t.world)  # every rank's file, before the run is marked running
                     mark_ended(out, "running", resumed=True, attempt=info.restart_count)
                 else:
                     preflight(cfg, int(fed.n_clients))
