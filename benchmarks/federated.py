@@ -48,12 +48,11 @@ from typing import Any
 import torch
 
 from commgnn.data.config import DataConfig
-from commgnn.federated.config import FedConfig, FederateConfig, FedRuntimeConfig, UplinkConfig
+from commgnn.federated.config import FedConfig, FederateConfig, FedRuntimeConfig, SplitConfig, UplinkConfig
 from commgnn.federated.dp import DPConfig
 from commgnn.federated.engine import Federation
 from commgnn.federated.neighgen import NeighGenConfig
 from commgnn.federated.secagg.config import SecAggConfig
-from commgnn.federated.splits import SplitConfig
 from tables import write_table
 
 SECURE = {"secagg": SecAggConfig(enabled=True)}

@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 from commgnn.data import DataConfig, load_dataset
-from commgnn.partition import PartitionConfig, partition_graph, partition_report
+from commgnn.partition import PartitionConfig, assign_parts, partition_report
 
 
 def main() -> None:
@@ -33,7 +33,7 @@ def main() -> None:
         data = load_dataset(DataConfig(dataset=name, root=args.data_root))
         for objective in ("cut", "vol"):
             t0 = time.perf_counter()
-            parts = partition_graph(data.edge_index, data.num_nodes, args.parts,
+            parts = assign_parts(data.edge_index, data.num_nodes, args.parts,
                                     PartitionConfig(method="metis", objective=objective))
             secs = time.perf_counter() - t0
             rep = partition_report(data.edge_index, parts, args.parts)

@@ -23,7 +23,7 @@ from commgnn.data import load_dataset
 from commgnn.data.config import DataConfig
 from commgnn.netmodel import ClusterModel
 from commgnn.netmodel.project import Levers, project_epoch, work
-from commgnn.partition import partition_graph
+from commgnn.partition import assign_parts
 from commgnn.partition.config import PartitionConfig
 from tables import write_table
 
@@ -60,7 +60,7 @@ def main() -> None:
         data = load_dataset(DataConfig(dataset=ds, root=ns.root))
         F, C = int(data.x.shape[1]), int(data.num_classes_total)
         ei = data.edge_index
-        ref_parts = partition_graph(ei, data.num_nodes, P_ref, PartitionConfig())
+        ref_parts = assign_parts(ei, data.num_nodes, P_ref, PartitionConfig())
         work_ref = float(work(ei, ref_parts, P_ref, F, h, L).max())
         levers = [Levers(name="exact"), Levers(name="8-bit halo", bits=8), Levers(name="4-bit halo", bits=4),
                   Levers(name="transform-first", transform_first=True),
@@ -70,7 +70,7 @@ def main() -> None:
                   Levers(name="precompute + 4-bit + PowerSGD r1", bits=4, precompute=True,
                          grad_ratio=powersgd_ratio(F, h, C, layers=L))]
         for hosts in ns.hosts:
-            parts = partition_graph(ei, data.num_nodes, hosts, PartitionConfig())
+            parts = assign_parts(ei, data.num_nodes, hosts, PartitionConfig())
             for gbit in ns.rates_gbit:
                 model = ClusterModel.written(hosts, 1, gbit * 1e9)
                 preds = {lv.name: project_epoch(ei, data.num_nodes, model, F=F, h=h, L=L, C=C, levers=lv,

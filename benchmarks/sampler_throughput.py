@@ -20,7 +20,7 @@ import torch
 
 from commgnn.data import DataConfig, load_dataset
 from commgnn.data.config import SyntheticConfig
-from commgnn.partition import PartitionConfig, partition_graph
+from commgnn.partition import PartitionConfig, assign_parts
 from commgnn.sampling.cluster import ClusterSampler
 from commgnn.sampling.csr import CSRTopology
 from commgnn.sampling.neighbor import NeighborSampler, replicated_source
@@ -58,7 +58,7 @@ def main() -> None:
             data = load_dataset(DataConfig(synthetic=SyntheticConfig(num_nodes=1_000_000, avg_degree=20.0)))
         else:
             data = load_dataset(DataConfig(dataset=ds, root=ns.root))
-        parts = partition_graph(data.edge_index, data.num_nodes, ns.parts, PartitionConfig(method="metis"))
+        parts = assign_parts(data.edge_index, data.num_nodes, ns.parts, PartitionConfig(method="metis"))
         csr = CSRTopology.from_edge_index(data.edge_index, data.num_nodes)
         own = (parts == 0).nonzero().flatten()
         train = data.train_mask[own]

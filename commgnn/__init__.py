@@ -2,7 +2,7 @@
 
 Data flows ``data -> partition -> comm -> models -> trainers -> metrics/report -> runner ->
 planner -> api -> cli``;
-``distributed``, ``config``, ``options``, ``registry`` and ``errors`` are leaves any layer may use.
+``distributed``, ``config``, ``options``, ``integrity``, ``registry`` and ``errors`` are leaves any layer may use.
 """
 
 __version__ = "0.1.0"

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Literal, Mapping, Sequence, Union, get_args, get_origin
 
 from commgnn.config import from_dict, load_checked_toml, replace_path, set_path, to_dict
-from commgnn.errors import ConfigError
+from commgnn.errors import ConfigError, UserError
 
 
 @dataclass(frozen=True)
@@ -319,6 +319,23 @@ class OptionSet:
     def resume_dests(self) -> tuple[str, ...]:
         """The options that may change when a run is continued."""
         return tuple(o.dest for o in self.options if o.resume)
+
+    def check_resume(self, given: Mapping[str, Any]) -> None:
+        """Refuse, in one line (:class:`~commgnn.errors.UserError`), options that may not
+        change when a run is continued: ``given`` maps option dests (Python keywords) to
+        values, None meaning not given; ``"config"`` stands for ``--config``. The line names
+        the first such option by its flag and lists those that may change."""
+        allowed = set(self.resume_dests)
+        other = sorted(k for k, v in given.items() if v is not None and k not in allowed)
+        if not other:
+            return
+        o = self.by_dest.get(other[0])
+        name = (o.flag or o.dest) if o is not None else "--" + other[0].replace("_", "-")
+        names = [o.flag.replace("--", "--[no-]") if o.negatable else o.flag
+                 for o in self.options if o.dest in allowed and o.flag]
+        only = f"{', '.join(names[:-1])} and {names[-1]}" if len(names) > 1 else "".join(names)
+        raise UserError(f"--resume continues the run as its config.toml says: {name} cannot be given with it "
+                        f"(only {only} may change)")
 
     def check(self) -> None:
         """Every option names a leaf field, once; dests and flags are distinct. A

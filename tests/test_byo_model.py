@@ -34,7 +34,7 @@ from commgnn.distributed.events import CommEvent, Hooks
 from commgnn.errors import ConfigError
 from commgnn.models.byo import DistributedModel, UnsupportedLayerError
 from commgnn.models.graph import LocalGraph
-from commgnn.partition import PartitionConfig, build_local_partition, partition_graph
+from commgnn.partition import PartitionConfig, assign_parts, build_local_partition
 from commgnn.partition.local import LocalPartition
 from helpers import run_on_ranks, small_graph
 
@@ -197,7 +197,7 @@ def setup_refs() -> tuple[Data, dict[str, Any]]:
 
 
 def _parts(data: Data, P: int) -> Tensor:
-    return partition_graph(data.edge_index, data.num_nodes, P, PartitionConfig(method="random", seed=1))
+    return assign_parts(data.edge_index, data.num_nodes, P, PartitionConfig(method="random", seed=1))
 
 
 def test_exact_single_rank(setup_refs) -> None:

@@ -12,8 +12,7 @@ import pytest
 import torch
 from rich.console import Console
 
-from commgnn.runner.config import (FLAG_KEYS, RunConfig, config_from_partition_dir, default_for,
-                                default_for_key, resolve_config)
+from commgnn.runner.config import RUN_OPTIONS, RunConfig, config_from_partition_dir, resolve_config
 from commgnn.cli.main import main
 from commgnn.config import from_dict
 from commgnn.distributed.context import DistContext
@@ -22,7 +21,7 @@ from commgnn.errors import ConfigError, PartitionError
 from commgnn.metrics import Meter
 from commgnn.metrics.meter import CLASSES
 from commgnn.models import ModelConfig
-from commgnn.partition import PartitionConfig, build_local_partition, partition_graph
+from commgnn.partition import PartitionConfig, assign_parts, build_local_partition
 from commgnn.report.console import EpochProgress, plain_epochs, print_summary
 from commgnn.trainers import FullGraphTrainer, TrainConfig
 from helpers import run_on_ranks, small_graph
@@ -144,23 +143,24 @@ def test_help_shows_the_config_defaults(capsys, monkeypatch):
             re.search(re.escape(flag) + r" [^-]*" + re.escape(f"{help_text} (default: {value})"), text), flag
     assert "--quiet no progress bar or table (default: off)" in text
     assert "(default: dpsgd)" in text  # --gossip-method: the table's own default
-    assert text.count("(default:") >= len(FLAG_KEYS) - 3  # every config flag shows one
+    assert text.count("(default:") >= len(RUN_OPTIONS.flag_keys) - 3  # every config flag shows one
     with pytest.raises(SystemExit):
         main(["partition", "--help"])
     text = " ".join(capsys.readouterr().out.split())
     assert f"--seed SEED partitioner seed (default: {PartitionConfig().seed})" in text
 
 
-def test_default_for_reads_the_default_config():
-    assert default_for("hidden") == RunConfig().model.hidden
-    assert default_for("timeout") == RunConfig().runtime.timeout_s
-    assert default_for("bits") == 32  # as written in TOML, not the widened table
-    assert default_for("gossip_method") == "dpsgd"  # an optional table's own default
-    assert default_for_key("partition.seed") == RunConfig().partition.seed
-    for dest in FLAG_KEYS:
-        default_for(dest)
+def test_default_reads_the_default_config():
+    default = RUN_OPTIONS.default
+    assert default("model.hidden") == RunConfig().model.hidden
+    assert default("runtime.timeout_s") == RunConfig().runtime.timeout_s
+    assert default(RUN_OPTIONS.by_dest["bits"].key) == 32  # as written in TOML, not the widened table
+    assert default(RUN_OPTIONS.by_dest["gossip_method"].key) == "dpsgd"  # an optional table's own default
+    assert default("partition.seed") == RunConfig().partition.seed
+    for key in RUN_OPTIONS.flag_keys.values():
+        default(key)
     with pytest.raises(KeyError):
-        default_for_key("model.nope")
+        default("model.nope")
 
 
 # 2. without a terminal: plain progress lines, nothing wrapped or cut
@@ -228,7 +228,7 @@ def pairs_rank(ctx: DistContext, data: Any, parts: torch.Tensor) -> dict[str, An
 def test_bytes_by_pair_holds_collectives_in_ring_pairs(tmp_path):
     data = small_graph(n=90, m=360)
     P = 3
-    parts = partition_graph(data.edge_index, data.num_nodes, P, PartitionConfig(method="random"))
+    parts = assign_parts(data.edge_index, data.num_nodes, P, PartitionConfig(method="random"))
     res = run_on_ranks(pairs_rank, P, tmp_path, data, parts, timeout_s=120)
     totals = res[0]["totals"]
     for i, c in enumerate(CLASSES):

@@ -199,19 +199,29 @@ def test_calibration_on_the_cluster_recovers_the_shaped_rate(tmp_path):
 
 
 def test_a_train_job_gets_an_out_dir_and_host_placement_when_hosts_hold_several_ranks(tmp_path):
-    import argparse
+    from commgnn.api.cluster import job_command
 
-    from commgnn.cli.cluster import _job_args
-
-    ns = argparse.Namespace(hosts=2, ranks_per_host=2, train_args=["--", "train", "--epochs", "1"])
-    args, out = _job_args(ns, 4)
+    args, out = job_command(["--", "train", "--epochs", "1"], ClusterConfig(hosts=2, ranks_per_host=2))
     assert args[0] == "train" and args[args.index("--place-hosts") + 1] == "2"
-    assert args[args.index("--out") + 1] == str(out)
-    one = argparse.Namespace(hosts=2, ranks_per_host=1, train_args=["train", "--out", str(tmp_path / "r")])
-    args, out = _job_args(one, 2)
+    assert args[args.index("--out") + 1] == str(out) and "-p4" in str(out)
+    args, out = job_command(["train", "--out", str(tmp_path / "r")], ClusterConfig(hosts=2))
     assert "--place-hosts" not in args and out == tmp_path / "r"
-    cal = argparse.Namespace(hosts=2, ranks_per_host=1, train_args=["calibrate", "--out", "x.json"])
-    assert _job_args(cal, 2) == (["calibrate", "--out", "x.json"], None)
+    assert job_command(["calibrate", "--out", "x.json"], ClusterConfig(hosts=2)) == (["calibrate", "--out", "x.json"], None)
+    args, out = job_command(["federate", "--rounds", "1"], ClusterConfig(hosts=2))
+    assert args[args.index("--out") + 1] == str(out) and out.name.startswith("federate-")
+
+
+def test_the_python_call_checks_the_job_as_the_command_does():
+    """``run_emulated`` runs the job as ``commgnn cluster`` does: the same checks, before
+    this machine's network rights are looked at."""
+    from commgnn.api.cluster import run_emulated
+
+    with pytest.raises(UserError, match="--parts 3 differs from --hosts x --ranks-per-host = 4"):
+        run_emulated(["train", "--parts", "3"], hosts=4)
+    with pytest.raises(UserError, match="unrecognized arguments: --no-such-flag"):
+        run_emulated(["train", "--no-such-flag"], hosts=2)
+    with pytest.raises(UserError, match="--resume is not supported"):
+        run_emulated(["federate", "--resume", "x"], hosts=2)
 
 
 def _round_trips(net: EmulatedNetwork, count: int = 21) -> list[float]:

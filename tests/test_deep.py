@@ -27,7 +27,7 @@ from commgnn.errors import ConfigError
 from commgnn.models import LocalGraph, ModelConfig, PartitionGNN, ReferenceGNN
 from commgnn.models.deep import ResPlusGNN
 from commgnn.models.net import maxk_message_layers
-from commgnn.partition import PartitionConfig, build_local_partition, partition_graph
+from commgnn.partition import PartitionConfig, assign_parts, build_local_partition
 from commgnn.sampling.config import SamplerConfig
 from commgnn.trainers import FullGraphTrainer, TrainConfig
 from helpers import pyg_reference, run_on_ranks, small_graph, trainer_steps
@@ -101,7 +101,7 @@ def test_res_plus_parity_single_rank(graph_and_refs):
 
 def test_res_plus_parity_three_ranks(graph_and_refs, tmp_path):
     data, refs = graph_and_refs
-    parts = partition_graph(data.edge_index, data.num_nodes, 3, PartitionConfig(method="random", seed=1))
+    parts = assign_parts(data.edge_index, data.num_nodes, 3, PartitionConfig(method="random", seed=1))
     per_rank = run_on_ranks(parity_rank, 3, tmp_path, data, parts, refs)
     assert all(len(r["gcn", False]["ids"]) > 0 for r in per_rank)
     _check(refs, per_rank)

@@ -10,7 +10,8 @@ import sys
 import pytest
 
 from commgnn.errors import ConfigError
-from commgnn.metrics.energy import ASLAN_2020_J_PER_BYTE, J_PER_KWH, EnergyConfig, energy_summary
+from commgnn.metrics.config import ASLAN_2020_J_PER_BYTE, J_PER_KWH, EnergyConfig
+from commgnn.metrics.energy import energy_summary
 
 
 def test_the_default_network_figure_is_aslan_et_al_projected_to_2020():

@@ -12,7 +12,8 @@ from commgnn.cli.main import main
 from commgnn.data.config import DataConfig, SyntheticConfig
 from commgnn.errors import ConfigError
 from commgnn.federated.client import Client
-from commgnn.federated.config import FedConfig, FederateConfig, FedRuntimeConfig
+from commgnn.federated.client_data import ClientData
+from commgnn.federated.config import FedConfig, FederateConfig, FedRuntimeConfig, SplitConfig
 from commgnn.federated.dp import DPConfig
 from commgnn.federated.engine import Federation
 from commgnn.federated.model import FedGCN, RowBlocks
@@ -20,7 +21,6 @@ from commgnn.models.graph import CSRPair
 from commgnn.federated.secagg.config import SecAggConfig
 from commgnn.federated.neighgen import (Generated, NeighGen, NeighGenConfig, feature_loss, impair, mend,
                                         train_generator)
-from commgnn.federated.splits import ClientData, SplitConfig
 
 DATA = DataConfig(dataset="synthetic", synthetic=SyntheticConfig(num_nodes=600, feature_dim=16, num_classes=4,
                                                                 avg_degree=6))

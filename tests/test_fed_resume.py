@@ -195,7 +195,7 @@ def test_resume_refuses_other_flags_and_other_folders(tmp_path, capsys):
     capsys.readouterr()
     assert main(["federate", "--resume", str(out), "--clients", "3"]) == 2
     err = capsys.readouterr().err
-    assert "--clients cannot be given with it" in err and "Traceback" not in err
+    assert "--clients cannot be given with it (only --rounds" in err and "Traceback" not in err
     with pytest.raises(UserError, match="not a federated run folder"):
         resume_federated(tmp_path / "nothing")
     # A run without a checkpoint starts again from round 0 in its folder: the same rows.
@@ -260,7 +260,10 @@ def test_a_graph_given_in_python_is_recorded_and_needed_again(tmp_path):
     opts = dict(clients=4, hidden=16, threads=1, quiet=True, seed=1)
     whole = federate(data, out=tmp_path / "whole", rounds=N_ROUNDS, **opts)
     assert whole is not None and whole.summary["dataset"].startswith("python:")
-    assert 'dataset = "python:' in (tmp_path / "whole" / "config.toml").read_text()
+    text = (tmp_path / "whole" / "config.toml").read_text()
+    assert 'dataset = "python:' in text and text.startswith("# Not re-runnable from this file alone:")
+    manifest = json.loads((tmp_path / "whole" / "manifest.json").read_text())
+    assert manifest["rerun"]["from_config"] is False and manifest["command"] == "federate"
     short = tmp_path / "short"
     federate(data, out=short, rounds=K, checkpoint_every=K, parts=2, **opts)
     with pytest.raises(UserError, match="trained on a graph given in Python"):
@@ -269,3 +272,76 @@ def test_a_graph_given_in_python_is_recorded_and_needed_again(tmp_path):
     assert rows(short) == rows(whole.run_dir)
     untimed = {k: v for k, v in resumed.summary.items() if k not in TIMES and k != "ranks"}
     assert untimed == {k: v for k, v in summary(whole.run_dir).items() if k != "ranks"}
+
+
+def _strict_rows(run: Path) -> list[dict]:
+    """metrics.jsonl read as standard JSON: a bare NaN or Infinity fails."""
+    def refuse(name: str) -> None:
+        raise AssertionError(f"metrics.jsonl holds a bare {name}")
+    return [json.loads(line, parse_constant=refuse) for line in (run / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_a_damaged_checkpoint_is_refused_before_the_run_is_marked_running(tmp_path, capsys):
+    cfg = _config(tmp_path, SMALL)
+    out = tmp_path / "run"
+    assert main(["federate", "--config", str(cfg), "--rounds", "2", "--checkpoint-every", "1",
+                 "--out", str(out)]) == 0
+    latest = json.loads((out / "checkpoints" / "latest.json").read_text())
+    path = out / "checkpoints" / latest["dir"] / "rank0.pt"
+    path.write_bytes(path.read_bytes()[:-7] + b"damaged")
+    status = (out / "status.json").read_text()
+    capsys.readouterr()
+    assert main(["federate", "--resume", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "rank0.pt" in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
+    assert (out / "status.json").read_text() == status  # not marked running, attempt not bumped
+
+
+def test_restored_rows_are_standard_json(tmp_path):
+    """A non-finite value in the checkpoint's curve (a diverged round) is rewritten as null."""
+    cfg = _config(tmp_path, SMALL)
+    out = tmp_path / "run"
+    assert federate(config=cfg, out=out, rounds=2, checkpoint_every=1) is not None
+    latest = json.loads((out / "checkpoints" / "latest.json").read_text())
+    path = out / "checkpoints" / latest["dir"] / "rank0.pt"
+    state = torch.load(path, weights_only=True)
+    state["curve"][0]["val_acc"] = float("nan")
+    torch.save(state, path)
+    latest["sha256"]["rank0.pt"] = hashlib.sha256(path.read_bytes()).hexdigest()
+    (out / "checkpoints" / "latest.json").write_text(json.dumps(latest))
+    res = resume_federated(out, rounds=3)
+    assert res is not None
+    got = _strict_rows(out)
+    assert len(got) == 3 and got[0]["val_acc"] is None and got[1]["val_acc"] is not None
+
+
+def test_an_elastic_restart_refuses_a_damaged_checkpoint_before_marking_running(tmp_path, monkeypatch):
+    """Under torchrun (here one rank, restarted once) each rank checks its own checkpoint
+    file before rank 0 marks the run running: a damaged one fails the restart in one line
+    naming the file, and the run is never marked running nor counted as an attempt."""
+    from commgnn.distributed.context import LaunchInfo, free_port
+    from commgnn.federated.options import resolve_federate_config
+    from commgnn.runner.federate import federate_torchrun
+
+    cfg_path = _config(tmp_path, SMALL)
+    out = tmp_path / "run"
+    assert main(["federate", "--config", str(cfg_path), "--rounds", "2", "--checkpoint-every", "1",
+                 "--out", str(out)]) == 0
+    latest = json.loads((out / "checkpoints" / "latest.json").read_text())
+    path = out / "checkpoints" / latest["dir"] / "rank0.pt"
+    path.write_bytes(path.read_bytes()[:-7] + b"damaged")
+    status = (out / "status.json").read_text()
+    cfg = resolve_federate_config(str(out / "config.toml"), {"out": str(out)}, {})
+    info = LaunchInfo(rank=0, world_size=1, local_rank=0, local_world_size=1, master_addr="127.0.0.1",
+                      port=free_port(), external=True, restart_count=1)
+    import commgnn.runner.run_dir as run_dir
+
+    written, write = [], run_dir.write_status
+    monkeypatch.setattr(run_dir, "write_status", lambda o, state, **kw: (written.append(state), write(o, state, **kw)))
+    with pytest.raises(UserError, match="rank0.pt"):
+        federate_torchrun(cfg, info)
+    assert written == ["failed"]
+    after, before = json.loads((out / "status.json").read_text()), json.loads(status)
+    # never marked running nor counted as an attempt; the restart failed, and says why
+    assert after["state"] == "failed" and "rank0.pt" in after["error"]
+    assert after.get("attempt", 0) == before.get("attempt", 0)

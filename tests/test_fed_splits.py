@@ -1,4 +1,4 @@
-"""Federated client splits (commgnn.federated.splits) and the fairness report (fairness)."""
+"""Federated client splits (commgnn.federated.client_split, client_data, client_map_file) and the fairness report (fairness)."""
 
 from __future__ import annotations
 
@@ -15,8 +15,10 @@ from commgnn.config import from_dict
 from commgnn.data import SyntheticConfig, make_csbm
 from commgnn.errors import ConfigError, DataError
 from commgnn.federated.fairness import fairness_markdown, fairness_report
-from commgnn.federated.splits import (ClientData, SplitConfig, build_clients, load_client_map,
-                                      split_clients, split_from_config, split_stats)
+from commgnn.federated.client_data import ClientData, build_clients, split_stats
+from commgnn.federated.client_map_file import load_client_map
+from commgnn.federated.client_split import split_clients, split_from_config
+from commgnn.federated.config import SplitConfig
 
 K = 4
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from commgnn.cli.federate import FLAG_KEYS, resolve_federate_config
+from commgnn.federated.options import FEDERATE_OPTIONS, resolve_federate_config
 from commgnn.cli.main import main
 from commgnn.config import from_dict, load_toml
 from commgnn.errors import UserError
@@ -181,7 +181,7 @@ def test_flags_override_the_file_and_imply_codecs(small_toml, tmp_path):
 
 def test_every_flag_names_a_federate_config_key():
     cfg = FederateConfig()
-    for dest, key in FLAG_KEYS.items():
+    for dest, key in FEDERATE_OPTIONS.flag_keys.items():
         obj = cfg
         for part in key.split("."):
             assert hasattr(obj, part), (dest, key)

@@ -8,13 +8,13 @@ import torch
 
 from commgnn.data.config import DataConfig, SyntheticConfig
 from commgnn.errors import ConfigError
-from commgnn.federated.config import FedConfig, FederateConfig, FedRuntimeConfig, PolicyRef, UplinkConfig
+from commgnn.federated.config import (FedConfig, FederateConfig, FedRuntimeConfig, PolicyRef, SplitConfig,
+                                      UplinkConfig)
 from commgnn.federated.dp import DPConfig
 from commgnn.federated.engine import Federation
 from commgnn.federated.policy import PolicyViolation
 from commgnn.api.federate import federate as _federate
 from commgnn.federated.secagg.config import SecAggConfig
-from commgnn.federated.splits import SplitConfig
 from commgnn.models.graph import CSRPair
 
 DATA = DataConfig(dataset="synthetic", synthetic=SyntheticConfig(num_nodes=600, feature_dim=16, num_classes=4,

@@ -10,7 +10,7 @@ from commgnn.data import SyntheticConfig, make_csbm
 from commgnn.distributed.context import DistContext
 from commgnn.distributed.events import CommEvent, Hooks
 from commgnn.models import ModelConfig
-from commgnn.partition import PartitionConfig, build_local_partition, partition_graph
+from commgnn.partition import PartitionConfig, assign_parts, build_local_partition
 from commgnn.trainers import FullGraphTrainer, TrainConfig
 from helpers import run_on_ranks
 
@@ -40,7 +40,7 @@ def order_rank(ctx: DistContext, data, parts) -> dict:
 def test_adapt_then_combine_with_exact_averaging_is_the_allreduce(tmp_path):
     data = make_csbm(SyntheticConfig(num_nodes=300, num_classes=3, feature_dim=8, avg_degree=6.0,
                                      homophily=0.9, seed=4))
-    parts = partition_graph(data.edge_index, data.num_nodes, 3, PartitionConfig(method="metis"))
+    parts = assign_parts(data.edge_index, data.num_nodes, 3, PartitionConfig(method="metis"))
     res = run_on_ranks(order_rank, 3, tmp_path, data, parts, timeout_s=120)
     for r in res:
         torch.testing.assert_close(r["atc-full"]["params"], res[0]["allreduce"]["params"], rtol=1e-4, atol=1e-5)

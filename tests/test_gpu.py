@@ -41,7 +41,7 @@ from commgnn.distributed.events import Hooks
 from commgnn.models import ModelConfig
 from commgnn.models.graph import CSRPair, LocalGraph, spmm
 from commgnn.models.sparse import SparseRows
-from commgnn.partition import PartitionConfig, build_local_partition, partition_graph
+from commgnn.partition import PartitionConfig, assign_parts, build_local_partition
 from commgnn.trainers import FullGraphTrainer, TrainConfig
 from gpu_helpers import GPU_MARKS, SHARED_GPU, error_text, run_ranks, to_cpu, two_gpus
 from helpers import pyg_reference, small_graph, trainer_steps
@@ -96,7 +96,7 @@ def test_spmm_keeps_trailing_dimensions_on_cuda():
 def test_layer_operators_built_from_device_tensors_match_the_cpu():
     """``gcn_adj`` and ``mean_adj`` of a rank with halo rows, built where its tensors live."""
     data = small_graph(n=400, m=2000, f=8)
-    parts = partition_graph(data.edge_index, data.num_nodes, 2, PartitionConfig(method="random", seed=1))
+    parts = assign_parts(data.edge_index, data.num_nodes, 2, PartitionConfig(method="random", seed=1))
     part = build_local_partition(data, parts, 2, 0)
     n_src = part.num_owned + part.num_halo
     assert part.num_halo > 0
@@ -211,7 +211,7 @@ def parity_one_gpu(parity_graph):
 @pytest.fixture(scope="module")
 def parity_two_gpus(parity_graph, tmp_path_factory):
     data, refs = parity_graph
-    parts = partition_graph(data.edge_index, data.num_nodes, 2, PartitionConfig(method="random", seed=1))
+    parts = assign_parts(data.edge_index, data.num_nodes, 2, PartitionConfig(method="random", seed=1))
     per_rank = run_ranks(parity_fn, 2, tmp_path_factory.mktemp("parity-two"), data, parts, refs)
     assert all(len(r["float64"]["gcn"].get("ids", [0])) > 0 for r in per_rank)
     return per_rank
@@ -220,7 +220,7 @@ def parity_two_gpus(parity_graph, tmp_path_factory):
 @pytest.fixture(scope="module")
 def parity_shared_gpu(parity_graph, tmp_path_factory):
     data, refs = parity_graph
-    parts = partition_graph(data.edge_index, data.num_nodes, 2, PartitionConfig(method="random", seed=1))
+    parts = assign_parts(data.edge_index, data.num_nodes, 2, PartitionConfig(method="random", seed=1))
     return run_ranks(parity_fn, 2, tmp_path_factory.mktemp("parity-shared"), data, parts, refs, **SHARED_GPU)
 
 

@@ -43,7 +43,7 @@ from commgnn.distributed.context import DistContext
 from commgnn.distributed.events import Hooks
 from commgnn.models import ModelConfig
 from commgnn.models.maxk import maxk
-from commgnn.partition import PartitionConfig, build_local_partition, partition_graph
+from commgnn.partition import PartitionConfig, assign_parts, build_local_partition
 from commgnn.trainers import FullGraphTrainer, TrainConfig, halo_plan
 from commgnn.integrity import load_verified, save_tensors
 from commgnn.trainers.checkpoint import from_plain, to_plain
@@ -216,7 +216,7 @@ def exchange_self(tmp_path_factory):
 @pytest.fixture(scope="module")
 def exchange_two(tmp_path_factory):
     data = small_graph(n=80, m=400)
-    parts = partition_graph(data.edge_index, data.num_nodes, 2, PartitionConfig(method="random", seed=2))
+    parts = assign_parts(data.edge_index, data.num_nodes, 2, PartitionConfig(method="random", seed=2))
     return run_ranks(lever_exchange_fn, 2, tmp_path_factory.mktemp("exchange-two"), data, parts,
                      list(EXCHANGE_LEVERS))
 
@@ -224,7 +224,7 @@ def exchange_two(tmp_path_factory):
 @pytest.fixture(scope="module")
 def exchange_shared(tmp_path_factory):
     data = small_graph(n=80, m=400)
-    parts = partition_graph(data.edge_index, data.num_nodes, 2, PartitionConfig(method="random", seed=2))
+    parts = assign_parts(data.edge_index, data.num_nodes, 2, PartitionConfig(method="random", seed=2))
     return run_ranks(lever_exchange_fn, 2, tmp_path_factory.mktemp("exchange-shared"), data, parts,
                      list(EXCHANGE_LEVERS), **SHARED_GPU)
 
@@ -391,7 +391,7 @@ def check_strategy_training(res: dict, model: str, name: str, device: str = "cud
 def csbm_graph():
     data = csbm()
     return data, {1: torch.zeros(data.num_nodes, dtype=torch.long),
-                  2: partition_graph(data.edge_index, data.num_nodes, 2, PartitionConfig(method="metis"))}
+                  2: assign_parts(data.edge_index, data.num_nodes, 2, PartitionConfig(method="metis"))}
 
 
 @pytest.fixture(scope="module")

@@ -22,7 +22,7 @@ from commgnn.distributed.context import DistContext
 from commgnn.distributed.events import CommEvent, Hooks
 from commgnn.errors import ConfigError, UserError
 from commgnn.models import ModelConfig
-from commgnn.partition import PartitionConfig, build_local_partition, partition_graph
+from commgnn.partition import PartitionConfig, assign_parts, build_local_partition
 from commgnn.trainers import FullGraphTrainer, TrainConfig
 from commgnn.data import SyntheticConfig, make_csbm
 from helpers import run_on_ranks, small_graph
@@ -456,7 +456,7 @@ def test_every_strategy_converges_and_counts_its_bytes(tmp_path):
     data = make_csbm(SyntheticConfig(num_nodes=300, num_classes=3, feature_dim=8, avg_degree=6.0,
                                      homophily=0.9, seed=4))
     data.num_classes_total = 3
-    parts = partition_graph(data.edge_index, data.num_nodes, 2, PartitionConfig(method="metis"))
+    parts = assign_parts(data.edge_index, data.num_nodes, 2, PartitionConfig(method="metis"))
     res = run_on_ranks(convergence_rank, 2, tmp_path, data, parts, timeout_s=120)
     n_params = 8 * 16 + 16 + 16 * 3 + 3
     full = EPOCHS * n_params * 4  # fp32 ring all-reduce on 2 ranks sends the bucket once per step

@@ -17,7 +17,7 @@ from commgnn.config import from_dict
 from commgnn.distributed.context import DistContext
 from commgnn.distributed.events import CommEvent, Hooks
 from commgnn.errors import ConfigError
-from commgnn.partition import PartitionConfig, build_local_partition, partition_graph
+from commgnn.partition import PartitionConfig, assign_parts, build_local_partition
 from commgnn.trainers import halo_plan
 from helpers import run_on_ranks, small_graph
 
@@ -191,7 +191,7 @@ def lever_rank(ctx: DistContext, data, parts, cfg: HaloConfig) -> dict:
 @pytest.fixture(scope="module")
 def graph():
     data = small_graph(n=80, m=400)
-    parts = partition_graph(data.edge_index, data.num_nodes, 3, PartitionConfig(method="random", seed=2))
+    parts = assign_parts(data.edge_index, data.num_nodes, 3, PartitionConfig(method="random", seed=2))
     return data, parts
 
 

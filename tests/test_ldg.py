@@ -9,7 +9,7 @@ import torch
 
 from commgnn.cli.main import main
 from commgnn.errors import ConfigError, PartitionError
-from commgnn.partition import PartitionConfig, partition_graph
+from commgnn.partition import PartitionConfig, assign_parts
 from commgnn.partition.api import partition_memory_gb
 from commgnn.partition.ldg import SLACK, _fit, lean_adjacency
 
@@ -32,12 +32,12 @@ def cut(edge_index: torch.Tensor, parts: torch.Tensor) -> int:
 
 def test_ldg_balanced_deterministic_and_better_than_random() -> None:
     ei, n, P = community_graph(), 4000, 4
-    parts = partition_graph(ei, n, P, PartitionConfig(method="ldg"))
-    again = partition_graph(ei, n, P, PartitionConfig(method="ldg"))
+    parts = assign_parts(ei, n, P, PartitionConfig(method="ldg"))
+    again = assign_parts(ei, n, P, PartitionConfig(method="ldg"))
     assert torch.equal(parts, again)
     sizes = torch.bincount(parts, minlength=P)
     assert int(sizes.max()) <= math.ceil(n / P * (1 + SLACK)) and int(sizes.min()) > 0
-    rand = partition_graph(ei, n, P, PartitionConfig(method="random"))
+    rand = assign_parts(ei, n, P, PartitionConfig(method="random"))
     # Random cuts ~75% of edges here; the greedy stream must find the blocks.
     assert cut(ei, parts) < 0.5 * cut(ei, rand), (cut(ei, parts), cut(ei, rand))
 
@@ -65,11 +65,11 @@ def test_memory_cap_refuses_with_a_leaner_strategy() -> None:
     need = partition_memory_gb("metis", n, ei.shape[1])
     assert partition_memory_gb("ldg", n, ei.shape[1]) < need
     with pytest.raises(PartitionError, match="--partitioner ldg"):
-        partition_graph(ei, n, 4, PartitionConfig(memory_limit_gb=need * 0.9))
+        assign_parts(ei, n, 4, PartitionConfig(memory_limit_gb=need * 0.9))
     with pytest.raises(PartitionError, match="--partitioner random"):
-        partition_graph(ei, n, 4, PartitionConfig(memory_limit_gb=need * 0.1))
+        assign_parts(ei, n, 4, PartitionConfig(memory_limit_gb=need * 0.1))
     # Under the cap it runs.
-    assert partition_graph(ei, n, 4, PartitionConfig(memory_limit_gb=need * 1.1)).numel() == n
+    assert assign_parts(ei, n, 4, PartitionConfig(memory_limit_gb=need * 1.1)).numel() == n
     with pytest.raises(ConfigError, match="memory_limit_gb"):
         PartitionConfig(memory_limit_gb=-1)
 

@@ -173,13 +173,53 @@ def test_the_resume_list_comes_from_the_declarations(tmp_path, capsys):
     (tmp_path / "manifest.json").write_text("{}")
     assert main(["train", "--resume", str(tmp_path), "--weight-decay", "0.1"]) == 2
     err = capsys.readouterr().err
-    assert "only --epochs" in err and "--[no-]gc-freeze" in err and "--weight-decay" not in err
+    assert "--weight-decay cannot be given with it" in err and "only --epochs" in err and "--[no-]gc-freeze" in err
 
 
-def test_flag_keys_stays_a_derived_name():
-    from commgnn.federated.options import FEDERATE_OPTIONS, FLAG_KEYS as FED
-    from commgnn.runner.config import FLAG_KEYS, RUN_OPTIONS
+def test_one_resume_check_for_train_federate_and_python(tmp_path, capsys):
+    """``OptionSet.check_resume`` is the one rule: the same line from ``commgnn train
+    --resume``, ``commgnn federate --resume``, ``commgnn.resume`` and ``resume_federated``."""
+    import commgnn
+    from commgnn.api.federate import resume_federated
+    from commgnn.errors import UserError
+    from commgnn.federated.options import FEDERATE_OPTIONS
 
-    assert FLAG_KEYS == RUN_OPTIONS.flag_keys and FLAG_KEYS["epochs"] == "train.epochs"
-    assert FLAG_KEYS["energy_track"] == "energy.track" and FLAG_KEYS["weight_decay"] == "train.weight_decay"
-    assert FED == FEDERATE_OPTIONS.flag_keys and FED["secure_agg"] == "secagg.enabled"
+    run, fed = SETS["run"], FEDERATE_OPTIONS
+    run.check_resume({"epochs": 3, "quiet": True, "lr": None})  # None: not given
+    with pytest.raises(UserError, match=r"^--resume continues the run as its config.toml says: --lr cannot be "
+                                        r"given with it \(only --epochs, .* may change\)$"):
+        run.check_resume({"epochs": 3, "lr": 0.1})
+    with pytest.raises(UserError, match="--config cannot be given with it"):
+        run.check_resume({"config": "x.toml"})
+    with pytest.raises(UserError, match=r"--clients cannot be given with it \(only --rounds"):
+        fed.check_resume({"clients": 3})
+    (tmp_path / "config.toml").write_text("")
+    (tmp_path / "manifest.json").write_text("{}")
+    with pytest.raises(UserError, match="--lr cannot be given with it"):
+        commgnn.resume(tmp_path, lr=0.1)
+    fed_dir = tmp_path / "fed"
+    fed_dir.mkdir()
+    (fed_dir / "config.toml").write_text("[federated]\n")
+    with pytest.raises(UserError, match="--clients cannot be given with it"):
+        resume_federated(fed_dir, clients=3)
+    with pytest.raises(UserError, match="--clients cannot be given with it"):
+        commgnn.resume(fed_dir, clients=3)
+    assert main(["train", "--resume", str(tmp_path), "--config", str(tmp_path / "config.toml")]) == 2
+    assert capsys.readouterr().err.count("\n") == 1
+
+
+def test_flag_keys_stays_a_deprecated_derived_name():
+    """``FLAG_KEYS`` was replaced by ``OptionSet.flag_keys``; the old names still answer, for
+    one release, with a DeprecationWarning."""
+    import commgnn.federated.options as fed_options
+    import commgnn.runner.config as run_config
+    from commgnn.federated.options import FEDERATE_OPTIONS
+    from commgnn.runner.config import RUN_OPTIONS
+
+    keys = RUN_OPTIONS.flag_keys
+    assert keys["epochs"] == "train.epochs" and keys["energy_track"] == "energy.track"
+    assert keys["weight_decay"] == "train.weight_decay" and FEDERATE_OPTIONS.flag_keys["secure_agg"] == "secagg.enabled"
+    with pytest.warns(DeprecationWarning, match="RUN_OPTIONS.flag_keys"):
+        assert run_config.FLAG_KEYS == keys
+    with pytest.warns(DeprecationWarning, match="FEDERATE_OPTIONS.flag_keys"):
+        assert fed_options.FLAG_KEYS == FEDERATE_OPTIONS.flag_keys

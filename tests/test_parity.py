@@ -18,7 +18,7 @@ from commgnn.comm.halo.exchange import RowExchange
 from commgnn.distributed.context import DistContext
 from commgnn.distributed.events import Hooks
 from commgnn.models import ModelConfig
-from commgnn.partition import PartitionConfig, build_local_partition, partition_graph
+from commgnn.partition import PartitionConfig, assign_parts, build_local_partition
 from commgnn.trainers import FullGraphTrainer, TrainConfig
 from helpers import pyg_reference, run_on_ranks, small_graph, trainer_steps
 
@@ -79,7 +79,7 @@ def test_parity_single_rank(graph_and_refs):
 @pytest.mark.parametrize("P", [2, 4])
 def test_parity_multi_rank(graph_and_refs, tmp_path, P):
     data, refs = graph_and_refs
-    parts = partition_graph(data.edge_index, data.num_nodes, P, PartitionConfig(method="random", seed=1))
+    parts = assign_parts(data.edge_index, data.num_nodes, P, PartitionConfig(method="random", seed=1))
     per_rank = run_on_ranks(parity_rank, P, tmp_path, data, parts, refs)
     assert all(len(r["gcn"]["ids"]) > 0 for r in per_rank)
     _check(data, refs, per_rank)
@@ -94,7 +94,7 @@ def test_lossless_levers_keep_parity(graph_and_refs, tmp_path, levers):
     """Precomputed layer-1 aggregation, transform-before-aggregate and lossy levers under
     exact guard epochs give the exact model's logits, gradients and updates."""
     data, refs = graph_and_refs
-    parts = partition_graph(data.edge_index, data.num_nodes, 3, PartitionConfig(method="random", seed=1))
+    parts = assign_parts(data.edge_index, data.num_nodes, 3, PartitionConfig(method="random", seed=1))
     _check(data, refs, run_on_ranks(parity_rank, 3, tmp_path, data, parts, refs, HaloConfig(**levers)))
 
 
@@ -104,14 +104,14 @@ def test_sparse_input_keeps_parity(tmp_path, levers):
     data = small_graph(n=60, m=240, f=12, seed=5)
     data.x[torch.rand(data.x.shape, generator=torch.Generator().manual_seed(0)) < 0.8] = 0.0
     refs = {name: reference(data, name) for name in MODELS}
-    parts = partition_graph(data.edge_index, data.num_nodes, 2, PartitionConfig(method="random", seed=1))
+    parts = assign_parts(data.edge_index, data.num_nodes, 2, PartitionConfig(method="random", seed=1))
     _check(data, refs, run_on_ranks(parity_rank, 2, tmp_path, data, parts, refs, HaloConfig(**levers), "on"))
 
 
 def test_parity_detects_a_wrong_halo(graph_and_refs, tmp_path):
     """The comparison can fail: dropping the halo (no exchange) breaks parity."""
     data, refs = graph_and_refs
-    parts = partition_graph(data.edge_index, data.num_nodes, 2, PartitionConfig(method="random", seed=1))
+    parts = assign_parts(data.edge_index, data.num_nodes, 2, PartitionConfig(method="random", seed=1))
     per_rank = run_on_ranks(no_halo_rank, 2, tmp_path, data, parts, refs)
     with pytest.raises(AssertionError):
         _check(data, refs, per_rank)

@@ -16,9 +16,8 @@ import commgnn.partition.store as store_mod
 from commgnn.config import from_dict
 from commgnn.errors import ConfigError, PartitionError
 from commgnn.partition import (
-    PARTITIONERS, LocalPartition, PartitionConfig, PartitionReport, build_local_partition,
-    build_local_partitions, format_report, load_meta, load_partition, partition_graph,
-    partition_report, save_partitions,
+    PARTITIONERS, LocalPartition, PartitionConfig, PartitionReport, assign_parts, build_local_partition,
+    build_local_partitions, format_report, load_meta, load_partition, partition_report, save_partitions,
 )
 
 METHODS = ["metis", "random", "contiguous"]
@@ -52,11 +51,11 @@ def test_every_node_once_nonempty_deterministic(method: str) -> None:
     d = fake_graph()
     n = d.num_nodes
     for P in (1, 3, 4):
-        parts = partition_graph(d.edge_index, n, P, PartitionConfig(method=method, seed=7))
+        parts = assign_parts(d.edge_index, n, P, PartitionConfig(method=method, seed=7))
         assert parts.shape == (n,) and parts.dtype == torch.int64
         assert int(parts.min()) >= 0 and int(parts.max()) < P
         assert (torch.bincount(parts, minlength=P) > 0).all()
-        again = partition_graph(d.edge_index, n, P, PartitionConfig(method=method, seed=7))
+        again = assign_parts(d.edge_index, n, P, PartitionConfig(method=method, seed=7))
         assert torch.equal(parts, again)
 
 
@@ -64,26 +63,26 @@ def test_random_and_contiguous_are_exactly_balanced() -> None:
     n, P = 103, 4
     ei = torch.empty(2, 0, dtype=torch.int64)
     for method in ("random", "contiguous"):
-        sizes = torch.bincount(partition_graph(ei, n, P, PartitionConfig(method=method)), minlength=P)
+        sizes = torch.bincount(assign_parts(ei, n, P, PartitionConfig(method=method)), minlength=P)
         assert sizes.tolist() == [26, 26, 26, 25]
-    contiguous = partition_graph(ei, n, P, PartitionConfig(method="contiguous"))
+    contiguous = assign_parts(ei, n, P, PartitionConfig(method="contiguous"))
     assert (contiguous[1:] >= contiguous[:-1]).all()
-    r0 = partition_graph(ei, n, P, PartitionConfig(method="random", seed=0))
-    r1 = partition_graph(ei, n, P, PartitionConfig(method="random", seed=1))
+    r0 = assign_parts(ei, n, P, PartitionConfig(method="random", seed=0))
+    r1 = assign_parts(ei, n, P, PartitionConfig(method="random", seed=1))
     assert not torch.equal(r0, r1)
 
 
 def test_metis_balanced_and_beats_random_on_communities() -> None:
     d = fake_graph()
-    parts = partition_graph(d.edge_index, d.num_nodes, 4, PartitionConfig(method="metis"))
+    parts = assign_parts(d.edge_index, d.num_nodes, 4, PartitionConfig(method="metis"))
     assert partition_report(d.edge_index, parts, 4).node_balance <= 1.1
 
     ei = sbm()
     n = 800
-    rep = {m: partition_report(ei, partition_graph(ei, n, 4, PartitionConfig(method=m)), 4)
+    rep = {m: partition_report(ei, assign_parts(ei, n, 4, PartitionConfig(method=m)), 4)
            for m in ("metis", "random")}
     assert rep["metis"].edge_cut < 0.3 * rep["random"].edge_cut
-    vol_parts = partition_graph(ei, n, 4, PartitionConfig(method="metis", objective="vol"))
+    vol_parts = assign_parts(ei, n, 4, PartitionConfig(method="metis", objective="vol"))
     vol = partition_report(ei, vol_parts, 4)
     assert (torch.bincount(vol_parts, minlength=4) > 0).all()
     assert vol.comm_volume <= rep["random"].comm_volume
@@ -92,7 +91,7 @@ def test_metis_balanced_and_beats_random_on_communities() -> None:
 def test_metis_passes_seed_and_objective() -> None:
     # If the options did not reach METIS, every seed / objective would give the same answer.
     d = fake_graph()
-    runs = {(s, o): partition_graph(d.edge_index, d.num_nodes, 4, PartitionConfig(objective=o, seed=s))
+    runs = {(s, o): assign_parts(d.edge_index, d.num_nodes, 4, PartitionConfig(objective=o, seed=s))
             for s in (0, 1, 2) for o in ("cut", "vol")}
     assert any(not torch.equal(runs[(0, "cut")], runs[(s, "cut")]) for s in (1, 2))
     assert any(not torch.equal(runs[(s, "cut")], runs[(s, "vol")]) for s in (0, 1, 2))
@@ -105,17 +104,17 @@ def test_metis_empty_part_is_a_partition_error(monkeypatch: pytest.MonkeyPatch) 
                         lambda nparts, adj, **kw: pymetis.GraphPartition(0, [0] * (len(adj.adj_starts) - 1)))
     ei = sbm()
     with pytest.raises(PartitionError, match="METIS left 1 of 2 partitions empty.*fewer parts"):
-        partition_graph(ei, 800, 2, PartitionConfig(method="metis"))
+        assign_parts(ei, 800, 2, PartitionConfig(method="metis"))
 
 
 def test_partition_argument_errors() -> None:
     ei = torch.tensor([[0, 1], [1, 2]])
     with pytest.raises(PartitionError, match="num_parts must be a positive int, got 0"):
-        partition_graph(ei, 10, 0, PartitionConfig())
+        assign_parts(ei, 10, 0, PartitionConfig())
     with pytest.raises(PartitionError, match="^cannot split 10 nodes into 16 partitions$"):
-        partition_graph(ei, 10, 16, PartitionConfig())
+        assign_parts(ei, 10, 16, PartitionConfig())
     with pytest.raises(PartitionError, match="refers to node 2, outside"):
-        partition_graph(ei, 2, 2, PartitionConfig(method="random"))
+        assign_parts(ei, 2, 2, PartitionConfig(method="random"))
 
 
 def test_config_validation() -> None:
@@ -199,7 +198,7 @@ def check_contract(d: Data, parts: torch.Tensor, lps: list[LocalPartition]) -> N
 @pytest.mark.parametrize("P", [1, 2, 3, 4])
 def test_build_local_partitions_contract(P: int) -> None:
     d = random_data()
-    parts = partition_graph(d.edge_index, d.num_nodes, P, PartitionConfig(method="random", seed=P))
+    parts = assign_parts(d.edge_index, d.num_nodes, P, PartitionConfig(method="random", seed=P))
     lps = build_local_partitions(d, parts, P)
     check_contract(d, parts, lps)
     if P == 1:
@@ -214,7 +213,7 @@ def test_build_local_partitions_contract(P: int) -> None:
 
 def test_build_with_metis_and_errors() -> None:
     d = random_data(n=200, e=1500, seed=1)
-    parts = partition_graph(d.edge_index, d.num_nodes, 3, PartitionConfig(method="metis"))
+    parts = assign_parts(d.edge_index, d.num_nodes, 3, PartitionConfig(method="metis"))
     check_contract(d, parts, build_local_partitions(d, parts, 3))
     with pytest.raises(PartitionError, match="partition 2 of 3 is empty"):
         build_local_partitions(d, parts.clamp(max=1), 3)
@@ -229,7 +228,7 @@ def test_build_with_metis_and_errors() -> None:
 @pytest.fixture
 def saved(tmp_path: Path) -> tuple[Path, list[LocalPartition], PartitionReport]:
     d = random_data()
-    parts = partition_graph(d.edge_index, d.num_nodes, 3, PartitionConfig(method="random"))
+    parts = assign_parts(d.edge_index, d.num_nodes, 3, PartitionConfig(method="random"))
     lps = build_local_partitions(d, parts, 3)
     rep = partition_report(d.edge_index, parts, 3, d.train_mask)
     out = save_partitions(tmp_path / "parts", lps, {"graph_fingerprint": "abcdef0123456789xyz",
@@ -300,7 +299,7 @@ def test_store_errors(saved: tuple[Path, list[LocalPartition], PartitionReport],
 
 def test_store_inconsistent_part(tmp_path: Path) -> None:
     d = random_data()
-    parts = partition_graph(d.edge_index, d.num_nodes, 2, PartitionConfig(method="contiguous"))
+    parts = assign_parts(d.edge_index, d.num_nodes, 2, PartitionConfig(method="contiguous"))
     lps = build_local_partitions(d, parts, 2)
     lps[1].send_counts = [lps[1].send_counts[0] + 1, 0]  # valid file, broken content
     lps[0].edge_index = lps[0].edge_index.clone()
@@ -314,7 +313,7 @@ def test_store_inconsistent_part(tmp_path: Path) -> None:
 
 def test_failed_save_leaves_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     d = random_data()
-    lps = build_local_partitions(d, partition_graph(d.edge_index, 120, 2, PartitionConfig(method="random")), 2)
+    lps = build_local_partitions(d, assign_parts(d.edge_index, 120, 2, PartitionConfig(method="random")), 2)
     calls = []
 
     def failing_save(obj: object, f: object) -> None:
@@ -335,7 +334,7 @@ def test_failed_save_leaves_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPa
 def test_save_replaces_whole_dir_and_refuses_foreign(tmp_path: Path) -> None:
     d = random_data()
     for P in (3, 2):
-        parts = partition_graph(d.edge_index, 120, P, PartitionConfig(method="random"))
+        parts = assign_parts(d.edge_index, 120, P, PartitionConfig(method="random"))
         save_partitions(tmp_path / "p", build_local_partitions(d, parts, P), {"graph_fingerprint": f"g{P}"})
     assert sorted(p.name for p in (tmp_path / "p").iterdir()) == ["meta.json", "part_0.pt", "part_1.pt"]
     assert load_meta(tmp_path / "p")["graph_fingerprint"] == "g2"
@@ -346,3 +345,36 @@ def test_save_replaces_whole_dir_and_refuses_foreign(tmp_path: Path) -> None:
     with pytest.raises(PartitionError, match="refusing to overwrite"):
         save_partitions(foreign, build_local_partitions(d, parts, 2), {"graph_fingerprint": "g"})
     assert (foreign / "notes.txt").read_text() == "keep me"
+
+
+def test_partition_graph_is_a_deprecated_alias_of_assign_parts():
+    """The partition layer's ``partition_graph`` was renamed (``commgnn.partition_graph`` is the
+    verb that saves a directory); the old name still works for one release, with a warning."""
+    import commgnn.partition as partition
+
+    with pytest.warns(DeprecationWarning, match="assign_parts"):
+        old = partition.partition_graph
+    assert old is assign_parts
+    with pytest.raises(AttributeError):
+        partition.no_such_name  # noqa: B018
+
+
+def test_the_partition_verb_takes_a_graph_given_in_python(tmp_path: Path) -> None:
+    """``commgnn.partition_graph(out, data)`` with a PyG ``Data`` (as ``commgnn.train`` takes
+    it): ``meta.json`` names the graph by its fingerprint, and a run on the same graph
+    trains on the saved parts."""
+    import json
+
+    import commgnn
+    from commgnn.data import fingerprint, load_dataset
+    from commgnn.data.config import DataConfig, SyntheticConfig
+
+    data = load_dataset(DataConfig(synthetic=SyntheticConfig(num_nodes=200, num_classes=3, feature_dim=8,
+                                                             avg_degree=5.0, seed=3)))
+    done = commgnn.partition_graph(tmp_path / "parts", data, parts=2, partitioner="random")
+    meta = json.loads((tmp_path / "parts" / "meta.json").read_text())
+    assert meta["graph_fingerprint"] == fingerprint(data) and meta["dataset"].startswith("python:")
+    assert done.parts == 2 and done.report
+    res = commgnn.train(data, parts=2, partition_dir=str(tmp_path / "parts"), epochs=2, threads=1, quiet=True,
+                        out=tmp_path / "run")
+    assert res is not None and res.summary["epochs_run"] == 2

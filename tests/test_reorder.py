@@ -25,7 +25,7 @@ from commgnn.distributed.context import DistContext
 from commgnn.distributed.events import Hooks
 from commgnn.errors import ConfigError, PartitionError
 from commgnn.models import ModelConfig
-from commgnn.partition import LocalPartition, PartitionConfig, build_local_partitions, partition_graph
+from commgnn.partition import LocalPartition, PartitionConfig, assign_parts, build_local_partitions
 from commgnn.partition.reorder import (REORDER_METHODS, locality_order, partition_order, reorder_for_locality,
                                        reorder_partition)
 from commgnn.trainers import FullGraphTrainer, TrainConfig
@@ -130,7 +130,7 @@ def test_bad_orders_and_methods_are_refused():
 def test_reorder_partition_keeps_the_graph_and_the_halo_alignment(method):
     data = banded_graph(n=600, band=3)
     P = 3
-    parts = partition_graph(data.edge_index, 600, P, PartitionConfig(method="random", seed=2))
+    parts = assign_parts(data.edge_index, 600, P, PartitionConfig(method="random", seed=2))
     plain = build_local_partitions(data, parts, P)
     if method == "metis":  # ~150 owned rows per rank: small blocks so that METIS has work to do
         from commgnn.partition.reorder import metis_order
@@ -174,7 +174,7 @@ def test_reorder_partition_keeps_the_graph_and_the_halo_alignment(method):
 
 def test_partition_order_uses_only_owned_to_owned_edges():
     data = small_graph(n=80, m=300, seed=3)
-    parts = partition_graph(data.edge_index, 80, 2, PartitionConfig(method="random", seed=0))
+    parts = assign_parts(data.edge_index, 80, 2, PartitionConfig(method="random", seed=0))
     p = build_local_partitions(data, parts, 2)[0]
     own = p.edge_index[:, p.edge_index[0] < p.num_owned]
     assert own.size(1) < p.edge_index.size(1)  # there are halo edges to leave out
@@ -213,7 +213,7 @@ def reorder_parity_rank(ctx: DistContext, data, parts) -> dict:
 @pytest.mark.timeout(180)
 def test_two_rank_training_is_the_same_with_a_reorder(tmp_path):
     data = banded_graph(n=300, band=3, f=6)
-    parts = partition_graph(data.edge_index, 300, 2, PartitionConfig(method="random", seed=1))
+    parts = assign_parts(data.edge_index, 300, 2, PartitionConfig(method="random", seed=1))
     per_rank = run_on_ranks(reorder_parity_rank, 2, tmp_path, data, parts)
     for name in MODELS:
         ref_logits = torch.zeros(300, 3, dtype=torch.float64)

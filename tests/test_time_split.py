@@ -118,11 +118,11 @@ def alone_rank(ctx, data, parts):
 @pytest.mark.timeout(120)
 def test_compute_alone_replays_the_same_step_and_leaves_training_untouched(tmp_path):
     from helpers import run_on_ranks, small_graph
-    from commgnn.partition import partition_graph
+    from commgnn.partition import assign_parts
     from commgnn.partition.config import PartitionConfig
 
     data = small_graph(n=120, m=480)
-    parts = partition_graph(data.edge_index, data.num_nodes, 2, PartitionConfig(method="random"))
+    parts = assign_parts(data.edge_index, data.num_nodes, 2, PartitionConfig(method="random"))
     res = run_on_ranks(alone_rank, 2, tmp_path, data, parts, timeout_s=90)
     for r in res:
         assert r["same"] and r["moves"] >= 3  # 2 forward exchanges and at least one backward

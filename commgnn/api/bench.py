@@ -169,7 +169,7 @@ def bench(grid: str | Path, out: str | Path | None = None, *, report_only: bool 
 
 def run_grid(grid_path: str, out: Path, *, report_only: bool = False) -> list[dict[str, Any]]:
     """Run (or with ``report_only``, only tabulate) every run of the grid; return the table."""
-    from commgnn.api.partition import partition_to_dir
+    from commgnn.api.partition import partition_graph
     from commgnn.runner.local import train_local
 
     base, axes, settings, reference = load_grid(grid_path)
@@ -187,7 +187,7 @@ def run_grid(grid_path: str, out: Path, *, report_only: bool = False) -> list[di
             cfg0 = replace_path(replace_path(base, "data.dataset", dataset), "runtime.parts", P)
             pdir = out / "partitions" / f"{Path(dataset).stem}-p{P}"
             if not (pdir / "meta.json").exists() and not report_only:
-                partition_to_dir(cfg0, pdir)
+                partition_graph(pdir, config=cfg0, env={})  # the grid's config as it is
             cfg0 = replace_path(cfg0, "partition.dir", str(pdir))
             for model in axes.models:
                 for setting in settings:

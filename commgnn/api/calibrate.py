@@ -43,7 +43,8 @@ CALIBRATE_OPTIONS = OptionSet("calibrate", lambda: CalibrateConfig, (
 
 
 def _rank(info: Any, out: str, timeout_s: float, sizes: tuple[int, ...]) -> None:
-    from commgnn.distributed.context import RuntimeConfig, init_distributed, shutdown
+    from commgnn.distributed.config import RuntimeConfig
+    from commgnn.distributed.context import init_distributed, shutdown
     from commgnn.netmodel.calibrate import calibrate
 
     ctx = init_distributed(info, RuntimeConfig(parts=info.world_size, timeout_s=timeout_s, threads=1))

@@ -3,20 +3,29 @@ multi-host cluster on this Linux machine (network namespaces, shaped links; it n
 ``CAP_NET_ADMIN`` and ``CAP_SYS_ADMIN``).
 
     from commgnn.api.cluster import run_emulated
-    run_emulated(["train", "--dataset", "CS", "--out", "runs/cs"], hosts=4, ranks_per_host=2,
-                 rate="100mbit", out="runs/cs")
+    run_emulated(["train", "--dataset", "CS"], hosts=4, ranks_per_host=2, rate="100mbit")
+
+The job runs as ``commgnn cluster ... -- JOB`` runs it (:func:`job_command`): ``--parts`` is
+the cluster's ranks, a train or federate job without ``--out`` gets a run folder named once
+for every rank, and a train job on hosts of several ranks places heavy halo pairs on one host.
 
 ``commgnn.cluster`` is the subpackage that builds the network; this module is the call.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
-from dataclasses import asdict
+import os
+from dataclasses import asdict, replace
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Mapping, NoReturn, Sequence
 
 from commgnn.cluster.config import CLUSTER_OPTIONS, ClusterConfig, parse_percent, parse_rate, parse_time
+from commgnn.errors import UserError
+
+JOBS = ("train", "federate", "calibrate")
+"""The commands a cluster runs."""
 
 
 def cluster_config(config: ClusterConfig | None = None, **options: Any) -> ClusterConfig:
@@ -39,19 +48,92 @@ def cleanup() -> list[str]:
     return list(remove_stale())
 
 
+class _JobParser(argparse.ArgumentParser):
+    """A job's command line parsed as its own command parses it; a bad flag is one line."""
+
+    def error(self, message: str) -> NoReturn:
+        raise UserError(f"{message} (see `{self.prog} --help`)")
+
+
+def _parse_job(name: str, args: Sequence[str]) -> argparse.Namespace:
+    p = _JobParser(prog=f"commgnn {name}", add_help=False)
+    if name == "calibrate":
+        from commgnn.api.calibrate import CALIBRATE_OPTIONS
+
+        CALIBRATE_OPTIONS.add_arguments(p)
+        return p.parse_args(list(args))
+    from commgnn.federated.options import FEDERATE_OPTIONS
+    from commgnn.runner.config import RUN_OPTIONS
+
+    p.add_argument("--config")
+    p.add_argument("--resume")
+    (RUN_OPTIONS if name == "train" else FEDERATE_OPTIONS).add_arguments(p)
+    return p.parse_args(list(args))
+
+
+def job_command(job: Sequence[str], cfg: ClusterConfig, env: Mapping[str, str] | None = None
+                ) -> tuple[list[str], Path | None]:
+    """The command line each host runs for ``commgnn JOB...`` (``train ...``, ``federate
+    ...`` or ``calibrate ...``, a leading ``--`` dropped) on the cluster ``cfg``, checked
+    (a bad flag or TOML key is one line), and the job's run folder (None for calibrate).
+
+    ``--parts`` must be absent or the cluster's ranks; a train or federate job without
+    ``--out`` gets one, named here once for every rank; a train job whose hosts hold
+    several ranks and that names no ``--place-hosts`` or ``--partition-dir`` gets
+    ``--place-hosts HOSTS`` (heavy halo pairs on one host, ``partition.hosts``)."""
+    env = os.environ if env is None else env
+    args = list(job)
+    if args[:1] == ["--"]:
+        args = args[1:]
+    if args[:1] not in [[j] for j in JOBS]:
+        raise UserError("give the job after --: train ARGS, federate ARGS or calibrate ARGS, e.g. "
+                        "`commgnn cluster --hosts 2 -- train --dataset CS`")
+    name, args = args[0], args[1:]
+    ns = _parse_job(name, args)
+    if name == "calibrate":
+        return [name, *args], None
+    flags = {k: v for k, v in vars(ns).items() if v is not None and k != "config"}
+    world = cfg.world_size
+    if flags.pop("resume", None):
+        raise UserError("commgnn cluster runs a new job; --resume is not supported here")
+    if flags.get("parts") not in (None, world):
+        raise UserError(f"--parts {flags['parts']} differs from --hosts x --ranks-per-host = {world}")
+    if name == "federate":  # rank 0 (host 0) serves, the clients live on the other ranks
+        from commgnn.federated.options import resolve_federate_config
+        from commgnn.runner.federate import default_out_dir as federate_out_dir
+
+        fcfg = resolve_federate_config(ns.config, flags, env)  # a bad flag or key stops here
+        out = Path(fcfg.output.out) if fcfg.output.out else federate_out_dir(fcfg)
+        return [name, *args, *([] if fcfg.output.out else ["--out", str(out)])], out
+    from commgnn.runner.config import resolve_config
+    from commgnn.runner.run_dir import default_out_dir
+
+    flags["parts"] = world
+    if "place_hosts" not in flags and not flags.get("partition_dir") and cfg.ranks_per_host > 1:
+        flags["place_hosts"] = cfg.hosts
+        args += ["--place-hosts", str(cfg.hosts)]
+    rcfg = resolve_config(ns.config, flags, env)  # a bad flag or key stops here, one line
+    if rcfg.output.out:
+        return [name, *args], Path(rcfg.output.out)
+    out = default_out_dir(replace(rcfg, runtime=replace(rcfg.runtime, parts=world)))
+    return [name, *args, "--out", str(out)], out
+
+
 def run_emulated(job: Sequence[str], config: ClusterConfig | None = None, *, out: str | Path | None = None,
                  **options: Any) -> int:
     """Run ``commgnn JOB...`` (``train ...``, ``federate ...`` or ``calibrate ...``, as on
-    the command line, with ``--parts`` equal to the cluster's ranks) on every emulated host
-    under torchrun; its exit code. ``out``: the job's run folder, which receives
-    ``cluster.json`` (the network the run saw) when the job succeeds."""
+    the command line) on every emulated host under torchrun, as ``commgnn cluster`` does
+    (the job's command line is :func:`job_command`'s, checked before anything is built);
+    its exit code. The job's run folder (``out``: default the one :func:`job_command`
+    names) receives ``cluster.json`` (the network the run saw) when the job succeeds."""
     from commgnn.cluster import run_cluster
     from commgnn.cluster.netns import check_rights
 
     cfg = cluster_config(config, **options)
+    args, folder = job_command(job, cfg)  # refused for the job before this machine's rights are checked
     check_rights()
-    code = run_cluster(cfg, list(job))
-    folder = Path(out) if out is not None else None
+    code = run_cluster(cfg, args)
+    folder = Path(out) if out is not None else folder
     if code == 0 and folder is not None and folder.is_dir():
         (folder / "cluster.json").write_text(json.dumps({**asdict(cfg), "describe": cfg.describe()}, indent=1) + "\n")
     return int(code)

@@ -108,11 +108,7 @@ def resume_federated(run_dir: str | Path, data: Any = None, *, rounds: int | Non
                         f"or a manifest.json of another command)")
     if rounds is not None:
         options = {**options, "rounds": rounds}
-    allowed = FEDERATE_OPTIONS.resume_dests
-    other = sorted(set(options) - set(allowed))
-    if other:
-        raise UserError(f"--resume continues the run as its config.toml says; only {', '.join(allowed)} "
-                        f"may change, not {other[0]}")
+    FEDERATE_OPTIONS.check_resume(options)
     cfg = _config(run_dir / "config.toml", {k: v for k, v in options.items() if v is not None})
     old = _config(run_dir / "config.toml", {})
     if cfg.federated.rounds != old.federated.rounds and cfg.dp.enabled and cfg.dp.epsilon > 0:

@@ -30,26 +30,26 @@ class PartitionResult:
     """The report as ``commgnn partition`` prints it."""
 
 
-def partition_to_dir(cfg: RunConfig, out: Path) -> str:
-    """Partition ``cfg``'s graph into ``cfg.runtime.parts`` parts, save to ``out``; the report text."""
-    return _partition(cfg, out).text
-
-
-def _partition(cfg: RunConfig, out: Path) -> PartitionResult:
+def _partition(cfg: RunConfig, out: Path, graph: Any = None) -> PartitionResult:
+    """Partition ``cfg``'s graph (or the ``graph`` given in Python, recorded in ``meta.json``
+    by its fingerprint as a run records it) and save the parts to ``out``."""
     from commgnn.data import fingerprint, load_dataset
     from commgnn.partition import PartitionReport, build_local_partitions, format_report, save_partitions
     from commgnn.runner.prepare import partition_for_run, partition_meta
+    from commgnn.runner.run_dir import record_given_graph
 
     cfg = replace(cfg, partition=replace(cfg.partition, dir=None))
-    data = load_dataset(cfg.data)
+    data = load_dataset(cfg.data, graph)
     fp = fingerprint(data)
+    if graph is not None:
+        cfg = record_given_graph(cfg, fp)
     parts, report = partition_for_run(cfg, data, fp)
     save_partitions(out, build_local_partitions(data, parts, cfg.runtime.parts),
                     partition_meta(cfg, fp, report, data))
     return PartitionResult(dir=Path(out), parts=cfg.runtime.parts, report=report, text=format_report(PartitionReport.from_dict(report)))
 
 
-def partition_graph(out: str | Path, data: str | None = None, *, parts: int | None = None,
+def partition_graph(out: str | Path, data: Any = None, *, parts: int | None = None,
                     config: RunConfig | str | Path | None = None, env: Mapping[str, str] | None = None,
                     **options: Any) -> PartitionResult:
     """Partition a graph into ``parts`` parts (default: the config's, 2) and save them to
@@ -57,16 +57,20 @@ def partition_graph(out: str | Path, data: str | None = None, *, parts: int | No
 
     Args:
         out: the partition directory to write.
-        data: a dataset name or a ``.pt`` graph (default: the config's).
+        data: a dataset name or a ``.pt`` graph (default: the config's), or a graph given
+            in Python as :func:`commgnn.train` takes it (a PyG ``Data``, a dict of tensors,
+            an ``InMemoryDataset``); ``meta.json`` then names it by its fingerprint.
         parts: number of parts P.
         config: a :class:`RunConfig` or a TOML file to start from.
         env: where ``COMMGNN_DATA_ROOT`` is looked up (default ``os.environ``).
         **options: run options by keyword (:data:`commgnn.runner.config.RUN_OPTIONS`), e.g.
             ``partitioner="ldg"``, ``partition_seed=1``, ``objective="vol"``.
     """
-    given = dict(options)
-    if data is not None:
+    given, graph = dict(options), None
+    if isinstance(data, (str, Path)):
         given["dataset"] = str(data)
+    elif data is not None:
+        graph = data
     if parts is not None:
         given["parts"] = parts
     if isinstance(config, RunConfig):
@@ -75,4 +79,4 @@ def partition_graph(out: str | Path, data: str | None = None, *, parts: int | No
         cfg = resolve_config(str(config) if config else None, given, os.environ if env is None else env)
     else:
         raise ConfigError(f"config= takes a RunConfig or a TOML path, got {type(config).__name__}")
-    return _partition(cfg, Path(out))
+    return _partition(cfg, Path(out), graph)

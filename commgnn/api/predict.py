@@ -49,7 +49,7 @@ from commgnn.distributed.forkserver import prestart
 from commgnn.distributed.spawn import spawn_ranks
 from commgnn.integrity import load_run_file, save_tensors
 from commgnn.errors import DataError, UserError
-from commgnn.partition import build_local_partitions, load_partition, partition_graph, save_partitions
+from commgnn.partition import assign_parts, build_local_partitions, load_partition, save_partitions
 from commgnn.report import json_field
 from commgnn.runner.config import RunConfig, resolve_config
 from commgnn.runner.own_model import carry_model, load_own_model, load_weights, unpack_model
@@ -112,7 +112,7 @@ def predict(run_dir: str | Path, data: Any = None, *, model: nn.Module | type | 
                         f"{trained.get('num_classes')} classes; this graph has {loaded.x.shape[1]} and "
                         f"{loaded.num_classes_total}")
     fp = fingerprint(loaded)
-    parts_of = partition_graph(loaded.edge_index, loaded.num_nodes, P, cfg.partition)
+    parts_of = assign_parts(loaded.edge_index, loaded.num_nodes, P, cfg.partition)
     work = Path(tempfile.mkdtemp(prefix="commgnn-predict-"))
     logs = Path(tempfile.mkdtemp(prefix="commgnn-predict-logs-"))
     target = Path(out) if out is not None else work / "scores.pt"

@@ -93,24 +93,24 @@ def train(data: Any = None, *, model: str | nn.Module | None = None, parts: int 
         raise ConfigError(f"model= takes a model name or an nn.Module, got {type(model).__name__}")
     cfg = _config(config, options)
     if parts is not None:
-        cfg = _set(cfg, "runtime.parts", parts)
+        cfg = replace_path(cfg, "runtime.parts", parts)
     if comm is not None:
         if not isinstance(comm, CommConfig):
             raise ConfigError(f"comm= takes a commgnn.CommConfig, got {type(comm).__name__}")
         cfg = replace(cfg, comm=comm)
     graph = None
     if isinstance(data, (str, Path)):
-        cfg = _set(cfg, "data.dataset", str(data))
+        cfg = replace_path(cfg, "data.dataset", str(data))
     elif data is not None:
         graph = data
     if out is not None:
-        cfg = _set(cfg, "output.out", str(out))
+        cfg = replace_path(cfg, "output.out", str(out))
     return run(cfg, env=os.environ if env is None else env, graph=graph, module=module)
 
 
 def resume(run_dir: str | Path, data: Any = None, *, epochs: int | None = None,
            env: Mapping[str, str] | None = None,
-           model: nn.Module | type | None = None) -> TrainResult | FederateResult | None:
+           model: nn.Module | type | None = None, **options: Any) -> TrainResult | FederateResult | None:
     """Continue a stopped run from its newest checkpoint (``commgnn train --resume``): its own
     config, its own model; ``data`` is needed again when the run trained on a graph given in
     Python; ``epochs`` extends or shortens it.
@@ -121,22 +121,24 @@ def resume(run_dir: str | Path, data: Any = None, *, epochs: int | None = None,
     notebook) or its constructor arguments were not recorded; the recorded starting weights
     and the checkpoint's replace the instance's.
 
+    ``options``: the run options that may change on resume (``commgnn train --resume``'s
+    flags by their Python names, e.g. ``quiet=True``); any other is refused in one line.
+
     A federated run folder continues as :func:`commgnn.api.federate.resume_federated` says
     (``epochs`` is then its rounds) and gives a :class:`~commgnn.api.federate.FederateResult`."""
     from commgnn.api.federate import is_federated_run, resume_federated  # only a federated folder needs it
 
     run_dir = Path(run_dir)
     if is_federated_run(run_dir):
-        return resume_federated(run_dir, data, rounds=epochs, env=env)
+        return resume_federated(run_dir, data, rounds=epochs, env=env, **options)
+    RUN_OPTIONS.check_resume({**options, "epochs": epochs})
     if not (run_dir / "config.toml").is_file() or not (run_dir / "manifest.json").is_file():
         raise UserError(f"{run_dir} is not a commgnn run directory (no config.toml and manifest.json)")
-    flags: dict[str, Any] = {"out": str(run_dir)}
-    if epochs is not None:
-        flags["epochs"] = epochs
-    cfg = resolve_config(str(run_dir / "config.toml"), flags, {})
+    flags: dict[str, Any] = {k: v for k, v in {**options, "epochs": epochs}.items() if v is not None}
+    cfg = resolve_config(str(run_dir / "config.toml"), {**flags, "out": str(run_dir)}, {})
     graph = None
     if isinstance(data, (str, Path)):
-        cfg = _set(cfg, "data.dataset", str(data))
+        cfg = replace_path(cfg, "data.dataset", str(data))
     else:
         graph = data
     module = model if isinstance(model, nn.Module) else None
@@ -149,7 +151,7 @@ def run(cfg: RunConfig, *, env: Mapping[str, str], graph: Any = None, resume: bo
         module: nn.Module | None = None) -> TrainResult | None:
     """Train with a resolved configuration (what the CLI calls)."""
     if cfg.output.out is None:
-        cfg = _set(cfg, "output.out", str(default_out_dir(cfg, graph=graph, module=module)))
+        cfg = replace_path(cfg, "output.out", str(default_out_dir(cfg, graph=graph, module=module)))
     summary = train_command(cfg, env, resume=resume, graph=graph, module=module)
     if summary is None:
         return None  # a torchrun rank other than 0
@@ -192,7 +194,3 @@ def _config(config: RunConfig | str | Path | None, options: Mapping[str, Any]) -
     if isinstance(config, RunConfig):
         return resolve_config(None, dict(options), {}, start=config)
     return resolve_config(str(config) if config is not None else None, dict(options), {})
-
-
-def _set(cfg: RunConfig, key: str, value: Any) -> RunConfig:
-    return replace_path(cfg, key, value)

@@ -18,24 +18,8 @@ import os
 from typing import Any
 
 from commgnn.cli.common import add_federate_arguments, given
-from commgnn.errors import UserError
 
 MB = 1e6
-
-
-def __getattr__(name: str) -> Any:
-    """Names this module held in earlier releases, imported on first use from where they live
-    now (``FLAG_KEYS``, ``SEED_KEYS``, ``resolve_federate_config``: the federate options;
-    ``default_out_dir``, ``preflight``: the federated run folder)."""
-    if name in ("FLAG_KEYS", "SEED_KEYS", "resolve_federate_config"):
-        from commgnn.federated import options
-
-        return getattr(options, name)
-    if name in ("default_out_dir", "preflight"):
-        from commgnn.runner import federate
-
-        return getattr(federate, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def add_parser(sub: Any, help: str) -> None:
@@ -53,15 +37,8 @@ def cmd_federate(ns: argparse.Namespace) -> int:
     flags = given(ns)
     resume = flags.pop("resume", None)
     if resume is not None:
-        allowed = FEDERATE_OPTIONS.resume_dests
-        extra = sorted(set(flags) - set(allowed))
-        if extra or ns.config:
-            name = "config" if ns.config else FEDERATE_OPTIONS.by_dest[extra[0]].flag or extra[0]
-            only = ", ".join(o.flag for o in FEDERATE_OPTIONS.options if o.dest in allowed and o.flag)
-            raise UserError(f"--resume continues the run as its config.toml says; "
-                            f"--{name.lstrip('-')} cannot be given with it (only {only})")
-        result = resume_federated(resume, rounds=flags.get("rounds"), quiet=flags.get("quiet"),
-                                  checkpoint_every=flags.get("checkpoint_every"), env=os.environ)
+        FEDERATE_OPTIONS.check_resume({**flags, "config": ns.config})
+        result = resume_federated(resume, env=os.environ, **flags)
     else:
         result = run_federation(resolve_federate_config(ns.config, flags, os.environ), env=os.environ)
     if result is None:  # a torchrun rank other than 0: the server reports

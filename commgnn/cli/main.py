@@ -109,12 +109,7 @@ def cmd_train(ns: argparse.Namespace) -> int:
         run(resolve_config(ns.config, flags, os.environ), env=os.environ)
         return 0
     run_dir = Path(resume)
-    allowed = RUN_OPTIONS.resume_dests
-    if ns.config or set(flags) - set(allowed):
-        names = [o.flag.replace("--", "--[no-]") if o.negatable else o.flag
-                 for o in RUN_OPTIONS.options if o.dest in allowed and o.flag]
-        raise UserError(f"--resume takes the run's own config.toml; only {', '.join(names[:-1])} and {names[-1]} "
-                        f"may change")
+    RUN_OPTIONS.check_resume({**flags, "config": ns.config})
     if not (run_dir / "config.toml").is_file() or not (run_dir / "manifest.json").is_file():
         raise UserError(f"{run_dir} is not a commgnn run directory (no config.toml and manifest.json)")
     flags["out"] = str(run_dir)

@@ -17,7 +17,7 @@ Methods of :func:`split_clients`:
   largest piece is halved until there are enough. A client thus ends up with at most
   ``2 * ceil(N / K)`` nodes (the greedy's bound), usually close to ``N / K``.
 * ``metis``: ``K``-way METIS through the project's wrapper
-  (:func:`commgnn.partition.partition_graph` with ``method="metis"``).
+  (:func:`commgnn.partition.assign_parts` with ``method="metis"``).
 * ``dirichlet``: label skew, the NIID-Bench recipe (Li et al., 2022) that OpenFGL and
   most FL papers use: per class, client shares ``p ~ Dir(alpha)``, with clients already
   holding ``N / K`` nodes given share 0; the class's nodes, shuffled, are cut at
@@ -80,10 +80,10 @@ def split_clients(graph: Any, n_clients: int, method: SplitMethod, *, seed: int,
     if method == "louvain":
         owner = _louvain(edge_index, n, n_clients, seed)
     elif method == "metis":
-        from commgnn.partition.api import partition_graph
+        from commgnn.partition.api import assign_parts
         from commgnn.partition.config import PartitionConfig
 
-        owner = partition_graph(edge_index, n, n_clients, PartitionConfig(method="metis", seed=seed))
+        owner = assign_parts(edge_index, n, n_clients, PartitionConfig(method="metis", seed=seed))
     elif method == "dirichlet":
         positive("alpha", alpha)
         owner = _dirichlet(graph_labels(graph, n), n, n_clients, float(alpha), seed)

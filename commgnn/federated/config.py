@@ -10,11 +10,11 @@ A federated run's TOML::
     [dp]          epsilon, delta, clip, noise_at, ...  (DPConfig below)
     [policy]      path                                 (a governance policy TOML)
     [output]      out
-    [runtime]     parts, timeout_s, ...                (commgnn.distributed.context.RuntimeConfig)
+    [runtime]     parts, timeout_s, ...                (commgnn.distributed.config.RuntimeConfig)
 
 Every federated config table is defined here (``[neighgen]``'s too); the modules that use
 them re-export them under their old import names (``federated.dp.DPConfig``,
-``federated.splits.SplitConfig``, ``federated.secagg.config.SecAggConfig``,
+``federated.secagg.config.SecAggConfig``,
 ``federated.neighgen.NeighGenConfig``).
 
 Unknown keys are errors (:func:`commgnn.config.from_dict`); the resolved config is

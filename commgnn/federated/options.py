@@ -6,6 +6,7 @@ check that no option given is one the resolved run would ignore."""
 
 from __future__ import annotations
 
+import warnings
 from typing import Any, Mapping
 
 from commgnn.errors import UserError
@@ -78,15 +79,16 @@ their names and short help; every other field is an option named after it
 (``federated.weight_decay``: ``--weight-decay``, ``dp.noise_at``: ``--dp-noise-at``).
 ``--seed`` sets both ``federated.seed`` and ``split.seed``."""
 
-SEED_KEYS = ("federated.seed", "split.seed")
-"""The keys ``--seed`` sets."""
-
 _IMPLIED_CODEC = (("uplink_fraction", "randomk"), ("uplink_rank", "rank"), ("uplink_bits", "quant"))
 """A codec parameter given without ``--uplink`` (and no codec in the file) picks its codec."""
 
 
 def __getattr__(name: str) -> Any:
-    if name == "FLAG_KEYS":  # derived, kept for compatibility: {argparse dest: dotted key}
+    """``FLAG_KEYS`` (``{argparse dest: dotted key}``): deprecated, kept for one release with a
+    warning; :attr:`FEDERATE_OPTIONS.flag_keys <commgnn.options.OptionSet.flag_keys>` derives it."""
+    if name == "FLAG_KEYS":
+        warnings.warn("commgnn.federated.options.FLAG_KEYS is deprecated: use FEDERATE_OPTIONS.flag_keys",
+                      DeprecationWarning, stacklevel=2)
         return FEDERATE_OPTIONS.flag_keys
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 

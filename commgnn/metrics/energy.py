@@ -26,7 +26,7 @@ import logging
 import threading
 from typing import Any
 
-from commgnn.metrics.config import ASLAN_2020_J_PER_BYTE, J_PER_KWH, EnergyConfig  # noqa: F401 (config.py)
+from commgnn.metrics.config import J_PER_KWH, EnergyConfig
 
 
 class EnergyMeter:

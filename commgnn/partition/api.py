@@ -10,7 +10,7 @@ from commgnn.partition.base import PARTITIONERS, check_edge_index, check_parts
 from commgnn.partition.config import PartitionConfig
 
 
-def partition_graph(edge_index: Tensor, num_nodes: int, num_parts: int, cfg: PartitionConfig) -> Tensor:
+def assign_parts(edge_index: Tensor, num_nodes: int, num_parts: int, cfg: PartitionConfig) -> Tensor:
     """Assign every node to one of ``num_parts`` non-empty parts with ``cfg.method``.
 
     Returns ``[num_nodes]`` int64 part ids on the CPU. ``cfg.dir`` is not consulted here:

@@ -44,7 +44,7 @@ import torch
 from torch import Tensor
 
 from commgnn.errors import PartitionError
-from commgnn.partition.config import REORDER_METHODS, ReorderMethod  # noqa: F401  (re-exported)
+from commgnn.partition.config import REORDER_METHODS
 from commgnn.partition.local import LocalPartition
 from commgnn.partition.metis import metis_parts, symmetric_csr
 

@@ -138,13 +138,18 @@ def _write_atomic(path: Path, text: str) -> None:
 
 def standard_json(obj: Any) -> Any:
     """``obj`` with every NaN or infinite float (a Python float, or a NumPy float64) replaced by ``None``:
-    standard JSON has no such numbers (``json.dumps`` would write bare ``NaN``)."""
+    standard JSON has no such numbers (``json.dumps`` would write bare ``NaN``). A tensor or
+    NumPy array (anything with ``tolist``) becomes its list (or number) first."""
+    if isinstance(obj, bool) or obj is None or isinstance(obj, (str, int)):
+        return obj
     if isinstance(obj, float):
         return obj if math.isfinite(obj) else None
     if isinstance(obj, dict):
         return {k: standard_json(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
         return [standard_json(v) for v in obj]
+    if hasattr(obj, "tolist"):  # a tensor, a NumPy array or scalar
+        return standard_json(obj.tolist())
     return obj
 
 

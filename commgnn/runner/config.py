@@ -20,6 +20,7 @@ keyword of ``commgnn.train``. Options override the file, which is checked on its
 from __future__ import annotations
 
 import argparse
+import warnings
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Mapping
@@ -299,7 +300,11 @@ is an option named after it (``train.weight_decay``: ``--weight-decay``, ``weigh
 
 
 def __getattr__(name: str) -> Any:
-    if name == "FLAG_KEYS":  # derived, kept for compatibility: {argparse dest: dotted key}
+    """``FLAG_KEYS`` (``{argparse dest: dotted key}``): deprecated, kept for one release with a
+    warning; :attr:`RUN_OPTIONS.flag_keys <commgnn.options.OptionSet.flag_keys>` derives it."""
+    if name == "FLAG_KEYS":
+        warnings.warn("commgnn.runner.config.FLAG_KEYS is deprecated: use RUN_OPTIONS.flag_keys",
+                      DeprecationWarning, stacklevel=2)
         return RUN_OPTIONS.flag_keys
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
@@ -349,14 +354,3 @@ def config_from_partition_dir(cfg: RunConfig) -> RunConfig:
         raise PartitionError(f"{Path(pdir) / 'meta.json'} records an invalid partition setting ({exc}); "
                              f"re-run `commgnn partition`") from None
     return replace(cfg, partition=part)
-
-
-def default_for_key(dotted: str) -> Any:
-    """Default of config key ``a.b.c`` in a default :class:`RunConfig` (see
-    :meth:`OptionSet.default`)."""
-    return RUN_OPTIONS.default(dotted)
-
-
-def default_for(dest: str) -> Any:
-    """Config default behind CLI flag ``dest`` (an argparse dest of :data:`RUN_OPTIONS`)."""
-    return default_for_key(RUN_OPTIONS.by_dest[dest].key)

@@ -23,17 +23,14 @@ their ``wall_s``) and the same final accuracies.
 
 from __future__ import annotations
 
-import datetime as _dt
-import json
 import re
 import shutil
-import sys
 from pathlib import Path
 from typing import Any, Mapping
 
 import torch
 
-from commgnn.config import dump_toml, load_toml, replace_path, to_dict
+from commgnn.config import load_toml, replace_path
 from commgnn.data import fingerprint, load_dataset
 from commgnn.distributed.context import (DistContext, LaunchInfo, init_distributed, launch_info_from_env, shutdown,
                                          threads_per_rank)
@@ -43,12 +40,13 @@ from commgnn.federated.config import FederateConfig
 from commgnn.federated.engine import Federation
 from commgnn.federated.fairness import fairness_markdown
 from commgnn.federated.transport import Transport
-from commgnn.report import git_commit, host_info, library_versions, read_json, write_json, write_status
-from commgnn.report.records import MetricsLog
+from commgnn.report import read_json, write_json, write_status
+from commgnn.report.records import MetricsLog, dumps_standard
 from commgnn.runner.local import prepare_local_ranks, run_local_ranks
 from commgnn.runner.preflight import check_disk, estimate_run_bytes
-from commgnn.runner.run_dir import (GIVEN_PREFIX, describe_graph, given_graph_name, mark_ended, previous_attempt,
-                                    write_staged)
+from commgnn.runner.run_dir import (GIVEN_PREFIX, base_manifest, config_text, describe_graph, given_graph_name,
+                                    graph_label, launch_entry, mark_ended, previous_attempt, rerun_entry,
+                                    rerun_notes, time_stamp, write_staged)
 from commgnn.trainers import checkpoint
 
 COMMAND = "federate"
@@ -60,13 +58,8 @@ MB = 1e6
 # ------------------------------------------------------------------ before anything is loaded
 def default_out_dir(cfg: FederateConfig, *, graph: Any = None) -> Path:
     """``runs/federate-<dataset>-<algorithm>-<time>`` (``python`` for a graph given in Python)."""
-    stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
-    if graph is not None or cfg.data.dataset.startswith(GIVEN_PREFIX):
-        name = "python"
-    else:
-        name = Path(cfg.data.dataset).stem if cfg.data.dataset.endswith(".pt") else cfg.data.dataset
-    name = re.sub(r"[^A-Za-z0-9_.-]+", "_", name).strip("._") or "graph"
-    return Path("runs") / f"federate-{name}-{cfg.federated.algorithm}-{stamp}"
+    name = re.sub(r"[^A-Za-z0-9_.-]+", "_", graph_label(cfg, graph)).strip("._") or "graph"
+    return Path("runs") / f"federate-{name}-{cfg.federated.algorithm}-{time_stamp()}"
 
 
 def preflight(cfg: FederateConfig, n_clients: int | None) -> None:
@@ -122,12 +115,13 @@ def given_graph(cfg: FederateConfig, graph: Any, out: Path, resume: bool) -> tup
 
 # ------------------------------------------------------------------ the run folder
 def _manifest(cfg: FederateConfig, graph: dict[str, Any], torchrun: bool) -> dict[str, Any]:
-    return {"command": COMMAND,
-            "started": _dt.datetime.now().astimezone().isoformat(timespec="seconds"),
-            "argv": sys.argv, "versions": library_versions(), "git_commit": git_commit(), "host": host_info(),
-            "seed": cfg.federated.seed, "dataset": graph,
+    """``manifest.json`` of a federated run: the entries every run folder has
+    (:func:`~commgnn.runner.run_dir.base_manifest`), ``rerun`` as ``commgnn train`` writes it,
+    and the federation's seed and split."""
+    return {"command": COMMAND, **base_manifest(), "seed": cfg.federated.seed, "dataset": graph,
+            "rerun": rerun_entry(rerun_notes(cfg)),
             "split": {"method": cfg.split.method, "clients": cfg.split.clients, "seed": cfg.split.seed},
-            "launch": {"parts": cfg.runtime.parts, "torchrun": torchrun, "backend": cfg.runtime.backend}}
+            "launch": launch_entry(cfg, torchrun)}
 
 
 def _describe(cfg: FederateConfig, graph: Any) -> dict[str, Any]:
@@ -145,7 +139,7 @@ def _write_run_dir(cfg: FederateConfig, out: Path, graph: dict[str, Any], torchr
                                        parts=cfg.runtime.parts, checkpoint_every=cfg.runtime.checkpoint_every))
 
     def write(staging: Path) -> None:
-        (staging / "config.toml").write_text(dump_toml(to_dict(cfg)))
+        (staging / "config.toml").write_text(config_text(cfg, rerun_notes(cfg)))
         write_json(staging / "manifest.json", _manifest(cfg, graph, torchrun))
 
     write_staged(out, write)
@@ -159,36 +153,18 @@ def _progress(row: dict[str, Any]) -> str:
     return text
 
 
-def _jsonable(obj: Any) -> Any:
-    """``obj`` with tensors and other non-JSON values turned into plain ones."""
-    if isinstance(obj, dict):
-        return {str(k): _jsonable(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_jsonable(v) for v in obj]
-    if isinstance(obj, (str, int, float, bool)) or obj is None:
-        return obj
-    if hasattr(obj, "tolist"):
-        return obj.tolist()
-    return str(obj)
-
-
 def _load_state(out: Path, fed: Federation) -> dict[str, Any] | None:
     """This rank's state from the newest complete checkpoint (None without one), checked
-    against the job: as many ranks, the same split and masks. Tensors and plain values only."""
+    against the job by :func:`~commgnn.trainers.checkpoint.load_rank` (as many ranks, the same
+    split and masks, the file's SHA-256). Tensors and plain values only."""
     meta = checkpoint.latest(out)
     if meta is None:
         return None
-    if meta["parts"] != fed.t.world:
-        raise UserError(f"the checkpoint in {out} was written by {meta['parts']} ranks, this job has {fed.t.world}")
-    if meta["fingerprint"] != fed.split_digest:
-        raise UserError(f"the checkpoint in {out} belongs to another graph, split or masks")
-    # sha256-checked against latest.json, tensors and plain values only; restores the host RNGs
-    state = checkpoint.load_rank(out, meta, fed.t.rank, parts=fed.t.world, fingerprint=fed.split_digest,
-                                 step_key="round")
-    return state
+    return checkpoint.load_rank(out, meta, fed.t.rank, parts=fed.t.world, fingerprint=fed.split_digest,
+                                step_key="round")
 
 
-def run_federation(fed: Federation, ctx: DistContext | None, out: Path, *, resume: bool) -> dict[str, Any] | None:
+def federate_rank(fed: Federation, ctx: DistContext | None, out: Path, *, resume: bool) -> dict[str, Any] | None:
     """One rank's part of a federated run in its folder ``out`` (every rank calls it):
     continue from the newest checkpoint with ``resume``, write ``metrics.jsonl`` (rank 0,
     as the rounds go), checkpoint every ``runtime.checkpoint_every`` rounds, and on rank 0
@@ -200,7 +176,7 @@ def run_federation(fed: Federation, ctx: DistContext | None, out: Path, *, resum
     if main:
         rows = state["curve"] if state is not None else []
         tmp = out / "metrics.jsonl.tmp"  # the rows up to the checkpoint, exactly once each
-        tmp.write_text("".join(json.dumps(_jsonable(r)) + "\n" for r in rows))
+        tmp.write_text("".join(dumps_standard(r) + "\n" for r in rows))
         tmp.replace(out / "metrics.jsonl")
         log = MetricsLog(out / "metrics.jsonl")
     quiet = cfg.output.quiet
@@ -209,7 +185,7 @@ def run_federation(fed: Federation, ctx: DistContext | None, out: Path, *, resum
         if not out.is_dir():
             raise UserError(f"run folder {out} was removed during the run")
         assert log is not None
-        log.write(_jsonable(row))
+        log.write(row)
         if not quiet:
             print(_progress(row), flush=True)
 
@@ -230,7 +206,7 @@ def run_federation(fed: Federation, ctx: DistContext | None, out: Path, *, resum
         return None
     summary = dict(summary)
     summary.pop("curve", None)  # metrics.jsonl holds it
-    write_json(out / "summary.json", _jsonable(summary))
+    write_json(out / "summary.json", summary)
     (out / "fairness.md").write_text(fairness_markdown(summary["fairness"]))
     return summary
 
@@ -265,6 +241,7 @@ def federate_local(cfg: FederateConfig, *, resume: bool = False, graph: Any = No
     else:
         data = load_dataset(cfg.data, graph)  # bad input fails here, before the folder is written
     if resume:
+        checkpoint.verify(out, P)  # every rank's file against its sha256, before the run is marked running
         attempt = previous_attempt(out) + 1
         mark_ended(out, "running", resumed=True, attempt=attempt)
     else:
@@ -280,10 +257,10 @@ def federate_local(cfg: FederateConfig, *, resume: bool = False, graph: Any = No
 def _local_rank(info: LaunchInfo, cfg: FederateConfig, out: str, resume: bool, graph: Any,
                 federation: Federation | None) -> None:
     if federation is not None:  # one process: built by the launcher, no process group
-        run_federation(federation, None, Path(out), resume=resume)
+        federate_rank(federation, None, Path(out), resume=resume)
         return
     ctx = init_distributed(info, cfg.runtime)
-    run_federation(Federation(cfg, graph, ctx=ctx), ctx, Path(out), resume=resume)
+    federate_rank(Federation(cfg, graph, ctx=ctx), ctx, Path(out), resume=resume)
     shutdown(ctx)  # only after success: after an error a barrier would wait on a dead peer
 
 
@@ -304,7 +281,14 @@ def federate_torchrun(cfg: FederateConfig, info: LaunchInfo, graph: Any = None) 
         cfg, graph = given_graph(cfg, graph, out, resume)
         fed = Federation(cfg, graph, ctx=ctx)
         error = None
-        if ctx.is_main:
+        if resume:  # each rank checks its own file (a host may see no other's), before the run is marked running
+            try:
+                checkpoint.verify(out, fed.t.world, ranks=[ctx.rank])
+            except UserError as exc:
+                error = str(exc)
+            errors = fed.t.gather(error)
+            error = next((e for e in errors or [] if e is not None), None)
+        if ctx.is_main and error is None:
             try:
                 if resume:
                     mark_ended(out, "running", resumed=True, attempt=info.restart_count)
@@ -319,7 +303,7 @@ def federate_torchrun(cfg: FederateConfig, info: LaunchInfo, graph: Any = None) 
             raise UserError(error)
         if ctx.watchdog is not None and ctx.is_main:
             ctx.watchdog.on_sigterm = lambda: mark_ended(out, "interrupted", signal="SIGTERM")
-        summary = run_federation(fed, ctx, out, resume=resume)
+        summary = federate_rank(fed, ctx, out, resume=resume)
     except BaseException as exc:
         failure = rank_failure(ctx, exc, out / "logs" / f"rank{ctx.rank}.log" if (out / "logs").is_dir() else None)
         if ctx.is_main and (written or resume) and not isinstance(exc, KeyboardInterrupt):

@@ -18,8 +18,8 @@ import torch
 from torch import nn
 
 from commgnn.data import GIVEN_GRAPH, fingerprint, load_dataset
-from commgnn.distributed.context import (LaunchInfo, RuntimeConfig, check_port_free, free_port, init_distributed,
-                                         shutdown)
+from commgnn.distributed.config import RuntimeConfig
+from commgnn.distributed.context import LaunchInfo, check_port_free, free_port, init_distributed, shutdown
 from commgnn.distributed.forkserver import prestart
 from commgnn.distributed.spawn import first_line, spawn_ranks
 from commgnn.errors import UserError

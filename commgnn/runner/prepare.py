@@ -15,7 +15,7 @@ import torch
 
 from commgnn.config import to_dict
 from commgnn.errors import PartitionError, UserError
-from commgnn.partition import load_meta, load_partition, partition_graph, partition_report
+from commgnn.partition import assign_parts, load_meta, load_partition, partition_report
 from commgnn.partition.placement import place_partitions
 from commgnn.runner.config import RunConfig
 from commgnn.runner.preflight import check_memory, estimate_for_config
@@ -75,7 +75,7 @@ def partition_for_run(cfg: RunConfig, data: Any, fp: str) -> tuple[torch.Tensor 
         return None, meta.get("report", {})
     if P > data.num_nodes:
         raise PartitionError(f"cannot split {data.num_nodes} nodes into {P} partitions")
-    parts = partition_graph(data.edge_index, data.num_nodes, P, cfg.partition)
+    parts = assign_parts(data.edge_index, data.num_nodes, P, cfg.partition)
     placement = None
     if cfg.partition.hosts > 1:
         if P % cfg.partition.hosts:

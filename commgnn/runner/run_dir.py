@@ -52,13 +52,22 @@ def record_given_graph(cfg: RunConfig, fp: str) -> RunConfig:
 def default_out_dir(cfg: RunConfig, *, graph: Any = None, module: nn.Module | None = None) -> Path:
     """``runs/<time>-<data>-<model>-p<parts>``, naming what runs: ``python`` for a graph
     given in Python (``graph``), the class name of the user's own model (``module``)."""
-    stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
-    if graph is not None or is_given_graph(cfg):
-        name = "python"
-    else:
-        name = Path(cfg.data.dataset).stem if cfg.data.dataset.endswith(".pt") else cfg.data.dataset
     model = type(module).__name__ if module is not None else cfg.model.name
-    return Path("runs") / f"{stamp}-{name}-{model}-p{cfg.runtime.parts}"
+    return Path("runs") / f"{time_stamp()}-{graph_label(cfg, graph)}-{model}-p{cfg.runtime.parts}"
+
+
+def time_stamp() -> str:
+    """The local time as a default run folder name holds it (``YYYYmmdd-HHMMSS``)."""
+    return _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+
+
+def graph_label(cfg: Any, graph: Any = None) -> str:
+    """The graph's name in a default run folder name: ``python`` for a graph given in Python
+    (``graph``, or ``cfg.data.dataset`` recording one), a ``.pt`` file's stem, else the
+    dataset's name. ``cfg`` is any config with a ``data`` section."""
+    if graph is not None or cfg.data.dataset.startswith(GIVEN_PREFIX):
+        return "python"
+    return Path(cfg.data.dataset).stem if cfg.data.dataset.endswith(".pt") else cfg.data.dataset
 
 
 def describe_graph(cfg: RunConfig, data: Any, fp: str) -> dict[str, Any]:
@@ -87,10 +96,11 @@ def model_entry(cfg: RunConfig, own: Mapping[str, Any] | None) -> dict[str, Any]
     return {"name": cfg.model.name, "own": False, "layers": cfg.model.layers, "hidden": cfg.model.hidden}
 
 
-def rerun_notes(cfg: RunConfig, own: Mapping[str, Any] | None) -> list[str]:
-    """Why ``config.toml`` alone cannot re-run this run (empty when it can)."""
+def rerun_notes(cfg: Any, own: Mapping[str, Any] | None = None) -> list[str]:
+    """Why ``config.toml`` alone cannot re-run this run (empty when it can); ``cfg`` is any
+    config with a ``data`` section (a training or a federated run's)."""
     notes = []
-    if is_given_graph(cfg):
+    if cfg.data.dataset.startswith(GIVEN_PREFIX):
         notes.append(f"[data] dataset = {cfg.data.dataset!r} is a graph given in Python (its fingerprint is "
                      "in manifest.json); pass it again: commgnn.resume(run_dir, data), "
                      "commgnn.predict(run_dir, data)")
@@ -104,22 +114,41 @@ def manifest(cfg: RunConfig, graph: dict[str, Any], report: dict[str, Any], torc
              own: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """``manifest.json``: when, how and on what the run was started (``own``: the user's
     own model, as :func:`model_entry` takes it)."""
-    notes = rerun_notes(cfg, own)
     return {
-        "started": _dt.datetime.now().astimezone().isoformat(timespec="seconds"),
-        "argv": sys.argv,
-        "versions": library_versions(),
-        "git_commit": git_commit(),
-        "host": host_info(),
+        **base_manifest(),
         "seed": cfg.train.seed,
         "dataset": graph,
         "model": model_entry(cfg, own),
-        **({"rerun": {"from_config": False, "why": notes}} if notes else {"rerun": {"from_config": True}}),
+        "rerun": rerun_entry(rerun_notes(cfg, own)),
         "partition": {"method": cfg.partition.method, "objective": cfg.partition.objective,
                       "seed": cfg.partition.seed, "dir": cfg.partition.dir, "reorder": cfg.partition.reorder,
                       "report": report},
-        "launch": {"parts": cfg.runtime.parts, "torchrun": torchrun, "backend": cfg.runtime.backend},
+        "launch": launch_entry(cfg, torchrun),
     }
+
+
+def base_manifest() -> dict[str, Any]:
+    """The manifest entries of every run folder: ``started`` (now), ``argv``, ``versions``,
+    ``git_commit`` and ``host``."""
+    return {"started": _dt.datetime.now().astimezone().isoformat(timespec="seconds"), "argv": sys.argv,
+            "versions": library_versions(), "git_commit": git_commit(), "host": host_info()}
+
+
+def launch_entry(cfg: Any, torchrun: bool) -> dict[str, Any]:
+    """The manifest's ``launch`` entry (``cfg``: any config with a ``runtime`` section)."""
+    return {"parts": cfg.runtime.parts, "torchrun": torchrun, "backend": cfg.runtime.backend}
+
+
+def rerun_entry(notes: list[str]) -> dict[str, Any]:
+    """The manifest's ``rerun`` entry for :func:`rerun_notes` ``notes``."""
+    return {"from_config": False, "why": notes} if notes else {"from_config": True}
+
+
+def config_text(cfg: Any, notes: list[str]) -> str:
+    """``config.toml``'s text: ``cfg`` as TOML, under a comment header listing ``notes``
+    (:func:`rerun_notes`) when there are any."""
+    head = "".join(["# Not re-runnable from this file alone:\n", *(f"# - {n}\n" for n in notes), "\n"]) if notes else ""
+    return head + dump_toml(to_dict(cfg))
 
 
 def write_header(staging: Path, cfg: RunConfig, graph: dict[str, Any], report: dict[str, Any],
@@ -127,9 +156,7 @@ def write_header(staging: Path, cfg: RunConfig, graph: dict[str, Any], report: d
     """``config.toml`` and ``manifest.json`` into ``staging``. A run that ``config.toml``
     alone cannot re-run (a graph given in Python, the user's own model) says so in comments
     at the top of the file, and in the manifest's ``rerun`` entry."""
-    notes = rerun_notes(cfg, own)
-    head = "".join(["# Not re-runnable from this file alone:\n", *(f"# - {n}\n" for n in notes), "\n"]) if notes else ""
-    (staging / "config.toml").write_text(head + dump_toml(to_dict(cfg)))
+    (staging / "config.toml").write_text(config_text(cfg, rerun_notes(cfg, own)))
     write_json(staging / "manifest.json", manifest(cfg, graph, report, torchrun, own))
 
 

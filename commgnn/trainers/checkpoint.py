@@ -33,7 +33,7 @@ import random
 from collections import OrderedDict
 import shutil
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Iterable
 
 import numpy as np
 import torch
@@ -160,15 +160,16 @@ def latest(run_dir: Path) -> dict[str, Any] | None:
     return out
 
 
-def verify(run_dir: Path, parts: int) -> None:
-    """Check the newest checkpoint of ``run_dir`` (if any) whole before any rank starts: its
-    record, and every rank file against its recorded SHA-256 (the local launcher, which
-    sees every rank's file). Raises :class:`IntegrityError` naming the first bad file;
-    the ranks check their own file again as they load it."""
+def verify(run_dir: Path, parts: int, ranks: Iterable[int] | None = None) -> None:
+    """Check the newest checkpoint of ``run_dir`` (if any) before any rank starts: its
+    record, and the files of ``ranks`` (default every rank: the local launcher, which sees
+    every rank's file; a torchrun rank checks its own) against their recorded SHA-256.
+    Raises :class:`IntegrityError` naming the first bad file; the ranks check their own
+    file again as they load it."""
     meta = latest(run_dir)
     if meta is None or meta["parts"] != parts:
         return  # none to resume from, or load_rank's one line about the rank count
-    for r in range(parts):
+    for r in range(parts) if ranks is None else ranks:
         name = f"rank{r}.pt"
         read_verified(Path(run_dir) / DIR / meta["dir"] / name, meta["sha256"].get(name), what="checkpoint file")
 

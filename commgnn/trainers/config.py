@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal, get_args, get_type_hints
 
 import torch
 
@@ -90,15 +90,12 @@ class TrainConfig:
     update for that step on any rank and goes on."""
 
     def __post_init__(self) -> None:
-        if self.on_nonfinite not in ("stop", "skip_step"):
-            raise ConfigError(f"train.on_nonfinite must be 'stop' or 'skip_step', got {self.on_nonfinite!r}")
-        if self.kernel not in ("auto", "torch", "numba"):
-            raise ConfigError(f"train.kernel must be 'auto', 'torch' or 'numba', got {self.kernel!r}")
+        # a config built in Python skips from_dict's type check: the choices come from the annotations
+        _check_choices(self, "on_nonfinite", "kernel")
         if self.kernel == "numba" and not kernels.available():
             raise ConfigError("train.kernel = 'numba' needs numba: pip install 'commgnn[kernels]' "
                               "(or set train.kernel = 'auto' to fall back to torch)")
-        if self.mode not in ("fullgraph", "minibatch"):
-            raise ConfigError(f"train.mode must be 'fullgraph' or 'minibatch', got {self.mode!r}")
+        _check_choices(self, "mode")
         positive("train.epochs", self.epochs)
         positive("train.lr", self.lr)
         if self.dtype in _DTYPE_MAX:
@@ -110,9 +107,17 @@ class TrainConfig:
         if isinstance(self.seed, bool) or not isinstance(self.seed, int) or not 0 <= self.seed < SEED_LIMIT:
             raise ConfigError(f"train.seed must be an integer in [0, 2**32), got {self.seed!r:.40}")
         fraction("train.momentum", self.momentum, open_high=True)
-        if self.optimizer not in ("adam", "sgd"):
-            raise ConfigError(f"train.optimizer must be 'adam' or 'sgd', got {self.optimizer!r}")
-        if self.schedule not in ("constant", "cosine"):
-            raise ConfigError(f"train.schedule must be 'constant' or 'cosine', got {self.schedule!r}")
+        _check_choices(self, "optimizer", "schedule")
         positive("train.weight_decay", self.weight_decay, allow_zero=True)
         positive("train.patience", self.patience, allow_zero=True)
+
+
+def _check_choices(cfg: Any, *names: str) -> None:
+    """Each field in ``names`` of ``cfg`` holds one of its ``Literal`` annotation's values
+    (a one-line :class:`ConfigError` naming the choices otherwise)."""
+    hints = get_type_hints(type(cfg))
+    for name in names:
+        choices = [repr(c) for c in get_args(hints[name])]
+        value = getattr(cfg, name)
+        if value not in get_args(hints[name]):
+            raise ConfigError(f"train.{name} must be {', '.join(choices[:-1])} or {choices[-1]}, got {value!r}")

@@ -24,9 +24,6 @@ from torch import nn
 
 from commgnn.errors import Diverged
 
-MODES = ("stop", "skip_step")
-"""The values of ``train.on_nonfinite``."""
-
 
 def first_nonfinite(loss: torch.Tensor, named_params: Iterable[tuple[str, nn.Parameter]]) -> str | None:
     """The first non-finite quantity of a step, in words (``"loss (nan)"``, ``"gradient of
