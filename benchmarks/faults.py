@@ -13,6 +13,9 @@ its first epoch, after a further seeded random 0-3 s):
 * ``disk-full``      the run directory lives on a small tmpfs; this process fills it until
                      ENOSPC. Expected: exit 1 or 2 with one ``commgnn: error: ...`` line.
 
+And the integrity and lifecycle cases of :mod:`faults_integrity` (``corrupt-checkpoint``,
+``malicious-checkpoint``, ``early-kill-launcher``, ``nan``).
+
 Every kind: no process of the job (launcher, ranks, multiprocessing's resource tracker)
 alive 5 s after the fault, and no hang (a trial is killed and marked "hang" after
 ``--limit`` seconds). Writes ``DATE-faults.csv`` (one row per trial), ``DATE-faults.md``
@@ -20,6 +23,7 @@ alive 5 s after the fault, and no hang (a trial is killed and marked "hang" afte
 
     python benchmarks/faults.py                     # 20 trials of each kind, 4 ranks
     python benchmarks/faults.py --trials 2 --kinds kill-rank,disk-full
+    python benchmarks/faults.py --kinds corrupt-checkpoint,malicious-checkpoint,early-kill-launcher,nan
 
 Needs Linux; ``disk-full`` needs root (it mounts a tmpfs) and is skipped with a note if
 the mount fails. Trials run one after another (each job uses every core).
@@ -45,7 +49,8 @@ from pathlib import Path
 
 import psutil
 
-KINDS = ("kill-rank", "term-launcher", "kill-launcher", "disk-full")
+OLD_KINDS = ("kill-rank", "term-launcher", "kill-launcher", "disk-full")
+KINDS = (*OLD_KINDS, "corrupt-checkpoint", "malicious-checkpoint", "early-kill-launcher", "nan")
 EXPECTED_EXIT = {"kill-rank": {1}, "term-launcher": {143}, "kill-launcher": {-9}, "disk-full": {1, 2}}
 EXPECTED_STATE = {"kill-rank": "failed", "term-launcher": "interrupted"}  # others: recorded only
 LEFT_AFTER_S = 5.0
@@ -463,15 +468,25 @@ def main() -> int:
     commgnn_cmd = (f"python -m commgnn train --config CONFIG --parts {args.parts} --out RUN")
     rows: list[Trial] = []
     skipped: dict[str, str] = {}
+    made: dict[str, Path] = {}
+    if set(kinds) - set(OLD_KINDS):
+        import faults_integrity
+
+        made = faults_integrity.prepare(work, parts=args.parts, nodes=args.nodes, kinds=kinds)
+        made["normal_config"] = configs["normal"]
     try:
         for t in range(args.trials):  # kinds interleaved: a drift in machine load hits all alike
             for kind in kinds:
                 if kind in skipped:
                     continue
                 trial_dir = work / f"{kind}-{t:03d}"
-                row = run_trial(kind, t, parts=args.parts, seed=args.seed, trial_dir=trial_dir,
-                                config=configs["disk" if kind == "disk-full" else "normal"],
-                                setup_limit_s=args.setup_limit, limit_s=args.limit)
+                if kind in OLD_KINDS:
+                    row = run_trial(kind, t, parts=args.parts, seed=args.seed, trial_dir=trial_dir,
+                                    config=configs["disk" if kind == "disk-full" else "normal"],
+                                    setup_limit_s=args.setup_limit, limit_s=args.limit)
+                else:
+                    row = faults_integrity.run_trial(kind, t, parts=args.parts, seed=args.seed, trial_dir=trial_dir,
+                                                     made=made, limit_s=args.limit)
                 if row.outcome == "skipped":
                     skipped[kind] = row.note
                     print(f"{kind}: skipped ({row.note})", flush=True)

@@ -107,6 +107,16 @@ def write_report(rows: list[Trial], kinds: list[str], skipped: dict[str, str], a
         "`commgnn: terminated (SIGTERM)`, status interrupted; kill-launcher exit -9, no output, "
         "no rank left; disk-full exit 1 or 2 with one `commgnn: error: ...` line; no summary.json "
         "and no traceback on stderr anywhere",
+        *(["- integrity and lifecycle cases (`benchmarks/faults_integrity.py`): corrupt-checkpoint (one byte of a "
+           "random rank's checkpoint of a finished 4-epoch run XOR-ed with a random value, then `train --resume "
+           "RUN --epochs 6`) and malicious-checkpoint (that file replaced by a `torch.save` file whose pickle "
+           "would create a marker file, its sha256 in latest.json updated to match) expect exit 2, one line "
+           "naming the file, no epoch run, no marker file; early-kill-launcher (SIGKILL of `commgnn train` "
+           "a uniform 0.5-10 s after its start) expects no process of the job 5 s after the kill; nan "
+           "(features of 3e38) expects exit 1, one line `training diverged at epoch 1`, status failed. "
+           "For these, exit s counts from the command's start (early-kill-launcher: from the kill), "
+           "and the job's processes are found by a marker in their environment"]
+          if set(kinds) - {"kill-rank", "term-launcher", "kill-launcher", "disk-full"} else []),
         "",
         *summary_table(rows, kinds, skipped),
         "",

@@ -193,8 +193,6 @@ def _bad_cases(runs: dict[str, Path], tmp: Path) -> dict[str, tuple[list[str], s
     corrupt_metrics = _copy_run(runs["exact"], tmp / "corrupt-metrics")
     lines = (corrupt_metrics / "metrics.jsonl").read_text().splitlines()
     (corrupt_metrics / "metrics.jsonl").write_text("\n".join([lines[0], "not json", *lines[1:]]) + "\n")
-    cut = _copy_run(runs["exact"], tmp / "cut-complete")  # a complete run's log cut short: corrupt
-    (cut / "metrics.jsonl").write_text((cut / "metrics.jsonl").read_text()[:-20])
     ok = str(runs["exact"])
     return {
         "missing dir": ([str(tmp / "nope")], "does not exist"),
@@ -204,7 +202,6 @@ def _bad_cases(runs: dict[str, Path], tmp: Path) -> dict[str, tuple[list[str], s
         "wrong summary": ([str(wrong_summary)], "non-numeric 'test_acc'"),
         "bad pair matrix": ([str(bad_pairs)], "bytes_by_pair['halo_fwd'] is not a square matrix"),
         "corrupt metrics": ([str(corrupt_metrics)], "metrics.jsonl line 2 is not a commgnn metrics record"),
-        "cut metrics of a complete run": ([str(cut)], "line 6 is not a commgnn metrics record"),
         "out in a file": ([ok, "--out", str(tmp / "a-file" / "r.html")], "is not a folder"),
         "out folder missing": ([ok, "--out", str(tmp / "no" / "r.html")], "does not exist"),
         "out is a folder": ([ok, "--out", str(tmp / "empty")], "is a folder"),
@@ -246,8 +243,34 @@ def test_an_unfinished_last_line_of_a_stopped_run_is_skipped(runs, tmp_path, cap
     run = _copy_run(runs["failed"], tmp_path / "stopped")
     rows = (run / "metrics.jsonl").read_text()
     (run / "metrics.jsonl").write_text(rows + '{"epoch": 3, "lo')  # killed mid-write
-    text, page = _report(capsys, tmp_path / "r.html", run)
-    assert "ignored the unfinished last line" in text and len(page.images) == 3
+    out = tmp_path / "r.html"
+    assert main(["report", str(run), "--out", str(out)]) == 0
+    assert "the last record (line 3, epoch 3) was cut short" in capsys.readouterr().err
+    text = out.read_text()
+    assert "the last record (line 3, epoch 3) was cut short" in text and len(Page(text).images) == 3
+
+
+def test_a_record_cut_by_a_full_disk_is_reported_and_the_records_before_it_used(runs, tmp_path, capsys):
+    """A finished run whose metrics.jsonl ends mid-record (a full disk cut the write): the
+    report exits 0, says so on the page and on standard error (one line), and draws the
+    epochs before the cut record."""
+    run = _copy_run(runs["exact"], tmp_path / "cut")
+    text = (run / "metrics.jsonl").read_text()
+    lines = text.splitlines()
+    assert len(lines) == 6
+    (run / "metrics.jsonl").write_text(text[: len(text) - len(lines[-1]) // 2])  # epoch 6 cut in its middle
+    out = tmp_path / "r.html"
+    assert main(["report", str(run), "--out", str(out)]) == 0
+    err = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
+    assert len(err) == 1 and err[0].startswith("commgnn: warning: "), err
+    assert "the last record (line 6, epoch 6) was cut short" in err[0] and "using the 5 records before it" in err[0]
+    page_text = out.read_text()
+    assert '<p class="warning">warning: ' in page_text and "was cut short" in page_text
+    from commgnn.report.runs import read_run
+
+    parsed = read_run(run)
+    assert [r["epoch"] for r in parsed.rows] == [1, 2, 3, 4, 5] and parsed.warnings
+    assert not read_run(runs["exact"]).warnings  # a whole file: no warning
 
 
 def _chromium() -> str | None:

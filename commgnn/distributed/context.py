@@ -11,6 +11,7 @@ from __future__ import annotations
 import datetime as _dt
 import ipaddress
 import os
+import signal
 import socket
 import warnings
 from dataclasses import dataclass
@@ -215,8 +216,9 @@ def init_distributed(info: LaunchInfo, cfg: RuntimeConfig) -> DistContext:
     if info.external:
         # torchrun's agent is our parent: die with it, and take SIGTERM in the watchdog
         # (blocked here, before gloo starts threads that would inherit an unblocked mask).
+        # Its death sends SIGTERM, not SIGKILL: the watchdog records it in status.json, then exits.
         parent = os.getppid()
-        die_with_parent(parent)
+        die_with_parent(parent, signal.SIGTERM)
         block_sigterm()
         # torch's env:// rendezvous gives the store (the agent's, under torchrun). Keys of an
         # earlier attempt can stay in it (gloo then dials a dead rank's old address after an

@@ -7,10 +7,16 @@ started (not forked) from the launcher, that imports a preload list once and for
 rank from there before any thread or process group exists in it. This module (written here,
 around the standard library's fork server) closes the gaps between it and spawned ranks:
 
-* **It dies with the launcher.** Imported in the server (it is on the preload list), it asks
-  the kernel to SIGKILL the server when the launcher dies. The server's own liveness pipe
-  cannot do that: every rank holds a copy of its write end. Each rank in turn dies with
-  the server (:func:`commgnn.distributed.watchdog.die_with_launcher`).
+* **It dies with the launcher, at any moment.** This module is the first of the preload list,
+  imported before torch (``commgnn.distributed`` imports nothing heavy), so within a
+  fraction of a second of its start the server asks the kernel to SIGKILL it when the
+  launcher dies (``PR_SET_PDEATHSIG``). A launcher killed before that call is noticed
+  through the server's liveness pipe, whose write end at that moment only the launcher
+  holds: end-of-file there ends the server at once, instead of after its imports of torch
+  and PyG (seconds on a busy machine). Later the pipe cannot tell: every rank holds a copy
+  of its write end. Each rank in turn dies with the server
+  (:func:`commgnn.distributed.watchdog.die_with_launcher`); multiprocessing's resource
+  tracker ends when the launcher and every rank have closed its pipe.
 * **SIGTERM reaches the ranks, not the server.** The server ignores it, so a SIGTERM sent
   to the whole process group (a scheduler cancelling the job) stops the ranks through
   their watchdogs as it would spawned ones, instead of killing them with their server.
@@ -44,8 +50,9 @@ import types
 from multiprocessing import reduction
 from typing import Any, Iterator
 
-PRELOAD = ("torch", "torch.distributed", "torch_geometric", __name__)
-"""What the server imports once (this module last: it then guards the server)."""
+PRELOAD = (__name__, "torch", "torch.distributed", "torch_geometric")
+"""What the server imports once: this module first (it guards the server before the slow
+imports), then torch and PyG."""
 
 _owner: int | None = None
 """Pid of the process whose fork server this module set up (a fork of it gets another pid)."""
@@ -175,28 +182,54 @@ def _on_sigterm(signum: int, frame: Any) -> None:
     os.kill(os.getpid(), signal.SIGTERM)
 
 
-def _guard_server() -> None:
-    """In our fork server: die with the launcher, and leave SIGTERM to the ranks."""
+def _guard_server(alive_r: int | None) -> None:
+    """In our fork server, before it imports torch: die with the launcher, and leave
+    SIGTERM to the ranks. ``alive_r``: the read end of the server's liveness pipe."""
     global _server_pid
-    from commgnn.distributed.watchdog import die_with_parent
+    import ctypes
+    import select
 
     _server_pid = os.getpid()
-    die_with_parent(os.getppid())  # the server's parent is the launcher, which started it
+    try:
+        # The launcher's main thread started the server (start_context ensures it), and the
+        # kernel sends the signal when that thread ends: when the launcher does.
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
+    # The launcher may have died before the call above. No rank exists yet, so only the
+    # launcher holds the pipe's write end, and the pipe is readable exactly when it is gone.
+    if alive_r is not None:
+        try:
+            dead = bool(select.select([alive_r], [], [], 0)[0])
+        except (OSError, ValueError):
+            dead = False
+        if dead:
+            os._exit(0)
     signal.signal(signal.SIGTERM, _on_sigterm)
 
 
-def _preloaded_by_our_fork_server() -> bool:
-    """True while ``multiprocessing.forkserver.main`` imports the preload list that
-    :func:`start_context` set (another fork server may import this module too, through its
-    ``__main__``: it is left alone)."""
+_PR_SET_PDEATHSIG = 1
+
+
+def _our_fork_server() -> dict[str, Any] | None:
+    """The locals of ``multiprocessing.forkserver.main`` while it imports the preload list
+    that :func:`start_context` set; None elsewhere (another fork server may import this
+    module too, through its ``__main__``: it is left alone)."""
     frame = sys._getframe(1)
     while frame is not None:
         code = frame.f_code
         if code.co_name == "main" and code.co_filename.endswith(os.path.join("multiprocessing", "forkserver.py")):
-            return list(frame.f_locals.get("preload") or ()) == list(PRELOAD)
+            local = frame.f_locals
+            return dict(local) if list(local.get("preload") or ()) == list(PRELOAD) else None
         frame = frame.f_back  # type: ignore[assignment]
-    return False
+    return None
 
 
-if _preloaded_by_our_fork_server():
-    _guard_server()
+def _guard_if_our_server() -> None:
+    server = _our_fork_server()
+    if server is not None:
+        alive_r = server.get("alive_r")
+        _guard_server(alive_r if isinstance(alive_r, int) else None)
+
+
+_guard_if_our_server()

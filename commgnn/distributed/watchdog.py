@@ -48,13 +48,14 @@ EXIT_SIGTERM = 143
 _PR_SET_PDEATHSIG = 1
 
 
-def die_with_parent(parent_pid: int) -> None:
-    """Make the kernel SIGKILL this process when its parent dies (Linux); exit at once if
-    the parent is already gone (the race between fork and this call)."""
+def die_with_parent(parent_pid: int, sig: int = signal.SIGKILL) -> None:
+    """Make the kernel send ``sig`` (SIGKILL unless told) to this process when its parent
+    dies (Linux); exit at once if the parent is already gone (the race between fork and this
+    call). SIGTERM lets the watchdog record why the rank stopped before it exits."""
     if sys.platform.startswith("linux"):
         try:
             libc = ctypes.CDLL(None, use_errno=True)
-            libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+            libc.prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
         except (OSError, AttributeError):
             pass  # the watchdog's getppid() check still covers it
     if os.getppid() != parent_pid:
@@ -79,6 +80,29 @@ def die_with_launcher(launcher_pid: int) -> int:
     if parent != launcher_pid and _parent_of(parent) not in (launcher_pid, None):
         os._exit(EXIT_PEER_FAILED)  # the launcher died before the server noticed
     return parent
+
+
+def process_end(pid: int) -> str | None:
+    """How the process ``pid`` of this host ended, read from ``/proc`` without being its
+    parent: ``"killed by SIGKILL"``, ``"exit code 1"`` (a zombie not yet reaped shows its
+    status), ``"process gone"`` (already reaped: how is no longer known); None while it lives."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return "process gone"
+    fields = stat.rsplit(")", 1)[1].split()
+    if fields[0] not in ("Z", "X"):
+        return None
+    try:
+        status = int(fields[49])  # field 52 of proc(5), the wait status (Linux 3.5 and later)
+    except (IndexError, ValueError):
+        return "process gone"
+    if os.WIFSIGNALED(status):
+        try:
+            return f"killed by {signal.Signals(os.WTERMSIG(status)).name}"
+        except ValueError:
+            return f"killed by signal {os.WTERMSIG(status)}"
+    return f"exit code {os.WEXITSTATUS(status)}"
 
 
 def block_sigterm() -> None:
@@ -130,6 +154,12 @@ class Watchdog:
         self.stale_s, self.interval_s, self.prefix = stale_s, interval_s, prefix
         self.parent_pid = parent_pid
         self.on_sigterm = on_sigterm
+        self.on_peer_failed: Callable[[Failure], None] | None = None
+        """Called (in this thread) with the failure of another rank, just before this
+        process ends because of it (torchrun: record the run's final state)."""
+        self.on_parent_died: Callable[[], None] | None = None
+        """Called just before this process ends because its parent (the launcher, or the
+        torchrun agent, which hosts the store) is gone."""
         self.handle_sigterm = handle_sigterm
         self._armed = threading.Event()
         self._stop = threading.Event()
@@ -155,12 +185,29 @@ class Watchdog:
         wins and is returned, so every rank agrees on the culprit."""
         if rank is None:
             self._failed_here = True
+            self.mark_end(kind)
         mine = Failure(self.rank if rank is None else rank, kind, message)
         try:
             raw = self.store.compare_set(self.prefix + "fail", "", mine.encode())
             return Failure.decode(raw) or mine
         except Exception:
             return mine
+
+    def mark_end(self, how: str) -> None:
+        """Record in the store that this rank ends knowingly (``complete``, ``signal``,
+        ``error``, ``user``), so that a peer seeing it gone does not take it for a crash."""
+        try:
+            self.store.set(f"{self.prefix}end/{self.rank}", how)
+        except Exception:  # the store's host is gone: nobody is left to read it
+            pass
+
+    def ended(self, rank: int) -> str | None:
+        """How rank ``rank`` said it ends (:meth:`mark_end`); None when it did not."""
+        try:
+            key = f"{self.prefix}end/{rank}"
+            return self.store.get(key).decode() if self.store.check([key]) else None
+        except Exception:
+            return None
 
     def wait_for_culprit(self, limit_s: float) -> Failure | None:
         """After a collective failed here: wait up to ``limit_s`` for the failure record (the
@@ -238,28 +285,42 @@ class Watchdog:
             if self.handle_sigterm:
                 sig = signal.sigtimedwait({signal.SIGTERM}, self.interval_s)
                 if sig is not None:
-                    self.report("signal", "stopped by SIGTERM")
-                    if self.on_sigterm is not None:
-                        self.on_sigterm()
+                    if self.parent_pid is None or os.getppid() == self.parent_pid:
+                        self.report("signal", "stopped by SIGTERM")
+                    self._call(self.on_sigterm)
                     os._exit(EXIT_SIGTERM)
             else:
                 self._stop.wait(self.interval_s)
             if self.parent_pid is not None and os.getppid() != self.parent_pid:
+                self._call(self.on_parent_died)
                 os._exit(EXIT_PEER_FAILED)  # the launcher is gone
             beat += 1
             try:
                 self.store.set(self._hb(self.rank), str(beat))
             except Exception:
                 # The store is unreachable: its host (launcher or torchrun agent) died.
+                self._call(self.on_parent_died)
                 os._exit(EXIT_PEER_FAILED)
             fail = read_failure(self.store, self.prefix)
             if fail is not None:
                 if fail.rank != self.rank and not self._failed_here:
+                    self._call(self.on_peer_failed, fail)
                     os._exit(EXIT_PEER_FAILED)
                 continue
             if self._armed.is_set():
                 stale = self._stale_peers(since=self._last_seen, now=time.monotonic(), limit=self.stale_s)
                 if stale:
-                    self.report("stopped", f"stopped responding (no heartbeat for {self.stale_s:.0f} s)",
-                                rank=stale[0])
+                    fail = self.report("stopped", f"stopped responding (no heartbeat for {self.stale_s:.0f} s)",
+                                       rank=stale[0])
+                    self._call(self.on_peer_failed, fail)
                     os._exit(EXIT_PEER_FAILED)
+
+    @staticmethod
+    def _call(fn: Callable[..., None] | None, *args: Any) -> None:
+        """Run a callback on the way out; whatever it raises, the process still ends."""
+        if fn is None:
+            return
+        try:
+            fn(*args)
+        except BaseException:  # noqa: BLE001 - the exit that follows must happen
+            pass

@@ -12,7 +12,9 @@ in a collapsed section. Several directories: one section each, plus an overlay o
 curves.
 
 The folders are read by :mod:`commgnn.report.runs`. A run without ``summary.json``
-(failed, interrupted, running) is reported from ``metrics.jsonl`` with its state. A missing
+(failed, interrupted, running) is reported from ``metrics.jsonl`` with its state. A last
+record cut short (a full disk) is left out with a warning on the page and on standard
+error; the records before it are shown. A missing
 directory, a directory that is no run or grid, a corrupt record or an unwritable output is a
 one-line :class:`~commgnn.errors.UserError`;
 the page is rendered in memory, written to a temporary file and renamed, so nothing is
@@ -29,6 +31,7 @@ import shlex
 import socket
 import statistics
 import struct
+import sys
 import tomllib
 from pathlib import Path
 from typing import Any, Iterable, Sequence
@@ -204,6 +207,8 @@ def run_section(run: Run, anchor: str, level: int = 2) -> str:
         parts.append(f'<p class="error">{_e(run.status["error"])}</p>')
     if run.status.get("signal"):
         parts.append(f'<p class="error">stopped by {_e(run.status["signal"])}</p>')
+    for w in run.warnings:
+        parts.append(f'<p class="warning">warning: {_e(w)}</p>')
     if run.notes:
         parts.append('<ul class="notes">' + "".join(f"<li>{_e(n)}</li>" for n in run.notes) + "</ul>")
     facts = _facts(run)
@@ -333,7 +338,7 @@ section section{border:none;padding:8px 0;margin:0}
 .state-complete{background:#d4edda;color:#155724}.state-failed{background:#f8d7da;color:#721c24}
 .state-interrupted,.state-running{background:#fff3cd;color:#856404}
 .error{background:#fdecea;border-left:4px solid #c0392b;padding:6px 10px;font-family:monospace;font-size:12px}
-.notes{color:#6a5a00;font-size:13px}.note{color:#667;font-style:italic}
+.notes{color:#6a5a00;font-size:13px}.warning{color:#8a4b00;font-weight:600}.note{color:#667;font-style:italic}
 table{border-collapse:collapse;font-size:13px}
 .kv th{text-align:left;font-weight:600;padding:2px 14px 2px 0;color:#445;vertical-align:top;white-space:nowrap}
 .kv td{padding:2px 0;font-variant-numeric:tabular-nums;word-break:break-word}
@@ -358,11 +363,16 @@ _COUNT_IMAGES = ("<script>window.addEventListener('load',function(){var im=docum
                  "document.body.dataset.imagesOk=n+'/'+im.length;});</script>")
 
 
-def render(paths: Sequence[str | Path], title: str | None = None) -> str:
-    """The report page for ``paths`` (run directories and bench output folders), as text."""
+def render(paths: Sequence[str | Path], title: str | None = None, warnings: list[str] | None = None) -> str:
+    """The report page for ``paths`` (run directories and bench output folders), as text.
+    The warnings shown on the page (a cut record) are appended to ``warnings`` when given."""
     if not paths:
         raise UserError("give at least one run directory or `commgnn bench` output folder")
     items = [load(Path(p)) for p in paths]
+    if warnings is not None:
+        for item in items:
+            for run in item.runs if isinstance(item, Grid) else [item]:
+                warnings.extend(run.warnings)
     names = ", ".join(i.name for i in items)
     title = title or f"commgnn report: {names if len(names) < 80 else names[:77] + '…'}"
     try:
@@ -403,10 +413,12 @@ def _check_out(out: Path) -> None:
 
 def write_report(paths: Sequence[str | Path], out: str | Path, *, title: str | None = None) -> Path:
     """Render the report for ``paths`` and write it to ``out`` atomically (temporary file,
-    then rename): ``out`` is either the whole new page or left as it was."""
+    then rename): ``out`` is either the whole new page or left as it was. Each warning on
+    the page (a record cut short) is also printed to standard error, one line each."""
     out = Path(out)
     _check_out(out)  # before the (slower) rendering, and the rename checks again
-    page = render(paths, title).encode("utf-8")
+    warnings: list[str] = []
+    page = render(paths, title, warnings).encode("utf-8")
     tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
     try:
         tmp.unlink(missing_ok=True)
@@ -422,4 +434,6 @@ def write_report(paths: Sequence[str | Path], out: str | Path, *, title: str | N
         except OSError:
             pass
         raise UserError(f"cannot write {out}: {exc.strerror or exc}") from None
+    for w in warnings:
+        print(f"commgnn: warning: {w}", file=sys.stderr)
     return out

@@ -3,8 +3,10 @@
 :func:`load` turns a path into a :class:`Run` (``commgnn train --out``: manifest, status,
 per-epoch metrics and summary) or a :class:`Grid` (``commgnn bench --out``: ``runs/``,
 ``results.csv``, ``grid.toml``). A run without ``summary.json`` (failed, interrupted,
-running) is read from ``metrics.jsonl`` with its state, an unfinished last line ignored
-with a note. A missing directory, a directory that is no run or grid, or a corrupt record is
+running) is read from ``metrics.jsonl`` with its state. A last record cut short (a full
+disk, or a run killed while writing it: a last line without its newline that is not valid
+JSON) is left out with a warning (:func:`cut_record`), in any state; the records before it
+are used. A missing directory, a directory that is no run or grid, or a corrupt record is
 a one-line :class:`~commgnn.errors.UserError`.
 """
 
@@ -13,6 +15,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -35,6 +38,8 @@ class Run:
     summary: dict[str, Any] | None
     rows: list[dict[str, Any]]
     notes: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    """What the reader should not miss (a cut record): shown on the page and printed."""
 
     @property
     def state(self) -> str:
@@ -107,25 +112,52 @@ def _metrics_row(obj: Any, where: str) -> dict[str, Any]:
     return row
 
 
-def _read_metrics(path: Path, state: str) -> tuple[list[dict[str, Any]], list[str]]:
+def cut_record(path: Path, text: str | None = None) -> str | None:
+    """One line saying that the last record of the JSON-lines file ``path`` was cut short (a
+    last line without its newline that is not valid JSON: a full disk or a kill in the middle
+    of a write), naming its line and, where it can still be read, its epoch; None when the
+    file ends with a whole record (or cannot be read)."""
+    if text is None:
+        try:
+            text = Path(path).read_text(encoding="utf-8", errors="replace")
+        except OSError:
+            return None
+    if not text or text.endswith("\n"):
+        return None
+    last = text.rsplit("\n", 1)[-1]
+    try:
+        json.loads(last)
+        return None  # whole, only its newline missing
+    except ValueError:
+        pass
+    line = text.count("\n") + 1
+    epoch = re.match(r'\{\s*"epoch"\s*:\s*(\d+)\s*,', last)
+    what = f"line {line}" + (f", epoch {epoch.group(1)}" if epoch else "")
+    return (f"{path}: the last record ({what}) was cut short (a full disk, or a run killed while "
+            f"writing it); using the {line - 1} record{'s' if line != 2 else ''} before it")
+
+
+def _read_metrics(path: Path, state: str) -> tuple[list[dict[str, Any]], list[str], list[str]]:
+    """The rows of ``metrics.jsonl``, notes, and warnings (a cut last record)."""
     text = _read_text(path)
     if text is None:
-        return [], ["no metrics.jsonl"]
-    rows, notes = [], []
+        return [], ["no metrics.jsonl"], []
+    rows, notes, warnings = [], [], []
+    cut = cut_record(path, text)
     lines = text.split("\n")
+    if cut is not None:
+        warnings.append(cut)
+        lines = lines[:-1]
     for i, line in enumerate(lines, 1):
         if not line.strip():
             continue
         try:
             obj = json.loads(line)
         except ValueError as exc:
-            if i == len(lines) and state != "complete":  # a line cut short by a killed run
-                notes.append(f"metrics.jsonl: ignored the unfinished last line {i}")
-                continue
             raise UserError(f"{path} line {i} is not a commgnn metrics record "
                             f"(invalid JSON: {str(exc).splitlines()[0]})") from None
         rows.append(_metrics_row(obj, f"{path} line {i}"))
-    return rows, notes
+    return rows, notes, warnings
 
 
 def _check_summary(s: dict[str, Any], path: Path) -> dict[str, Any]:
@@ -167,10 +199,10 @@ def read_run(path: Path, name: str | None = None) -> Run:
     summary = _read_object(path / "summary.json", "run summary")
     if summary is not None:
         summary = _check_summary(summary, path / "summary.json")
-    rows, more = _read_metrics(path / "metrics.jsonl", str(status.get("state")))
+    rows, more, warnings = _read_metrics(path / "metrics.jsonl", str(status.get("state")))
     run = Run(path=path, name=name or path.resolve().name, status=status,
               manifest=_read_object(path / "manifest.json", "manifest"), config=_read_text(path / "config.toml"),
-              summary=summary, rows=rows, notes=notes + more)
+              summary=summary, rows=rows, notes=notes + more, warnings=warnings)
     if run.summary is None:
         run.notes.append("no summary.json (written only when every rank finished): no bytes by "
                          "sender / receiver or by layer; figures from metrics.jsonl")

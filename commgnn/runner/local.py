@@ -32,7 +32,7 @@ from commgnn.runner.prepare import partition_for_run, partition_meta, preflight_
 from commgnn.runner.rank import run_rank
 from commgnn.trainers import checkpoint
 from commgnn.runner.run_dir import (default_out_dir, describe_graph, is_given_graph, mark_ended, previous_attempt,
-                                    record_given_graph, write_run_dir)
+                                    record_given_graph, warn_cut_record, write_run_dir)
 
 
 def train_local(cfg: RunConfig, *, resume: bool = False, graph: Any = None,
@@ -70,6 +70,7 @@ def train_local(cfg: RunConfig, *, resume: bool = False, graph: Any = None,
         for r in range(P):
             load_partition(part_dir, r, expected_fingerprint=fp, expected_parts=P)
         checkpoint.verify(out, P)  # every rank's file against its sha256, before any rank starts
+        warn_cut_record(out)
         attempt = previous_attempt(out) + 1
         module = load_own_model(out, module, verb=f"commgnn.resume({str(out)!r}, model=MODEL)")
         if module is not None:

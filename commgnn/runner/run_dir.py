@@ -24,6 +24,7 @@ from commgnn.partition import build_local_partitions, save_partitions
 from commgnn.report import (commit_out_dir, git_commit, host_info, library_versions, prepare_out_dir,
                             read_json, write_json, write_status)
 from commgnn.report.records import STATUS
+from commgnn.report.runs import cut_record
 from commgnn.runner.config import RunConfig
 from commgnn.runner.own_model import write_own_model
 from commgnn.runner.preflight import check_disk, estimate_run_bytes
@@ -211,6 +212,14 @@ def mark_ended(out: Path, state: str, **extra: Any) -> None:
     if out.is_dir():
         (out / "summary.json").unlink(missing_ok=True)
     write_status(out, state, **extra)
+
+
+def warn_cut_record(out: Path) -> None:
+    """On resume: say in one line (standard error) when ``metrics.jsonl`` ends with a record
+    cut short (a full disk); rank 0 keeps the whole records before it, up to the checkpoint."""
+    cut = cut_record(out / "metrics.jsonl")
+    if cut is not None:
+        print(f"commgnn: warning: {cut}", file=sys.stderr, flush=True)
 
 
 def previous_attempt(out: Path) -> int:

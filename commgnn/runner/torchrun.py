@@ -3,6 +3,27 @@ partitions the graph and hands every rank its partition (or each rank loads its 
 ``--partition-dir``, without loading the graph); no rank but 0 ever holds the whole graph,
 and rank 0 drops it before training. Rank 0 writes the run directory. Ranks agree that
 preparation succeeded before training starts.
+
+``status.json`` under torchrun (no commgnn launcher watches the ranks, so the ranks
+themselves record how the job ended, :class:`_Ending`):
+
+* ``complete``: rank 0, after the summary.
+* ``failed``, a rank's own error: the first rank to record it (``rank R of P failed: ...``;
+  a bad input: its one line).
+* ``failed``, a rank that died without a word (SIGKILL, the OOM killer, a crash): the
+  first surviving rank that sees it, on its collective's failure, its heartbeat watch or
+  the SIGTERM torchrun's agent then sends: ``rank R of P died (killed by SIGKILL)`` (how,
+  where the dead process can still be read; it must be on the same host). Rank 0's death
+  included: another rank writes it.
+* ``interrupted`` (``signal: SIGTERM``): rank 0, when the agent (or whoever) stops the
+  workers and no rank died before.
+* ``failed``, the agent died (SIGKILL): rank 0, which the kernel then sends SIGTERM
+  (``the torchrun agent (pid N) died``).
+
+Every rank records ``pid/<rank>`` (host and pid) and ``end/<rank>`` (how it ends
+knowingly) in the job's store; the first rank to claim ``ended`` writes ``status.json``,
+and only where the run folder is (its host). A rank that cannot see the folder writes
+nothing.
 """
 
 from __future__ import annotations
@@ -10,7 +31,9 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
+import os
 import shutil
+import socket
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -21,6 +44,7 @@ from torch import nn
 from commgnn.data import fingerprint, load_dataset
 from commgnn.distributed.context import DistContext, LaunchInfo, init_distributed, shutdown
 from commgnn.distributed.spawn import first_line, is_collective_failure, rank_failure
+from commgnn.distributed.watchdog import Failure, process_end, read_failure
 from commgnn.errors import RankFailure, UserError
 from commgnn.partition import (LocalPartition, build_local_partition, load_meta, load_partition,
                                partition_from_bytes, partition_to_bytes)
@@ -29,7 +53,8 @@ from commgnn.runner.config import RunConfig, config_from_partition_dir
 from commgnn.runner.own_model import check_own_model, describe_own_model, write_own_model
 from commgnn.runner.prepare import partition_for_run, recorded_graph
 from commgnn.runner.rank import run_rank
-from commgnn.runner.run_dir import default_out_dir, describe_graph, mark_ended, record_given_graph, write_header
+from commgnn.runner.run_dir import (default_out_dir, describe_graph, mark_ended, record_given_graph, warn_cut_record,
+                                    write_header)
 
 
 def _agree(ctx: DistContext, ok: bool, *checks: str) -> bool:
@@ -154,6 +179,9 @@ def train_torchrun(cfg: RunConfig, info: LaunchInfo, graph: Any = None,
     out = Path(cfg.output.out) if cfg.output.out else default_out_dir(cfg, graph=graph, module=module)
     cfg = replace(cfg, output=replace(cfg.output, out=str(out)))
     resume = info.restart_count > 0 and (out / "config.toml").is_file()
+    if ctx.watchdog is not None:  # for a peer that finds this rank dead (see _Ending)
+        ctx.watchdog.publish(f"pid/{ctx.rank}", f"{socket.gethostname()}:{os.getpid()}")
+    ending = _Ending(ctx, out, info.restart_count)
     described, fp, part, report = _prepare_torchrun(cfg, ctx, graph)
     if graph is not None:  # what ran is recorded (every rank holds the fingerprint)
         cfg = record_given_graph(cfg, fp)
@@ -170,6 +198,7 @@ def train_torchrun(cfg: RunConfig, info: LaunchInfo, graph: Any = None,
         except Exception as exc:
             error = exc
     elif ctx.is_main:
+        warn_cut_record(out)
         mark_ended(out, "running", resumed=True, attempt=info.restart_count)
     if not _agree(ctx, error is None):
         if staging is not None:
@@ -177,24 +206,135 @@ def train_torchrun(cfg: RunConfig, info: LaunchInfo, graph: Any = None,
         if error is not None:
             raise error
         raise UserError("rank 0 could not write the run directory")
-    if ctx.watchdog is not None and ctx.is_main:
-        ctx.watchdog.on_sigterm = lambda: mark_ended(out, "interrupted", signal="SIGTERM")
+    ending.owns = True  # the folder is this run's now: its final state may be written
     try:
         run_rank(ctx, cfg, part, out, report, fingerprint=fp, resume=resume, attempt=info.restart_count,
                  module=module)
     except BaseException as exc:
-        raise _rank_failure(ctx, exc, out) from None
+        raise _rank_failure(ctx, exc, out, ending) from None
+    if ctx.watchdog is not None:
+        ctx.watchdog.mark_end("complete")
     if ctx.is_main:
-        write_status(out, "complete")
+        write_status(out, "complete", **ending.extra)
     shutdown(ctx)
     return read_json(out / "summary.json") if ctx.is_main else None
 
 
-def _rank_failure(ctx: DistContext, exc: BaseException, out: Path) -> BaseException:
+def _rank_failure(ctx: DistContext, exc: BaseException, out: Path, ending: "_Ending") -> BaseException:
     """Under torchrun: :func:`commgnn.distributed.spawn.rank_failure` (the traceback into this
-    rank's log in the run directory), and rank 0 marks the run failed."""
+    rank's log in the run directory), and the run is marked failed (:class:`_Ending`)."""
     failure = rank_failure(ctx, exc, out / "logs" / f"rank{ctx.rank}.log")
-    if ctx.is_main and not is_collective_failure(exc) and not isinstance(exc, KeyboardInterrupt):
-        user = isinstance(exc, UserError)
-        mark_ended(out, "failed", error=str(exc) if user else f"rank {ctx.rank}: {first_line(exc)}")
+    if isinstance(exc, KeyboardInterrupt):
+        return failure
+    if is_collective_failure(exc):
+        dead = ending.dead_peer()
+        if dead is not None:
+            ending.failed(dead)
+        elif ending.signalled():  # a peer was stopped by SIGTERM: the job is being stopped
+            ending.stopped()
+        else:
+            ending.failed(first_line(failure))
+    else:
+        ending.failed(str(exc) if isinstance(exc, UserError) else first_line(failure))
     return failure
+
+
+class _Ending:
+    """Who writes ``status.json`` under torchrun, and what (the module docstring's list).
+    Installed on this rank's watchdog, whose thread calls it on SIGTERM, on a peer's
+    failure and when the agent is gone; :func:`_rank_failure` calls it on an error."""
+
+    def __init__(self, ctx: DistContext, out: Path, attempt: int) -> None:
+        self.ctx, self.out, self.wd = ctx, out, ctx.watchdog
+        self.owns = False
+        """Set once every rank agreed that the run folder is this run's (written or resumed
+        by it): before, nothing is written there (it may be another run's)."""
+        self.agent = self.wd.parent_pid if self.wd is not None else None
+        self.extra = {"attempt": attempt} if attempt else {}
+        if self.wd is not None:
+            self.wd.on_sigterm = self.on_sigterm
+            self.wd.on_peer_failed = self.on_peer_failed
+            self.wd.on_parent_died = self.on_agent_died
+
+    def _claim(self) -> bool:
+        """True for the one rank that writes the final state (the first to ask, among
+        those that see the run folder)."""
+        if not self.owns or not (self.out / "status.json").is_file():
+            return False
+        if self.wd is None:
+            return self.ctx.is_main
+        mine = str(self.ctx.rank)
+        try:
+            return self.wd.store.compare_set(f"{self.wd.prefix}ended", "", mine).decode() == mine
+        except Exception:  # the store is gone with the agent
+            return self.ctx.is_main
+
+    def failed(self, error: str) -> None:
+        if self._claim():
+            mark_ended(self.out, "failed", error=error, **self.extra)
+
+    def dead_peer(self) -> str | None:
+        """``rank R of P died (how)`` for the first peer on this host that ended without
+        saying so (:meth:`Watchdog.mark_end`); None when every peer lives or ended knowingly.
+        Peers on other hosts cannot be looked at: their heartbeat names them instead."""
+        if self.wd is None:
+            return None
+        host = socket.gethostname()
+        for r in range(self.ctx.world_size):
+            if r == self.ctx.rank or self.wd.ended(r) is not None:
+                continue
+            try:
+                key = f"{self.wd.prefix}pid/{r}"
+                where = self.wd.store.get(key).decode() if self.wd.store.check([key]) else ""
+            except Exception:
+                return None
+            peer_host, _, pid = where.rpartition(":")
+            if peer_host != host or not pid.isdigit():
+                continue
+            how = process_end(int(pid))
+            if how is not None and self.wd.ended(r) is None:  # asked again: it may have just said
+                return f"rank {r} of {self.ctx.world_size} died without an error ({how})"
+        return None
+
+    def signalled(self) -> bool:
+        """True when a rank records that it was stopped by SIGTERM (the job is being stopped)."""
+        fail = read_failure(self.wd.store, self.wd.prefix) if self.wd is not None else None
+        return fail is not None and fail.kind == "signal"
+
+    def stopped(self) -> None:
+        """The job is being stopped by SIGTERM (torchrun's agent sends it to every worker when
+        one ends, or when it is itself stopped): ``failed`` when a peer died first, else
+        ``interrupted`` (rank 0 writes it)."""
+        dead = self.dead_peer()
+        if dead is not None:
+            self.failed(dead)
+        elif self.ctx.is_main and self._claim():
+            mark_ended(self.out, "interrupted", signal="SIGTERM", **self.extra)
+
+    def on_sigterm(self) -> None:
+        if self.agent is not None and os.getppid() != self.agent:
+            self.on_agent_died()  # the kernel's SIGTERM on the agent's death
+        else:
+            self.stopped()
+
+    def on_peer_failed(self, fail: Failure) -> None:
+        if fail.kind == "signal":  # a peer got SIGTERM first; this rank may never get its own
+            self.stopped()
+            return
+        dead = self.dead_peer() if fail.kind == "stopped" else None
+        if dead is not None:
+            self.failed(dead)
+        elif fail.kind == "user":
+            self.failed(fail.message)
+        else:
+            self.failed(f"rank {fail.rank} of {self.ctx.world_size} failed: {fail.message}")
+
+    def on_agent_died(self) -> None:
+        """The agent (this rank's parent, the store's host) is gone: rank 0 records it."""
+        if not (self.owns and self.ctx.is_main and (self.out / "status.json").is_file()):
+            return
+        if self.agent is not None and os.getppid() != self.agent:
+            error = f"the torchrun agent (pid {self.agent}) died; its workers stopped"
+        else:
+            error = "the job's store (hosted by the torchrun agent) became unreachable"
+        mark_ended(self.out, "failed", error=error, **self.extra)
