@@ -192,9 +192,9 @@ def train_torchrun(cfg: RunConfig, info: LaunchInfo, graph: Any = None,
             own = describe_own_model(module) if module is not None else None
             staging = prepare_out_dir(out)
             write_header(staging, cfg, described, report, torchrun=True, own=own)
+            if module is not None:  # in the folder before it appears, as for local ranks
+                write_own_model(staging, module, own)
             commit_out_dir(staging, out)
-            if module is not None:
-                write_own_model(out, module, own)
         except Exception as exc:
             error = exc
     elif ctx.is_main:
