@@ -34,6 +34,7 @@ import json
 import os
 import shutil
 import socket
+import time
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -312,10 +313,23 @@ class _Ending:
             mark_ended(self.out, "interrupted", signal="SIGTERM", **self.extra)
 
     def on_sigterm(self) -> None:
-        if self.agent is not None and os.getppid() != self.agent:
+        if self.agent is not None and self._agent_gone():
             self.on_agent_died()  # the kernel's SIGTERM on the agent's death
         else:
             self.stopped()
+
+    def _agent_gone(self, wait_s: float = 1.0) -> bool:
+        """Whether the agent (this rank's parent) has died. The kernel sends the parent-death
+        signal when the agent's *thread* that started this rank exits; when the agent is
+        killed, its other threads may not have exited yet, and ``getppid()`` still names the
+        agent for a moment. So a SIGTERM with the agent still our parent waits up to
+        ``wait_s`` for that to change: an agent stopping its workers on purpose stays alive."""
+        deadline = time.monotonic() + wait_s
+        while os.getppid() == self.agent:
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.02)
+        return True
 
     def on_peer_failed(self, fail: Failure) -> None:
         if fail.kind == "signal":  # a peer got SIGTERM first; this rank may never get its own
