@@ -112,7 +112,10 @@ def _network_interface() -> str | None:
 
 
 @pytest.mark.timeout(180)
-@pytest.mark.parametrize("gloo_ifname", ["", "network"], ids=["default", "GLOO_SOCKET_IFNAME-network"])
+# the environment's own GLOO_SOCKET_IFNAME overridden for a loopback run: outside CI (-m slow),
+# to keep the suite under 10 minutes on 2 cores
+@pytest.mark.parametrize("gloo_ifname", ["", pytest.param("network", marks=pytest.mark.slow)],
+                         ids=["default", "GLOO_SOCKET_IFNAME-network"])
 def test_a_local_run_listens_only_on_loopback(tmp_path, gloo_ifname):
     """Also with ``GLOO_SOCKET_IFNAME`` naming a network interface in the environment (gloo
     would listen there; on a host whose name resolves to 127.0.0.1 that is the way to show

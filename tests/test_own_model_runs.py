@@ -303,7 +303,7 @@ def _plant(run: Path, module: str) -> None:
     (run / "own_model.json").write_text(json.dumps({**record, "module": module}))
 
 
-@pytest.mark.parametrize("cwd_is", ["run folder", "its parent"])
+@pytest.mark.parametrize("cwd_is", ["run folder", pytest.param("its parent", marks=pytest.mark.slow)])
 def test_a_module_in_the_run_folder_or_the_current_directory_is_never_imported(trained, tmp_path, cwd_is):
     """A stranger's folder names a module it ships (``evil.py``), and the command runs with
     the current directory on ``sys.path`` (``python -m``): refused in one line, nothing of
