@@ -282,3 +282,21 @@ def fraction(name: str, value: float, *, open_low: bool = False, open_high: bool
         lo = "(0" if open_low else "[0"
         hi = "1)" if open_high else "1]"
         raise ConfigError(f"{name} must lie in {lo}, {hi}, got {value}")
+
+
+def deprecated_names(module: str, names: Mapping[str, tuple[Callable[[], Any], str]]) -> Callable[[str], Any]:
+    """A module ``__getattr__`` for names kept one release after a rename: ``names`` maps each
+    old name to (a function giving its value, what to use instead). Reading one warns
+    (``DeprecationWarning``); any other unknown name is an ``AttributeError``."""
+
+    def __getattr__(name: str) -> Any:
+        if name not in names:
+            raise AttributeError(f"module {module!r} has no attribute {name!r}")
+        value, instead = names[name]
+        import warnings
+
+        warnings.warn(f"{module}.{name} is deprecated and goes in the next release: use {instead}",
+                      DeprecationWarning, stacklevel=2)
+        return value()
+
+    return __getattr__

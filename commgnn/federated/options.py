@@ -6,9 +6,9 @@ check that no option given is one the resolved run would ignore."""
 
 from __future__ import annotations
 
-import warnings
 from typing import Any, Mapping
 
+from commgnn.config import deprecated_names
 from commgnn.errors import UserError
 from commgnn.options import OptionSet, opt
 
@@ -83,14 +83,9 @@ _IMPLIED_CODEC = (("uplink_fraction", "randomk"), ("uplink_rank", "rank"), ("upl
 """A codec parameter given without ``--uplink`` (and no codec in the file) picks its codec."""
 
 
-def __getattr__(name: str) -> Any:
-    """``FLAG_KEYS`` (``{argparse dest: dotted key}``): deprecated, kept for one release with a
-    warning; :attr:`FEDERATE_OPTIONS.flag_keys <commgnn.options.OptionSet.flag_keys>` derives it."""
-    if name == "FLAG_KEYS":
-        warnings.warn("commgnn.federated.options.FLAG_KEYS is deprecated: use FEDERATE_OPTIONS.flag_keys",
-                      DeprecationWarning, stacklevel=2)
-        return FEDERATE_OPTIONS.flag_keys
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = deprecated_names(__name__, {"FLAG_KEYS": (lambda: FEDERATE_OPTIONS.flag_keys,
+                                                        "FEDERATE_OPTIONS.flag_keys")})
+"""``FLAG_KEYS`` (``{argparse dest: dotted key}``), derived from :data:`FEDERATE_OPTIONS`: deprecated."""
 
 
 def _get(data: Mapping[str, Any], dotted: str) -> Any:

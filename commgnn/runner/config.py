@@ -20,13 +20,12 @@ keyword of ``commgnn.train``. Options override the file, which is checked on its
 from __future__ import annotations
 
 import argparse
-import warnings
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Mapping
 
 from commgnn.comm.config import CommConfig
-from commgnn.config import from_dict, set_path, to_dict
+from commgnn.config import deprecated_names, from_dict, set_path, to_dict
 from commgnn.data import DataConfig
 from commgnn.distributed.config import RuntimeConfig
 from commgnn.distributed.config import FaultConfig
@@ -299,14 +298,8 @@ is an option named after it (``train.weight_decay``: ``--weight-decay``, ``weigh
 ``comm.grad.momentum``: ``--grad-momentum``; ``fault.at``: ``--fault-at``)."""
 
 
-def __getattr__(name: str) -> Any:
-    """``FLAG_KEYS`` (``{argparse dest: dotted key}``): deprecated, kept for one release with a
-    warning; :attr:`RUN_OPTIONS.flag_keys <commgnn.options.OptionSet.flag_keys>` derives it."""
-    if name == "FLAG_KEYS":
-        warnings.warn("commgnn.runner.config.FLAG_KEYS is deprecated: use RUN_OPTIONS.flag_keys",
-                      DeprecationWarning, stacklevel=2)
-        return RUN_OPTIONS.flag_keys
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = deprecated_names(__name__, {"FLAG_KEYS": (lambda: RUN_OPTIONS.flag_keys, "RUN_OPTIONS.flag_keys")})
+"""``FLAG_KEYS`` (``{argparse dest: dotted key}``), derived from :data:`RUN_OPTIONS`: deprecated."""
 
 
 def resolve_config(toml_path: str | None, flags: Mapping[str, Any],

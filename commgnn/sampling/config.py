@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-from commgnn.config import fraction, positive
+from commgnn.config import deprecated_names, fraction, positive
 from commgnn.errors import ConfigError
 
 SAMPLERS = ("neighbor", "cluster", "saint-node", "saint-edge", "saint-rw", "vrgcn")
@@ -106,14 +106,6 @@ class SamplerConfig:
                               "(not -1)")
 
 
-def __getattr__(name: str) -> object:
-    """``ClusterConfig``, the old name of :class:`ClusterGCNConfig` (renamed so that it is not
-    confused with the emulated cluster's ``commgnn.cluster.ClusterConfig``), still imports for
-    one release, with a warning."""
-    if name == "ClusterConfig":
-        import warnings
-
-        warnings.warn("commgnn.sampling ClusterConfig is now ClusterGCNConfig; the old name goes in the next "
-                      "release", DeprecationWarning, stacklevel=2)
-        return ClusterGCNConfig
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = deprecated_names(__name__, {"ClusterConfig": (lambda: ClusterGCNConfig, "ClusterGCNConfig")})
+"""``ClusterConfig``, the old name of :class:`ClusterGCNConfig` (renamed so that it is not
+confused with the emulated cluster's ``commgnn.cluster.ClusterConfig``): deprecated."""
