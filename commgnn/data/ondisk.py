@@ -22,6 +22,11 @@ read-only memory map (``np.load(mmap_mode="r")``), so opening a 30 GB folder cos
 headers only. :class:`GraphFolderWriter` fills the arrays chunk by chunk into a hidden
 sibling folder and renames it into place on :meth:`~GraphFolderWriter.commit`, so a
 stopped writer never leaves a folder that looks complete.
+
+:func:`write_graph_folder` writes an in-memory PyG ``Data`` as a graph folder and
+:func:`load_graph_folder` reads one back into memory in the form every loader returns
+(:mod:`commgnn.data`); :mod:`commgnn.data.ondisk_check` validates a folder's contents in
+one streamed pass and hashes its files.
 """
 
 from __future__ import annotations
@@ -35,7 +40,10 @@ from pathlib import Path
 from typing import Any, Iterator
 
 import numpy as np
+import torch
+from torch_geometric.data import Data
 
+from commgnn.data.validate import MASK_NAMES, graph_notes
 from commgnn.errors import DataError
 
 FORMAT = "commgnn-graph"
@@ -254,3 +262,77 @@ class GraphFolderWriter:
     def __exit__(self, exc_type: Any, *_: Any) -> None:
         if exc_type is not None:
             self.abort()
+
+
+def write_graph_folder(data: Data, out: str | Path, *, directed: bool | None = None,
+                       chunk: int = 1 << 22) -> Path:
+    """Write an in-memory graph as a graph folder at ``out``, atomically; returns ``out``.
+
+    ``x`` is stored as float16 if it is float16, else float32; ``edge_index`` as int32
+    where the ids fit, as stored (order and duplicates kept); ``y`` as int64 (negative =
+    unlabelled); each mask of ``train_mask`` / ``val_mask`` / ``test_mask`` as the sorted
+    ids of its True entries (``split/train.npy``, ``valid``, ``test``; empty where the
+    graph has no mask). ``num_classes`` is ``data.num_classes_total`` where set, else the
+    largest label + 1. ``directed`` None: false exactly when every edge's reverse is
+    stored too (:func:`torch_geometric.utils.is_undirected`). Arrays are copied in blocks
+    of ``chunk`` rows (no second full copy of the graph). Nothing appears under ``out``
+    unless the whole folder was written (:class:`GraphFolderWriter`)."""
+    from torch_geometric.utils import is_undirected
+
+    x, edge_index, y = data.x, data.edge_index, data.y
+    n = int(data.num_nodes)
+    if x is None or edge_index is None or y is None or x.dim() != 2 or edge_index.dim() != 2 \
+            or edge_index.size(0) != 2 or y.dim() != 1:
+        raise DataError("write_graph_folder needs x [N, F], edge_index [2, E] and y [N]")
+    total = data.get("num_classes_total")
+    labelled = y[y >= 0]
+    c = int(total) if total is not None else (int(labelled.max()) + 1 if labelled.numel() else 1)
+    if directed is None:
+        directed = not is_undirected(edge_index, num_nodes=n)
+    x_dtype = "float16" if x.dtype == torch.float16 else "float32"
+    with GraphFolderWriter(out, num_nodes=n, num_edges=int(edge_index.size(1)), num_features=int(x.size(1)),
+                           num_classes=max(c, 1), directed=bool(directed), x_dtype=x_dtype) as w:
+        for s in range(0, n, chunk):
+            w.x[s:s + chunk] = x[s:s + chunk].detach().cpu().numpy()
+            w.y[s:s + chunk] = y[s:s + chunk].detach().cpu().numpy()
+        for s in range(0, int(edge_index.size(1)), chunk):
+            w.edge_index[:, s:s + chunk] = edge_index[:, s:s + chunk].detach().cpu().numpy()
+        for split, key in zip(SPLITS, MASK_NAMES):
+            mask = data.get(key)
+            if mask is not None:
+                w.set_split(split, mask.reshape(-1).nonzero().view(-1).numpy())
+        return w.commit()
+
+
+def load_graph_folder(path: str | Path, *, check: bool = True, allow_overlap: bool = False) -> Data:
+    """A graph folder read into memory, in the form of :mod:`commgnn.data`'s loaders.
+
+    With ``check`` (default) the folder first passes
+    :func:`~commgnn.data.ondisk_check.check_graph_folder` (``allow_overlap`` passed on), so
+    a bad folder is a one-line :class:`DataError` naming the file and chunk. The result has
+    ``x`` ``[N, F]`` float32, ``edge_index`` ``[2, E]`` int64 exactly as stored (a folder
+    with ``directed = false`` already holds both directions; self loops are kept here,
+    :func:`~commgnn.data.load_dataset` drops them), ``y`` ``[N]`` int64, 1-D bool
+    ``train_mask`` / ``val_mask`` / ``test_mask`` from the split files,
+    ``num_classes_total`` = ``meta.json``'s ``num_classes``, ``name`` = ``meta.json``'s
+    ``name`` or else the folder's name, and ``graph_notes`` (:func:`graph_notes`).
+    Memory: the graph itself (x as float32, edges as int64) plus one file's copy at a time."""
+    if check:
+        from commgnn.data.ondisk_check import check_graph_folder  # it imports this module
+
+        check_graph_folder(path, allow_overlap=allow_overlap)
+    gf = open_graph_folder(path)
+    n = gf.num_nodes
+    x = torch.from_numpy(np.array(gf.x, dtype=np.float32))
+    edge_index = torch.from_numpy(np.array(gf.edge_index, dtype=np.int64))
+    y = torch.from_numpy(np.array(gf.y, dtype=np.int64))
+    masks = {}
+    for split, key in zip(SPLITS, MASK_NAMES):
+        mask = torch.zeros(n, dtype=torch.bool)
+        mask[torch.from_numpy(np.array(gf.split(split), dtype=np.int64))] = True
+        masks[key] = mask
+    name = gf.meta.get("name")
+    data = Data(x=x, edge_index=edge_index, y=y, **masks, num_nodes=n, num_classes_total=gf.num_classes,
+                name=name if isinstance(name, str) and name else gf.path.name)
+    data.graph_notes = graph_notes(data)
+    return data
