@@ -87,6 +87,8 @@ class _RawReader:
     def read(self, n: int) -> np.ndarray:
         """The next ``n`` items (a view of the reused buffer: valid until the next call)."""
         want = n * self.dtype.itemsize
+        if want > len(self.buf):  # one row of x wider than a chunk
+            self.buf = bytearray(want)
         view = memoryview(self.buf)[:want]
         got = self.f.readinto(view)
         if got != want:
@@ -180,8 +182,8 @@ def _check_split(r: _RawReader, name: str, bit: int, n: int, chunk: int, flags: 
         again = (seen & np.uint8(1 << bit)) != 0
         if again.any():
             i = int(np.argmax(again))
-            raise DataError(f"{r.path}: node id {int(ids[i])} appears twice (again {where}; "
-                            f"position {s + i}))")
+            raise DataError(f"{r.path}: node id {int(ids[i])} appears twice: again {where}; "
+                            f"position {s + i})")
         other = (seen & np.uint8(7 & ~(1 << bit))) != 0
         if other.any() and not allow_overlap:
             i = int(np.argmax(other))
