@@ -326,3 +326,14 @@ def test_ogb_raw_errors_are_one_line_and_leave_nothing(tmp_path):
     (src / "raw/node-label.csv.gz").unlink()
     with pytest.raises(DataError, match="node-label.csv.gz: missing$"):
         load_ogb_raw(src, undirected=False)
+
+
+def test_which_dataset_strings_are_folders(tmp_path, monkeypatch):
+    from commgnn.data import is_folder_path
+
+    monkeypatch.chdir(tmp_path)
+    for name in ("Cora", "mygraph"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "meta.json").write_text("{}")
+    assert not is_folder_path("Cora") and not is_folder_path("synthetic_graph")  # a registered name wins
+    assert is_folder_path("mygraph") and is_folder_path("./Cora") and is_folder_path("no/such/folder")

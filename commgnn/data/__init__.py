@@ -16,9 +16,8 @@ memory-mappable ``.npy`` files), validated and hashed in one streamed pass
 from commgnn.data.config import DataConfig, SyntheticConfig
 from commgnn.data.datasets import GIVEN_GRAPH, dataset_names, is_folder_path, load_dataset
 from commgnn.data.ogb_raw import convert_ogb_raw, is_ogb_raw_folder, load_ogb_raw
-from commgnn.data.ondisk import (GraphFolder, GraphFolderWriter, is_graph_folder, load_graph_folder,
-                                 open_graph_folder, write_graph_folder)
-from commgnn.data.ondisk_check import FolderCheck, check_graph_folder, folder_identity
+from commgnn.data.ondisk import GraphFolder, GraphFolderWriter, is_graph_folder, open_graph_folder, write_graph_folder
+from commgnn.data.ondisk_check import FolderCheck, check_graph_folder, folder_identity, load_graph_folder
 from commgnn.data.stratified_split import stratified_split
 from commgnn.data.synthetic import make_csbm
 from commgnn.data.validate import fingerprint, graph_notes, validate_graph

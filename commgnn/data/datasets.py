@@ -53,7 +53,7 @@ from commgnn.config import one_line_errors
 from commgnn.data.staging import ensure_copy, locked, root_key
 from commgnn.data.config import DataConfig
 from commgnn.data.ogb_raw import is_ogb_raw_folder, load_ogb_raw
-from commgnn.data.ondisk import load_graph_folder
+from commgnn.data.ondisk_check import load_graph_folder
 from commgnn.data.stratified_split import stratified_split
 from commgnn.data.synthetic import make_csbm
 from commgnn.data.validate import MASK_NAMES, mask_as_bool, unusual_tensor, validate_graph
@@ -217,14 +217,17 @@ def load_dataset(cfg: DataConfig, graph: Any = None) -> Data:
 
 
 def is_folder_path(dataset: str) -> bool:
-    """Whether ``data.dataset`` names a folder rather than a registered dataset: a folder
-    holding ``meta.json`` (a graph folder) or ``raw/`` (OGB's layout), or any string
+    """Whether ``data.dataset`` names a folder rather than a registered dataset: any string
     that reads as a path (holds a ``/`` or starts with ``.`` or ``~``; registered names
-    never do), existing or not, so that a missing folder is reported as such."""
-    p = Path(dataset).expanduser()
-    if p.is_dir() and ((p / "meta.json").is_file() or (p / "raw").is_dir()):
+    never do), existing or not, so that a missing folder is reported as such; or a name
+    that is not registered but is a folder holding ``meta.json`` (a graph folder) or
+    OGB's raw files. A registered name wins over a folder of that name."""
+    if "/" in dataset or os.sep in dataset or dataset.startswith((".", "~")):
         return True
-    return "/" in dataset or os.sep in dataset or dataset.startswith((".", "~"))
+    if _norm(dataset) in _LOOKUP:
+        return False
+    p = Path(dataset)
+    return p.is_dir() and ((p / "meta.json").is_file() or is_ogb_raw_folder(p))
 
 
 @one_line_errors

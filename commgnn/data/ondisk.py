@@ -23,10 +23,9 @@ headers only. :class:`GraphFolderWriter` fills the arrays chunk by chunk into a 
 sibling folder and renames it into place on :meth:`~GraphFolderWriter.commit`, so a
 stopped writer never leaves a folder that looks complete.
 
-:func:`write_graph_folder` writes an in-memory PyG ``Data`` as a graph folder and
-:func:`load_graph_folder` reads one back into memory in the form every loader returns
-(:mod:`commgnn.data`); :mod:`commgnn.data.ondisk_check` validates a folder's contents in
-one streamed pass and hashes its files.
+:func:`write_graph_folder` writes an in-memory PyG ``Data`` as a graph folder;
+:mod:`commgnn.data.ondisk_check` validates a folder's contents in one streamed pass, hashes
+its files, and reads a folder back into memory (``load_graph_folder``).
 """
 
 from __future__ import annotations
@@ -43,7 +42,7 @@ import numpy as np
 import torch
 from torch_geometric.data import Data
 
-from commgnn.data.validate import MASK_NAMES, graph_notes
+from commgnn.data.validate import MASK_NAMES
 from commgnn.errors import DataError
 
 FORMAT = "commgnn-graph"
@@ -303,36 +302,3 @@ def write_graph_folder(data: Data, out: str | Path, *, directed: bool | None = N
                 w.set_split(split, mask.reshape(-1).nonzero().view(-1).numpy())
         return w.commit()
 
-
-def load_graph_folder(path: str | Path, *, check: bool = True, allow_overlap: bool = False) -> Data:
-    """A graph folder read into memory, in the form of :mod:`commgnn.data`'s loaders.
-
-    With ``check`` (default) the folder first passes
-    :func:`~commgnn.data.ondisk_check.check_graph_folder` (``allow_overlap`` passed on), so
-    a bad folder is a one-line :class:`DataError` naming the file and chunk. The result has
-    ``x`` ``[N, F]`` float32, ``edge_index`` ``[2, E]`` int64 exactly as stored (a folder
-    with ``directed = false`` already holds both directions; self loops are kept here,
-    :func:`~commgnn.data.load_dataset` drops them), ``y`` ``[N]`` int64, 1-D bool
-    ``train_mask`` / ``val_mask`` / ``test_mask`` from the split files,
-    ``num_classes_total`` = ``meta.json``'s ``num_classes``, ``name`` = ``meta.json``'s
-    ``name`` or else the folder's name, and ``graph_notes`` (:func:`graph_notes`).
-    Memory: the graph itself (x as float32, edges as int64) plus one file's copy at a time."""
-    if check:
-        from commgnn.data.ondisk_check import check_graph_folder  # it imports this module
-
-        check_graph_folder(path, allow_overlap=allow_overlap)
-    gf = open_graph_folder(path)
-    n = gf.num_nodes
-    x = torch.from_numpy(np.array(gf.x, dtype=np.float32))
-    edge_index = torch.from_numpy(np.array(gf.edge_index, dtype=np.int64))
-    y = torch.from_numpy(np.array(gf.y, dtype=np.int64))
-    masks = {}
-    for split, key in zip(SPLITS, MASK_NAMES):
-        mask = torch.zeros(n, dtype=torch.bool)
-        mask[torch.from_numpy(np.array(gf.split(split), dtype=np.int64))] = True
-        masks[key] = mask
-    name = gf.meta.get("name")
-    data = Data(x=x, edge_index=edge_index, y=y, **masks, num_nodes=n, num_classes_total=gf.num_classes,
-                name=name if isinstance(name, str) and name else gf.path.name)
-    data.graph_notes = graph_notes(data)
-    return data

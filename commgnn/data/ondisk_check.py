@@ -22,7 +22,8 @@ Written by hand: numpy reads ``.npy`` headers (``np.lib.format``) but has no str
 reader that also yields the file's bytes for hashing; hashing a memory map instead would
 hash the parsed array, not the file.
 
-:func:`folder_identity` is the cheap counterpart (sizes and modification times, no
+:func:`load_graph_folder` reads a checked folder into memory, as the other loaders return
+graphs. :func:`folder_identity` is the cheap counterpart (sizes and modification times, no
 reading) that a run records to recognise the same folder later without rehashing.
 """
 
@@ -36,7 +37,11 @@ from typing import Any, BinaryIO
 
 import numpy as np
 
+import torch
+from torch_geometric.data import Data
+
 from commgnn.data.ondisk import SPLITS, open_graph_folder
+from commgnn.data.validate import MASK_NAMES, graph_notes
 from commgnn.errors import DataError
 
 DATA_FILES = ("edge_index.npy", "x.npy", "y.npy", *(f"split/{s}.npy" for s in SPLITS))
@@ -257,3 +262,35 @@ def folder_identity(path: str | Path) -> dict[str, Any]:
         except OSError:
             files[name] = {"missing": True}
     return {"path": str(p), "files": files}
+
+
+def load_graph_folder(path: str | Path, *, check: bool = True, allow_overlap: bool = False) -> Data:
+    """A graph folder read into memory, in the form of :mod:`commgnn.data`'s loaders.
+
+    With ``check`` (default) the folder first passes
+    :func:`~commgnn.data.ondisk_check.check_graph_folder` (``allow_overlap`` passed on), so
+    a bad folder is a one-line :class:`DataError` naming the file and chunk. The result has
+    ``x`` ``[N, F]`` float32, ``edge_index`` ``[2, E]`` int64 exactly as stored (a folder
+    with ``directed = false`` already holds both directions; self loops are kept here,
+    :func:`~commgnn.data.load_dataset` drops them), ``y`` ``[N]`` int64, 1-D bool
+    ``train_mask`` / ``val_mask`` / ``test_mask`` from the split files,
+    ``num_classes_total`` = ``meta.json``'s ``num_classes``, ``name`` = ``meta.json``'s
+    ``name`` or else the folder's name, and ``graph_notes`` (:func:`graph_notes`).
+    Memory: the graph itself (x as float32, edges as int64) plus one file's copy at a time."""
+    if check:
+        check_graph_folder(path, allow_overlap=allow_overlap)
+    gf = open_graph_folder(path)
+    n = gf.num_nodes
+    x = torch.from_numpy(np.array(gf.x, dtype=np.float32))
+    edge_index = torch.from_numpy(np.array(gf.edge_index, dtype=np.int64))
+    y = torch.from_numpy(np.array(gf.y, dtype=np.int64))
+    masks = {}
+    for split, key in zip(SPLITS, MASK_NAMES):
+        mask = torch.zeros(n, dtype=torch.bool)
+        mask[torch.from_numpy(np.array(gf.split(split), dtype=np.int64))] = True
+        masks[key] = mask
+    name = gf.meta.get("name")
+    data = Data(x=x, edge_index=edge_index, y=y, **masks, num_nodes=n, num_classes_total=gf.num_classes,
+                name=name if isinstance(name, str) and name else gf.path.name)
+    data.graph_notes = graph_notes(data)
+    return data
