@@ -337,3 +337,31 @@ def test_which_dataset_strings_are_folders(tmp_path, monkeypatch):
         (tmp_path / name / "meta.json").write_text("{}")
     assert not is_folder_path("Cora") and not is_folder_path("synthetic_graph")  # a registered name wins
     assert is_folder_path("mygraph") and is_folder_path("./Cora") and is_folder_path("no/such/folder")
+
+
+@pytest.mark.parametrize("undirected", [False, True])
+def test_ogb_binary_layout_loads_and_converts_to_the_same_graph(tmp_path, undirected):
+    """papers100M's layout: raw/data.npz + raw/node-label.npz (float labels, NaN = unlabelled)."""
+    pytest.importorskip("ogb")
+    rng = np.random.default_rng(5)
+    n, e = 200, 700
+    p = tmp_path / "ogbn_papers100M"
+    (p / "raw").mkdir(parents=True)
+    src = rng.integers(0, n, e)
+    np.savez_compressed(p / "raw/data.npz", edge_index=np.stack([src, (src + rng.integers(1, n, e)) % n]),
+                        node_feat=rng.standard_normal((n, 6)).astype(np.float16),
+                        num_nodes_list=np.array([n]), num_edges_list=np.array([e]))
+    labels = rng.integers(0, 172, (n, 1)).astype(np.float64)
+    labels[::3] = np.nan
+    np.savez_compressed(p / "raw/node-label.npz", node_label=labels)
+    labelled = np.flatnonzero(~np.isnan(labels[:, 0]))
+    for s, ids in zip(("train", "valid", "test"), np.array_split(rng.permutation(labelled), 3)):
+        _csv(p / f"split/time/{s}.csv.gz", ids[:, None], "%d")
+    mem = load_ogb_raw(p, undirected=undirected)
+    out = convert_ogb_raw(p, tmp_path / "g", chunk_rows=33, undirected=undirected)
+    assert np.load(out / "x.npy").dtype == np.float16  # kept as stored
+    disk = load_graph_folder(out)
+    for k in KEYS:
+        assert torch.equal(mem[k], disk[k]), k
+    assert int((disk.y < 0).sum()) == len(range(0, n, 3)) and disk.num_classes_total == 172
+    assert disk.edge_index.size(1) == (2 if undirected else 1) * e

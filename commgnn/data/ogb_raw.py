@@ -11,8 +11,9 @@ The folder the ``ogb`` package downloads for a homogeneous node-property dataset
     raw/node-label.csv.gz      N lines of one label (empty/NaN = unlabelled)
     split/<scheme>/{train,valid,test}.csv.gz   one node id a line
 
-(``ogbn-papers100M`` comes as ``raw/data.npz`` + ``raw/node-label.npz`` instead: loaded in
-memory by :func:`load_ogb_raw`; :func:`convert_ogb_raw` reads the CSV layout only.)
+(``ogbn-papers100M`` comes as ``raw/data.npz`` (arrays ``edge_index``, ``node_feat``,
+``num_nodes_list``, ``num_edges_list``) + ``raw/node-label.npz`` instead: both functions
+read that too.)
 
 Direction follows ogb's own table (``ogb/nodeproppred/master.csv``, looked up by the
 folder's name, ``ogbn_products`` -> ``ogbn-products``): where it says
@@ -235,44 +236,60 @@ def _count(path: Path) -> int:
 
     with _reading(path):
         values = pd.read_csv(path, compression="gzip", header=None).values.reshape(-1)
+    return _one_graph(values, path)
+
+
+def _one_graph(values: np.ndarray, where: Path) -> int:
     if values.size != 1:
-        raise DataError(f"{path}: {values.size} graphs; a node-property dataset has one")
-    return int(values[0])
+        raise DataError(f"{where}: {values.size} graphs; a node-property dataset has one")
+    return int(values.reshape(-1)[0])
 
 
-def convert_ogb_raw(src: str | Path, out: str | Path, *, chunk_rows: int = 1 << 17, undirected: bool | None = None,
-                    split: str | None = None, x_dtype: str = "float32") -> Path:
-    """Convert an OGB raw folder (CSV layout) into a graph folder at ``out``; returns ``out``.
+class _NpzMember:
+    """One ``.npy`` member of an ``.npz`` archive, read front to back in blocks (the zip
+    stream decompresses as it goes: memory is one block)."""
 
-    Reads each CSV with ``pandas.read_csv(chunksize=chunk_rows)`` and writes the block into
-    :class:`~commgnn.data.ondisk.GraphFolderWriter`'s memory maps, so memory is
-    ``O(chunk_rows * F)`` (pandas parses features as float64 then casts, as ogb does) plus
-    one split's ids at a time (``O(split size)``). Sizes come from ``num-node-list`` and
-    ``num-edge-list``; where the dataset is undirected (module docstring) each edge is
-    written followed by its reverse, so ``E`` doubles and ``meta.json`` says
-    ``directed = false``; the edge order is then exactly :func:`load_ogb_raw`'s. Rows are
-    checked as they stream (counts, node ids in range, finite features, labels below the
-    class count), each error one line naming the CSV file and line; a failed conversion
-    leaves nothing under ``out``. ``meta.json`` also records ``name`` (ogb's),
-    ``source = "ogb"`` and ``split_scheme``."""
-    if chunk_rows < 1:
-        raise ValueError(f"chunk_rows must be positive, got {chunk_rows}")
-    info = ogb_raw_info(src, undirected=undirected, split=split)
-    if info.binary:
-        raise DataError(f"{info.path / 'raw' / 'data.npz'}: the binary layout is not converted (only CSV); "
-                        f"load it in memory with load_ogb_raw")
-    raw = info.path / "raw"
-    n, e_raw = _count(raw / "num-node-list.csv.gz"), _count(raw / "num-edge-list.csv.gz")
-    feat_path = raw / "node-feat.csv.gz"
-    first = next(_csv_chunks(feat_path, 1, np.float64), (0, np.empty((0, 0))))[1]
-    if first.shape[0] == 0:
-        raise DataError(f"{feat_path}: empty")
-    f = int(first.shape[1])
-    mult = 2 if info.undirected else 1
-    with GraphFolderWriter(out, num_nodes=n, num_edges=mult * e_raw, num_features=f,
-                           num_classes=info.num_classes or 1, directed=not info.undirected, x_dtype=x_dtype,
-                           extra_meta={"name": info.name, "source": "ogb", "split_scheme": info.split_dir.name}) as w:
-        ep = raw / "edge.csv.gz"
+    def __init__(self, archive: Path, name: str) -> None:
+        import zipfile
+
+        self.where = f"{archive} ({name})"
+        with _reading(archive):
+            self.zf = zipfile.ZipFile(archive)
+            if f"{name}.npy" not in self.zf.namelist():
+                raise DataError(f"{archive}: no array {name!r} (holds {', '.join(self.zf.namelist())})")
+            self.f = self.zf.open(f"{name}.npy")
+            version = np.lib.format.read_magic(self.f)
+            read_header = np.lib.format.read_array_header_1_0 if version == (1, 0) \
+                else np.lib.format.read_array_header_2_0
+            self.shape, self.fortran, self.dtype = read_header(self.f)
+        if self.dtype.hasobject:
+            raise DataError(f"{self.where}: holds Python objects; only plain arrays are read")
+
+    def read(self, count: int) -> np.ndarray:
+        with _reading(Path(self.where)):
+            buf = self.f.read(count * self.dtype.itemsize)
+        if len(buf) != count * self.dtype.itemsize:
+            raise DataError(f"{self.where}: truncated")
+        return np.frombuffer(buf, dtype=self.dtype)
+
+    def rows(self, chunk_rows: int) -> Iterator[tuple[int, np.ndarray]]:
+        """``(first_row, block)`` of a 1-D or C-order 2-D array."""
+        if self.fortran and len(self.shape) == 2 and self.shape[1] > 1:
+            raise DataError(f"{self.where}: Fortran-ordered; only C order is streamed")
+        n, width = self.shape[0], int(np.prod(self.shape[1:], dtype=np.int64))
+        for s in range(0, n, chunk_rows):
+            t = min(s + chunk_rows, n)
+            yield s, self.read((t - s) * width).reshape((t - s, *self.shape[1:]))
+
+    def close(self) -> None:
+        self.f.close()
+        self.zf.close()
+
+
+def _edge_rows(info: OgbRaw, n: int, e_raw: int, chunk_rows: int) -> Iterator[tuple[int, int, np.ndarray]]:
+    """``(row, first_edge, ids)``: blocks of sources (row 0) and targets (row 1), ids checked."""
+    if not info.binary:
+        ep = info.path / "raw" / "edge.csv.gz"
         seen = 0
         for s, block in _csv_chunks(ep, chunk_rows, np.int64):
             t = s + block.shape[0]
@@ -285,40 +302,135 @@ def convert_ogb_raw(src: str | Path, out: str | Path, *, chunk_rows: int = 1 << 
                 i = int(np.argmax(wrong))
                 raise DataError(f"{ep}: node id out of range [0, {n}) at line {s + i + 1} "
                                 f"({int(block[i, 0])},{int(block[i, 1])})")
-            if info.undirected:
-                w.edge_index[:, 2 * s:2 * t:2] = block.T
-                w.edge_index[:, 2 * s + 1:2 * t:2] = block.T[::-1]
-            else:
-                w.edge_index[:, s:t] = block.T
+            yield 0, s, block[:, 0]
+            yield 1, s, block[:, 1]
             seen = t
         if seen != e_raw:
             raise DataError(f"{ep}: {seen} lines but num-edge-list.csv.gz says {e_raw}")
-        seen = 0
-        for s, block in _csv_chunks(feat_path, chunk_rows, np.float64):
+        return
+    m = _NpzMember(info.path / "raw" / "data.npz", "edge_index")
+    try:
+        if m.shape != (2, e_raw) or m.dtype.kind not in "iu":
+            raise DataError(f"{m.where}: shape {list(m.shape)} dtype {m.dtype}, expected [2, {e_raw}] integers")
+        pairs = m.fortran  # Fortran order stores (src, dst) pairs
+        for row in ((0,) if pairs else (0, 1)):
+            for s in range(0, e_raw, chunk_rows):
+                t = min(s + chunk_rows, e_raw)
+                ids = m.read((t - s) * (2 if pairs else 1)).astype(np.int64)
+                wrong = (ids < 0) | (ids >= n)
+                if wrong.any():
+                    i = int(np.argmax(wrong))
+                    edge = s + (i // 2 if pairs else i)
+                    raise DataError(f"{m.where}: node id {int(ids[i])} out of range [0, {n}) at edge {edge}")
+                if pairs:
+                    yield 0, s, ids[0::2]
+                    yield 1, s, ids[1::2]
+                else:
+                    yield row, s, ids
+    finally:
+        m.close()
+
+
+def _node_rows(info: OgbRaw, what: str, chunk_rows: int) -> Iterator[tuple[int, np.ndarray, Path]]:
+    """``(first_node, block, file)`` of the features (``what = "feat"``) or labels."""
+    raw = info.path / "raw"
+    if not info.binary:
+        path = raw / f"node-{what}.csv.gz"
+        for s, block in _csv_chunks(path, chunk_rows, np.float64):  # as ogb: parsed as float64
+            yield s, block, path
+        return
+    archive, name = (raw / "data.npz", "node_feat") if what == "feat" else (raw / "node-label.npz", "node_label")
+    m = _NpzMember(archive, name)
+    try:
+        for s, block in m.rows(chunk_rows):
+            yield s, block, archive
+    finally:
+        m.close()
+
+
+def _sizes(info: OgbRaw) -> tuple[int, int, int, str]:
+    """``N``, ``E`` as stored, ``F`` and the features' dtype in the graph folder."""
+    raw = info.path / "raw"
+    if info.binary:
+        counts = {}
+        for key in ("num_nodes_list", "num_edges_list"):
+            m = _NpzMember(raw / "data.npz", key)
+            try:
+                counts[key] = _one_graph(m.read(int(np.prod(m.shape, dtype=np.int64))), raw / "data.npz")
+            finally:
+                m.close()
+        m = _NpzMember(raw / "data.npz", "node_feat")
+        m.close()
+        if len(m.shape) != 2:
+            raise DataError(f"{m.where}: shape {list(m.shape)}, expected [N, F]")
+        return counts["num_nodes_list"], counts["num_edges_list"], int(m.shape[1]), \
+            "float16" if m.dtype == np.float16 else "float32"
+    first = next(_csv_chunks(raw / "node-feat.csv.gz", 1, np.float64), (0, np.empty((0, 0))))[1]
+    if first.shape[0] == 0:
+        raise DataError(f"{raw / 'node-feat.csv.gz'}: empty")
+    return _count(raw / "num-node-list.csv.gz"), _count(raw / "num-edge-list.csv.gz"), int(first.shape[1]), "float32"
+
+
+def convert_ogb_raw(src: str | Path, out: str | Path, *, chunk_rows: int = 1 << 17, undirected: bool | None = None,
+                    split: str | None = None, x_dtype: str | None = None) -> Path:
+    """Convert an OGB raw folder into a graph folder at ``out``, block by block; returns ``out``.
+
+    CSV files are read with ``pandas.read_csv(chunksize=chunk_rows)`` (features parsed as
+    float64 then cast, as ogb does); the binary layout (``raw/data.npz``,
+    ``raw/node-label.npz``: papers100M) is read member by member from the zip stream
+    (:class:`_NpzMember`). Each block goes straight into
+    :class:`~commgnn.data.ondisk.GraphFolderWriter`'s memory maps, so memory is
+    ``O(chunk_rows * F)`` plus one split's ids at a time (``O(split size)``); no array of
+    size ``E`` or ``N x F`` is held. Sizes come from ``num-node-list`` / ``num-edge-list``;
+    where the dataset is undirected (module docstring) each edge is written followed by its
+    reverse, so ``E`` doubles and ``meta.json`` says ``directed = false``: the edge order
+    is exactly :func:`load_ogb_raw`'s. ``x_dtype`` None: float16 for float16 sources,
+    else float32. Rows are checked as they stream (counts, node ids in range, finite
+    features, labels below the class count), each error one line naming the file and the
+    line or edge; the split files' duplicates and overlaps are found when the folder is
+    loaded (:func:`~commgnn.data.ondisk_check.check_graph_folder`). A failed conversion
+    leaves nothing under ``out``. ``meta.json`` also records ``name`` (ogb's),
+    ``source = "ogb"`` and ``split_scheme``."""
+    if chunk_rows < 1:
+        raise ValueError(f"chunk_rows must be positive, got {chunk_rows}")
+    info = ogb_raw_info(src, undirected=undirected, split=split)
+    n, e_raw, f, src_x_dtype = _sizes(info)
+    with GraphFolderWriter(out, num_nodes=n, num_edges=(2 if info.undirected else 1) * e_raw, num_features=f,
+                           num_classes=info.num_classes or 1, directed=not info.undirected,
+                           x_dtype=x_dtype or src_x_dtype,
+                           extra_meta={"name": info.name, "source": "ogb", "split_scheme": info.split_dir.name}) as w:
+        for row, s, ids in _edge_rows(info, n, e_raw, chunk_rows):
+            t = s + ids.shape[0]
+            if info.undirected:  # edge i goes to 2i, its reverse to 2i + 1 (ogb's add_inverse_edge)
+                w.edge_index[row, 2 * s:2 * t:2] = ids
+                w.edge_index[1 - row, 2 * s + 1:2 * t:2] = ids
+            else:
+                w.edge_index[row, s:t] = ids
+        seen, where = 0, info.path / "raw"
+        for s, block, where in _node_rows(info, "feat", chunk_rows):
             t = s + block.shape[0]
-            if block.shape[1] != f or t > n:
-                raise DataError(f"{feat_path}: lines {s + 1}..{t} do not fit [{n}, {f}] (N from num-node-list.csv.gz)")
+            if block.ndim != 2 or block.shape[1] != f or t > n:
+                raise DataError(f"{where}: rows {s + 1}..{t} do not fit [{n}, {f}] (N from num-node-list)")
             bad = ~np.isfinite(block)
             if bad.any():
-                i = int(np.argmax(bad.any(axis=1)))
-                raise DataError(f"{feat_path}: NaN/inf feature at line {s + i + 1}")
-            w.x[s:t] = block.astype(np.float32)
+                raise DataError(f"{where}: NaN/inf feature at row {s + int(np.argmax(bad.any(axis=1))) + 1}")
+            w.x[s:t] = block
             seen = t
         if seen != n:
-            raise DataError(f"{feat_path}: {seen} lines but num-node-list.csv.gz says {n} nodes")
-        lp, seen, top = raw / "node-label.csv.gz", 0, -1
-        for s, block in _csv_chunks(lp, chunk_rows, np.float64):
-            y = _labels(block, lp)
+            raise DataError(f"{where}: {seen} rows but num-node-list says {n} nodes")
+        seen, top, where = 0, -1, info.path / "raw"
+        for s, block, where in _node_rows(info, "label", chunk_rows):
+            y = _labels(block, where)
             t = s + y.shape[0]
             if t > n:
-                raise DataError(f"{lp}: more than the {n} lines num-node-list.csv.gz says")
+                raise DataError(f"{where}: more than the {n} rows num-node-list says")
             if info.num_classes is not None and (y >= info.num_classes).any():
                 i = int(np.argmax(y >= info.num_classes))
-                raise DataError(f"{lp}: label {int(y[i])} outside [0, {info.num_classes}) at line {s + i + 1}")
+                raise DataError(f"{where}: label {int(y[i])} outside [0, {info.num_classes}) at row {s + i + 1}")
             w.y[s:t] = y
             top, seen = max(top, int(y.max(initial=-1))), t
         if seen != n:
-            raise DataError(f"{lp}: {seen} lines but num-node-list.csv.gz says {n} nodes")
+            raise DataError(f"{where}: {seen} rows but num-node-list says {n} nodes")
         if info.num_classes is None:
             w.meta["num_classes"] = max(top + 1, 1)
         for name in SPLITS:
