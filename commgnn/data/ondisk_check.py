@@ -51,7 +51,7 @@ _UNLABELLED = np.uint8(8)
 """Flag in the per-node byte: y < 0 (bits 0-2 say which split holds the node)."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class FolderCheck:
     """What :func:`check_graph_folder` found in a valid graph folder."""
 
