@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
@@ -70,14 +71,38 @@ class OgbRaw:
     """``raw/data.npz`` (papers100M) rather than CSV files."""
 
 
-def _ogb_table() -> Any:
+def _import_ogb() -> Any:
+    """``import ogb`` without its version check: on import, ogb starts a (non-daemon) thread
+    that asks PyPI for a newer release with no timeout, which would reach the network and
+    could hold the process open. Hiding the ``outdated`` package for the import makes ogb
+    skip it (``ogb/version.py`` catches the ImportError)."""
     try:
-        import pandas as pd
-        import ogb.nodeproppred
-    except ImportError as exc:
-        raise DataError(f"reading OGB's raw layout needs the ogb package ({exc.name} is missing): "
-                        f"pip install 'commgnn[datasets]'") from None
-    return pd.read_csv(Path(ogb.nodeproppred.__file__).parent / "master.csv", index_col=0, keep_default_na=False)
+        import pandas  # noqa: F401  (ogb's readers need it)
+    except ImportError:
+        raise DataError("reading OGB's raw layout needs pandas: pip install 'commgnn[datasets]'") from None
+    if "ogb" not in sys.modules:
+        missing = object()
+        saved = sys.modules.get("outdated", missing)
+        sys.modules["outdated"] = None  # type: ignore[assignment]
+        try:
+            import ogb  # noqa: F401
+        except ImportError:
+            raise DataError("reading OGB's raw layout needs the ogb package: pip install 'commgnn[datasets]'") from None
+        finally:
+            if saved is missing:
+                del sys.modules["outdated"]
+            else:
+                sys.modules["outdated"] = saved
+    return sys.modules["ogb"]
+
+
+def _ogb_table() -> Any:
+    """ogb's table of node-property datasets (``ogb/nodeproppred/master.csv``), by name."""
+    import pandas as pd
+
+    ogb = _import_ogb()
+    return pd.read_csv(Path(ogb.__file__).parent / "nodeproppred" / "master.csv", index_col=0,
+                       keep_default_na=False)
 
 
 def ogb_raw_info(path: str | Path, *, undirected: bool | None = None, split: str | None = None) -> OgbRaw:

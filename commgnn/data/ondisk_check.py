@@ -33,7 +33,7 @@ import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, Iterator
 
 import numpy as np
 
@@ -108,9 +108,10 @@ class _RawReader:
         return self.hash.hexdigest()
 
 
-def _spans(total: int, step: int) -> list[tuple[int, int, int]]:
+def _spans(total: int, step: int) -> Iterator[tuple[int, int, int]]:
     """``(k, start, stop)`` of the consecutive blocks of ``step`` in ``range(total)``."""
-    return [(k, s, min(s + step, total)) for k, s in enumerate(range(0, total, step))]
+    for k, s in enumerate(range(0, total, step)):
+        yield k, s, min(s + step, total)
 
 
 def _check_edges(r: _RawReader, n: int, e: int, chunk: int) -> None:
@@ -194,7 +195,7 @@ def _check_split(r: _RawReader, name: str, bit: int, n: int, chunk: int, flags: 
             i = int(np.argmax(other))
             first = next(SPLITS[b] for b in range(3) if int(seen[i]) & (1 << b))
             raise DataError(f"{r.path}: node id {int(ids[i])} is also in split/{first}.npy {where}; "
-                            f"position {s + i}): the splits must not overlap")
+                            f"position {s + i}): the splits must not overlap (or set data.allow_mask_overlap = true)")
         unl = (seen & _UNLABELLED) != 0
         if unl.any():
             i = int(np.argmax(unl))
