@@ -329,7 +329,12 @@ def test_ogb_raw_errors_are_one_line_and_leave_nothing(tmp_path):
     _csv(src / "raw/edge.csv.gz", edges, "%d")
     with pytest.raises(DataError) as err:
         convert_ogb_raw(src, tmp_path / "g", chunk_rows=16, undirected=False)
-    assert str(err.value) == f"{src / 'raw/edge.csv.gz'}: node id out of range [0, 300) at line 51 ({edges[50, 0]},300)"
+    expected = f"{src / 'raw/edge.csv.gz'}: node id out of range [0, 300) at line 51 ({edges[50, 0]},300)"
+    assert str(err.value) == expected
+    for undirected in (False, True):  # the same line named when loading in memory
+        with pytest.raises(DataError) as err:
+            load_ogb_raw(src, undirected=undirected)
+        assert str(err.value) == expected
     assert sorted(p.name for p in tmp_path.iterdir()) == ["mygraph"]
     (src / "raw/node-label.csv.gz").unlink()
     with pytest.raises(DataError, match="node-label.csv.gz: missing$"):

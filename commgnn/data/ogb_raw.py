@@ -206,6 +206,13 @@ def load_ogb_raw(path: str | Path, *, undirected: bool | None = None, split: str
     feat = graph["node_feat"]
     if feat is None:
         raise DataError(f"{raw}: no node features (node-feat.csv.gz); a graph needs x")
+    wrong = ((edge_index < 0) | (edge_index >= n)).any(axis=0)
+    if wrong.any():
+        i = int(np.argmax(wrong))
+        row = i // 2 if info.undirected else i  # the stored edge (ogb's inverse edges interleaved)
+        where = f"{raw / 'data.npz'} (edge_index): node id out of range [0, {n}) at edge {row}" if info.binary \
+            else f"{raw / 'edge.csv.gz'}: node id out of range [0, {n}) at line {row + 1}"
+        raise DataError(f"{where} ({int(edge_index[0, i])},{int(edge_index[1, i])})")
     y = _labels(labels, raw / ("node-label.npz" if info.binary else "node-label.csv.gz"))
     for what, arr in (("node-feat", feat), ("node-label", y)):
         if arr.shape[0] != n:

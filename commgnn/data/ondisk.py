@@ -299,6 +299,6 @@ def write_graph_folder(data: Data, out: str | Path, *, directed: bool | None = N
         for split, key in zip(SPLITS, MASK_NAMES):
             mask = data.get(key)
             if mask is not None:
-                w.set_split(split, mask.reshape(-1).nonzero().view(-1).numpy())
+                w.set_split(split, mask.detach().cpu().reshape(-1).nonzero().view(-1).numpy())
         return w.commit()
 
