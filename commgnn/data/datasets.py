@@ -1,4 +1,5 @@
-"""Loading graphs: the synthetic CSBM, user ``.pt`` files and registered real datasets.
+"""Loading graphs: the synthetic CSBM, user ``.pt`` files, graph folders (and OGB's raw
+folders) and registered real datasets.
 
 Registered datasets (name, PyG class, folder under the data root; names match
 case-insensitively, ignoring ``-``, ``_`` and spaces; aliases in brackets):
@@ -33,6 +34,7 @@ Normalisation of what PyG returns, applied to every dataset:
 from __future__ import annotations
 
 import importlib.util
+import os
 import re
 import warnings
 import os.path as osp
@@ -50,6 +52,8 @@ from torch_geometric.utils import remove_self_loops
 from commgnn.config import one_line_errors
 from commgnn.data.staging import ensure_copy, locked, root_key
 from commgnn.data.config import DataConfig
+from commgnn.data.ogb_raw import is_ogb_raw_folder, load_ogb_raw
+from commgnn.data.ondisk_check import load_graph_folder
 from commgnn.data.stratified_split import stratified_split
 from commgnn.data.synthetic import make_csbm
 from commgnn.data.validate import MASK_NAMES, mask_as_bool, unusual_tensor, validate_graph
@@ -151,7 +155,7 @@ def resolve_dataset(name: str) -> DatasetSpec:
     canonical = _LOOKUP.get(_norm(name))
     if canonical is None:
         raise ConfigError(f"unknown dataset '{name}' (choose from: synthetic, "
-                          f"{', '.join(dataset_names())}; or give a path to a .pt graph file)")
+                          f"{', '.join(dataset_names())}; or give a path to a .pt graph file or a graph folder)")
     return DATASETS.get(canonical)
 
 
@@ -176,6 +180,8 @@ def load_dataset(cfg: DataConfig, graph: Any = None) -> Data:
     * ``"synthetic"``: :func:`make_csbm` of ``cfg.synthetic``, split with the config's
       ratios and ``split_seed``.
     * a path ending in ``.pt``: a user graph (see :func:`load_graph_file`).
+    * a folder path (:func:`is_folder_path`): a graph folder or OGB's raw folder, see
+      :func:`load_folder`.
     * a registered name: with ``cfg.root``, the dataset's folder under the root is copied
       into ``<cache_dir>/datasets/<root hash>/<name>/`` and loaded from there, never
       downloading; without a root, PyG downloads it into
@@ -195,6 +201,8 @@ def load_dataset(cfg: DataConfig, graph: Any = None) -> Data:
         data.name = "synthetic"
     elif cfg.dataset.endswith(".pt"):
         data = load_graph_file(Path(cfg.dataset).expanduser(), cfg)
+    elif is_folder_path(cfg.dataset):
+        data = load_folder(Path(cfg.dataset).expanduser(), cfg)
     else:
         data = _load_registered(resolve_dataset(cfg.dataset), cfg)
     notes = validate_graph(data, max_classes=cfg.max_classes,
@@ -205,6 +213,41 @@ def load_dataset(cfg: DataConfig, graph: Any = None) -> Data:
     data.edge_index, _ = remove_self_loops(data.edge_index)
     if cfg.normalize_features:
         data = NormalizeFeatures()(data)
+    return data
+
+
+def is_folder_path(dataset: str) -> bool:
+    """Whether ``data.dataset`` names a folder rather than a registered dataset: any string
+    that reads as a path (holds a ``/`` or starts with ``.`` or ``~``; registered names
+    never do), existing or not, so that a missing folder is reported as such; or a name
+    that is not registered but is a folder holding ``meta.json`` (a graph folder) or
+    OGB's raw files. A registered name wins over a folder of that name."""
+    if "/" in dataset or os.sep in dataset or dataset.startswith((".", "~")):
+        return True
+    if _norm(dataset) in _LOOKUP:
+        return False
+    p = Path(dataset)
+    return p.is_dir() and ((p / "meta.json").is_file() or is_ogb_raw_folder(p))
+
+
+@one_line_errors
+def load_folder(path: Path, cfg: DataConfig) -> Data:
+    """A graph folder (:func:`~commgnn.data.ondisk.load_graph_folder`, contents checked in
+    one streamed pass first) or OGB's raw folder of a node-property dataset
+    (:func:`~commgnn.data.ogb_raw.load_ogb_raw`), read into memory. A folder whose three
+    splits are all empty gets a stratified split with the config's ratios, as a ``.pt``
+    file without masks does. A missing or malformed folder is a one-line
+    :class:`DataError` naming the file."""
+    if not path.is_dir():
+        raise DataError(f"{path}: not a folder (a graph folder holds meta.json and edge_index.npy; "
+                        f"OGB's holds raw/ and split/)")
+    if not (path / "meta.json").is_file() and is_ogb_raw_folder(path):
+        data = load_ogb_raw(path)
+    else:
+        data = load_graph_folder(path, allow_overlap=cfg.allow_mask_overlap)
+    if not any(bool(data[k].any()) for k in MASK_NAMES):
+        data.train_mask, data.val_mask, data.test_mask = stratified_split(
+            data.y, cfg.train_ratio, cfg.val_ratio, cfg.split_seed)
     return data
 
 

@@ -22,6 +22,10 @@ read-only memory map (``np.load(mmap_mode="r")``), so opening a 30 GB folder cos
 headers only. :class:`GraphFolderWriter` fills the arrays chunk by chunk into a hidden
 sibling folder and renames it into place on :meth:`~GraphFolderWriter.commit`, so a
 stopped writer never leaves a folder that looks complete.
+
+:func:`write_graph_folder` writes an in-memory PyG ``Data`` as a graph folder;
+:mod:`commgnn.data.ondisk_check` validates a folder's contents in one streamed pass, hashes
+its files, and reads a folder back into memory (``load_graph_folder``).
 """
 
 from __future__ import annotations
@@ -35,7 +39,10 @@ from pathlib import Path
 from typing import Any, Iterator
 
 import numpy as np
+import torch
+from torch_geometric.data import Data
 
+from commgnn.data.validate import MASK_NAMES
 from commgnn.errors import DataError
 
 FORMAT = "commgnn-graph"
@@ -254,3 +261,44 @@ class GraphFolderWriter:
     def __exit__(self, exc_type: Any, *_: Any) -> None:
         if exc_type is not None:
             self.abort()
+
+
+def write_graph_folder(data: Data, out: str | Path, *, directed: bool | None = None,
+                       chunk: int = 1 << 22) -> Path:
+    """Write an in-memory graph as a graph folder at ``out``, atomically; returns ``out``.
+
+    ``x`` is stored as float16 if it is float16, else float32; ``edge_index`` as int32
+    where the ids fit, as stored (order and duplicates kept); ``y`` as int64 (negative =
+    unlabelled); each mask of ``train_mask`` / ``val_mask`` / ``test_mask`` as the sorted
+    ids of its True entries (``split/train.npy``, ``valid``, ``test``; empty where the
+    graph has no mask). ``num_classes`` is ``data.num_classes_total`` where set, else the
+    largest label + 1. ``directed`` None: false exactly when every edge's reverse is
+    stored too (:func:`torch_geometric.utils.is_undirected`). Arrays are copied in blocks
+    of ``chunk`` rows (no second full copy of the graph). Nothing appears under ``out``
+    unless the whole folder was written (:class:`GraphFolderWriter`)."""
+    from torch_geometric.utils import is_undirected
+
+    x, edge_index, y = data.x, data.edge_index, data.y
+    n = int(data.num_nodes)
+    if x is None or edge_index is None or y is None or x.dim() != 2 or edge_index.dim() != 2 \
+            or edge_index.size(0) != 2 or y.dim() != 1:
+        raise DataError("write_graph_folder needs x [N, F], edge_index [2, E] and y [N]")
+    total = data.get("num_classes_total")
+    labelled = y[y >= 0]
+    c = int(total) if total is not None else (int(labelled.max()) + 1 if labelled.numel() else 1)
+    if directed is None:
+        directed = not is_undirected(edge_index, num_nodes=n)
+    x_dtype = "float16" if x.dtype == torch.float16 else "float32"
+    with GraphFolderWriter(out, num_nodes=n, num_edges=int(edge_index.size(1)), num_features=int(x.size(1)),
+                           num_classes=max(c, 1), directed=bool(directed), x_dtype=x_dtype) as w:
+        for s in range(0, n, chunk):
+            w.x[s:s + chunk] = x[s:s + chunk].detach().cpu().numpy()
+            w.y[s:s + chunk] = y[s:s + chunk].detach().cpu().numpy()
+        for s in range(0, int(edge_index.size(1)), chunk):
+            w.edge_index[:, s:s + chunk] = edge_index[:, s:s + chunk].detach().cpu().numpy()
+        for split, key in zip(SPLITS, MASK_NAMES):
+            mask = data.get(key)
+            if mask is not None:
+                w.set_split(split, mask.detach().cpu().reshape(-1).nonzero().view(-1).numpy())
+        return w.commit()
+
