@@ -75,8 +75,10 @@ class DataConfig:
 
     dataset: str = "synthetic"
     """``"synthetic"`` (a CSBM built from ``synthetic``), a registered dataset name
-    (case-insensitive, e.g. ``"cora"``; see :func:`commgnn.data.dataset_names`), or the
-    path of a user graph file ending in ``.pt``."""
+    (case-insensitive, e.g. ``"cora"``; see :func:`commgnn.data.dataset_names`), the
+    path of a user graph file ending in ``.pt``, or the path of a folder: a graph folder of
+    ``.npy`` files (:mod:`commgnn.data.ondisk`) or the raw folder OGB downloads for a
+    node-property dataset (:mod:`commgnn.data.ogb_raw`)."""
     root: str | None = None
     """Folder holding the staged datasets, laid out like ``shared/datasets`` (one folder
     per dataset or dataset group). It is only read: each dataset is copied into

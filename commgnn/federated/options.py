@@ -20,7 +20,8 @@ def _root() -> type:
 
 
 FEDERATE_OPTIONS = OptionSet("federate", _root, (
-    opt("data.dataset", "--dataset", "'synthetic', a dataset name (see `commgnn datasets`) or a .pt graph"),
+    opt("data.dataset", "--dataset", "'synthetic', a dataset name (see `commgnn datasets`), a .pt graph, a graph folder "
+        "of .npy files or an OGB raw folder"),
     opt("data.root", "--data-root", "folder with staged datasets (default: $COMMGNN_DATA_ROOT, else PyG downloads)"),
     opt("split.clients", "--clients", "number of clients K (>= 2)"),
     opt("split.method", "--split", "louvain | metis | dirichlet | file (how nodes are given to clients)"),

@@ -186,7 +186,8 @@ def _fetch_bits(text: str) -> Any:
 
 
 DATA_OPTIONS = (
-    opt("data.dataset", "--dataset", "'synthetic', a dataset name (see `commgnn datasets`) or a .pt graph"),
+    opt("data.dataset", "--dataset", "'synthetic', a dataset name (see `commgnn datasets`), a .pt graph, a graph folder "
+        "of .npy files or an OGB raw folder"),
     opt("data.root", "--data-root", "folder with staged datasets (default: $COMMGNN_DATA_ROOT, else PyG downloads)"),
     opt("data.normalize_features", "--normalize-features", "scale each feature row to sum 1 (PyG's NormalizeFeatures)",
         const=True),

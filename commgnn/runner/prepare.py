@@ -14,6 +14,8 @@ from typing import Any
 import torch
 
 from commgnn.config import to_dict
+from commgnn.data.datasets import is_folder_path
+from commgnn.data.ondisk_check import folder_identity
 from commgnn.errors import PartitionError, UserError
 from commgnn.partition import assign_parts, load_meta, load_partition, partition_report
 from commgnn.partition.placement import place_partitions
@@ -39,8 +41,8 @@ def recorded_graph(cfg: RunConfig, graph: Any) -> tuple[str, dict[str, Any]] | N
 def data_table(cfg: RunConfig) -> Any:
     """What identifies the run's graph in a partition directory's ``meta.json``: the
     ``[data]`` table as JSON reads it back, less the folders it is read and cached from
-    (the same named dataset wherever it lies), and for a user's ``.pt`` file its resolved
-    path, size and modification time (a file rewritten in place is another graph)."""
+    (the same named dataset wherever it lies), and for a user's ``.pt`` file (or graph folder) its resolved
+    path, size and modification time (of each file: a file rewritten in place is another graph)."""
     table = json.loads(json.dumps(to_dict(cfg.data)))
     for key in ("root", "cache_dir"):
         table.pop(key, None)
@@ -51,6 +53,8 @@ def data_table(cfg: RunConfig) -> Any:
             table["file"] = {"path": str(path), "size": st.st_size, "mtime_ns": st.st_mtime_ns}
         except OSError:
             table["file"] = {"path": str(path), "missing": True}
+    elif is_folder_path(cfg.data.dataset):  # each file's size and mtime: a rewritten folder is another graph
+        table["folder"] = folder_identity(Path(cfg.data.dataset).expanduser())
     return table
 
 

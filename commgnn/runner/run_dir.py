@@ -19,6 +19,7 @@ import torch
 from torch import nn
 
 from commgnn.config import dump_toml, to_dict
+from commgnn.data.datasets import is_folder_path
 from commgnn.errors import UserError
 from commgnn.partition import build_local_partitions, save_partitions
 from commgnn.report import (commit_out_dir, git_commit, host_info, library_versions, prepare_out_dir,
@@ -65,10 +66,14 @@ def time_stamp() -> str:
 def graph_label(cfg: Any, graph: Any = None) -> str:
     """The graph's name in a default run folder name: ``python`` for a graph given in Python
     (``graph``, or ``cfg.data.dataset`` recording one), a ``.pt`` file's stem, else the
-    dataset's name. ``cfg`` is any config with a ``data`` section."""
+    dataset's name (a folder's own name). ``cfg`` is any config with a ``data`` section."""
     if graph is not None or cfg.data.dataset.startswith(GIVEN_PREFIX):
         return "python"
-    return Path(cfg.data.dataset).stem if cfg.data.dataset.endswith(".pt") else cfg.data.dataset
+    if cfg.data.dataset.endswith(".pt"):
+        return Path(cfg.data.dataset).stem
+    if is_folder_path(cfg.data.dataset):  # a graph folder or OGB raw folder: its own name
+        return Path(cfg.data.dataset).expanduser().resolve().name or "folder"
+    return cfg.data.dataset
 
 
 def describe_graph(cfg: RunConfig, data: Any, fp: str) -> dict[str, Any]:
