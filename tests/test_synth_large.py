@@ -158,3 +158,11 @@ def test_config_errors_name_the_key(field: str, value: object, needle: str) -> N
         BigSynthConfig(**{**SMALL, field: value})
     assert "\n" not in str(info.value)
     SyntheticConfig()  # the CSBM's config is untouched
+
+
+def test_two_level_search_gives_the_same_graph(tmp_path: Path, folder: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # large graphs search their cumulative weights in two levels: same positions, same bytes
+    import commgnn.data.synth_large as synth_large
+
+    monkeypatch.setattr(synth_large, "_TWO_LEVEL", 0)
+    assert _digest(generate_graph_folder(BigSynthConfig(**SMALL), tmp_path / "two")) == _digest(folder)

@@ -125,7 +125,7 @@ class BigSynthConfig:
     """Storage dtype of ``x.npy``: ``"float32"`` or ``"float16"``."""
     seed: int = 0
     """Seed; the same config (``chunk`` included) always writes the same bytes."""
-    chunk: int = 1 << 18
+    chunk: int = 1 << 20
     """Undirected edges drawn per block (>= 1; each block has its own seed), and about
     the number of feature values per feature block. Bounds the generator's working memory
     besides its per-node arrays."""
