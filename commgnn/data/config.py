@@ -102,10 +102,13 @@ class BigSynthConfig:
     most 1 and the sets are disjoint (the rest of the nodes are in none)."""
     community_size: int = 1000
     """Mean number of nodes per community (>= 2); sizes are uniform in [0.5, 1.5] times it
-    (at least 2). A community larger than N is the whole graph."""
+    (at least 2), and a community as large as N is the whole graph. Keep it well above the
+    mean degree E / N (the default suits degrees up to ~50): a denser community repeats
+    node pairs more often (multi-edges are kept, see the generator)."""
     communities_per_group: int = 16
-    """Communities per group (>= 1): consecutive communities form a group, which takes the
-    in-community edges of hubs that their own community is too small to hold."""
+    """Communities per group (>= 1): each run of this many consecutive communities forms a
+    group, which takes the in-community stubs of hubs that their own community is too
+    small to hold, so that hub edges stay local too."""
     mixing: float = 0.2
     """Fraction of every node's expected degree whose edges go anywhere in the graph, in
     [0, 1]; the rest stays in the node's community (or, for hubs, its group). Hubs raise
@@ -124,7 +127,8 @@ class BigSynthConfig:
     x_dtype: str = "float32"
     """Storage dtype of ``x.npy``: ``"float32"`` or ``"float16"``."""
     seed: int = 0
-    """Seed; the same config (``chunk`` included) always writes the same bytes."""
+    """Seed; the same config (``chunk`` included) always writes the same bytes (with the
+    same numpy version)."""
     chunk: int = 1 << 20
     """Undirected edges drawn per block (>= 1; each block has its own seed), and about
     the number of feature values per feature block. Bounds the generator's working memory
