@@ -177,3 +177,19 @@ def test_two_level_search_gives_the_same_graph(tmp_path: Path, folder: Path, mon
 
     monkeypatch.setattr(synth_large, "_TWO_LEVEL", 0)
     assert _digest(generate_graph_folder(BigSynthConfig(**SMALL), tmp_path / "two")) == _digest(folder)
+
+
+def test_memory_is_per_node_plus_chunk_not_per_edge(tmp_path: Path) -> None:
+    # numpy reports its buffers to tracemalloc (the memory-mapped outputs are not buffers):
+    # with E / N = 200 and a small chunk, anything of size E would dominate the peak
+    import tracemalloc
+
+    n, e, chunk = 5_000, 1_000_000, 1 << 12
+    cfg = BigSynthConfig(nodes=n, edges=e, features=8, classes=4, chunk=chunk)
+    tracemalloc.start()
+    try:
+        generate_graph_folder(cfg, tmp_path / "m")
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 64 * n + 200 * chunk + (1 << 20) < 4 * e, peak  # an int32 [E] array alone is 4 * E
