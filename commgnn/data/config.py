@@ -69,6 +69,101 @@ class SyntheticConfig:
         _seed_range("data.synthetic.seed", self.seed)
 
 
+def _integer(name: str, value: int, *, low: int) -> None:
+    """Raise a :class:`ConfigError` unless ``value`` is an int (not a bool) >= ``low``."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ConfigError(f"{name} must be an integer, got {value!r:.60}")
+    if value < low:
+        raise ConfigError(f"{name} must be >= {low}, got {value}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class BigSynthConfig:
+    """A large synthetic graph written to disk chunk by chunk, see
+    :func:`commgnn.data.synth_large.generate_graph_folder`: power-law expected degrees
+    (Chung-Lu), edges mostly inside many small communities nested in groups, labels that
+    follow the communities and features that follow the labels."""
+
+    nodes: int
+    """Number of nodes N (>= 2)."""
+    edges: int
+    """Number of directed edges E written (even, > 0): the graph is undirected and each of
+    its E / 2 edges is stored in both directions."""
+    features: int = 100
+    """Feature dimension F (>= 1)."""
+    classes: int = 47
+    """Number of classes C (>= 2, at most 32767 so that labels fit int16)."""
+    train_fraction: float = 0.08
+    """Share of the nodes in ``split/train.npy``, in [0, 1]."""
+    valid_fraction: float = 0.02
+    """Share of the nodes in ``split/valid.npy``, in [0, 1]."""
+    test_fraction: float = 0.10
+    """Share of the nodes in ``split/test.npy``, in [0, 1]; the three fractions sum to at
+    most 1 and the sets are disjoint (the rest of the nodes are in none)."""
+    community_size: int = 1000
+    """Mean number of nodes per community (>= 2); sizes are uniform in [0.5, 1.5] times it
+    (at least 2), and a community as large as N is the whole graph. Keep it well above the
+    mean degree E / N (the default suits degrees up to ~50): a denser community repeats
+    node pairs more often (multi-edges are kept, see the generator)."""
+    communities_per_group: int = 16
+    """Communities per group (>= 1): each run of this many consecutive communities forms a
+    group, which takes the in-community stubs of hubs that their own community is too
+    small to hold, so that hub edges stay local too."""
+    mixing: float = 0.2
+    """Fraction of every node's expected degree whose edges go anywhere in the graph, in
+    [0, 1]; the rest stays in the node's community (or, for hubs, its group). Hubs raise
+    the realised share (recorded as ``stats.global_share`` in meta.json): at the defaults a
+    4-way METIS partition cuts roughly 10-30% of the edges."""
+    degree_exponent: float = 2.3
+    """Power-law exponent of the expected degrees, in (1, 10]: P(w > x) ~ x^(1 - exponent),
+    clipped at min(sqrt(E), N / 10). Real graphs have 2.1-2.5."""
+    label_noise: float = 0.1
+    """Probability that a node's label is redrawn uniformly from the C classes instead of
+    its community's class, in [0, 1]; 0 gives labels that follow communities exactly."""
+    feature_noise: float = 1.0
+    """Per-coordinate std of the Gaussian noise around each class centroid (>= 0); centroid
+    coordinates have std 1/sqrt(F), so centroids are ~sqrt(2) apart: at 1.0 the features
+    alone separate the classes only weakly and the neighbourhood carries much of the signal."""
+    x_dtype: str = "float32"
+    """Storage dtype of ``x.npy``: ``"float32"`` or ``"float16"``."""
+    seed: int = 0
+    """Seed; the same config (``chunk`` included) always writes the same bytes (with the
+    same numpy version)."""
+    chunk: int = 1 << 20
+    """Undirected edges drawn per block (>= 1; each block has its own seed), and about
+    the number of feature values per feature block. Bounds the generator's working memory
+    besides its per-node arrays."""
+
+    def __post_init__(self) -> None:
+        k = "data.big."
+        _integer(k + "nodes", self.nodes, low=2)
+        _integer(k + "edges", self.edges, low=2)
+        if self.edges % 2:
+            raise ConfigError(f"{k}edges must be even (each undirected edge is written in both "
+                              f"directions), got {self.edges}")
+        _integer(k + "features", self.features, low=1)
+        _integer(k + "classes", self.classes, low=2)
+        if self.classes > 32767:
+            raise ConfigError(f"{k}classes must be at most 32767, got {self.classes}")
+        for name in ("train_fraction", "valid_fraction", "test_fraction", "mixing", "label_noise"):
+            fraction(k + name, getattr(self, name))
+        total = self.train_fraction + self.valid_fraction + self.test_fraction
+        if total > 1 + 1e-9:
+            raise ConfigError(f"{k}train_fraction + valid_fraction + test_fraction must be <= 1, "
+                              f"got {total:g}")
+        _integer(k + "community_size", self.community_size, low=2)
+        _integer(k + "communities_per_group", self.communities_per_group, low=1)
+        positive(k + "degree_exponent", self.degree_exponent)
+        if not 1 < self.degree_exponent <= 10:
+            raise ConfigError(f"{k}degree_exponent must lie in (1, 10], got {self.degree_exponent}")
+        positive(k + "feature_noise", self.feature_noise, allow_zero=True)
+        if self.x_dtype not in ("float32", "float16"):
+            raise ConfigError(f"{k}x_dtype must be 'float32' or 'float16', got {self.x_dtype!r}")
+        _integer(k + "seed", self.seed, low=0)
+        _seed_range(k + "seed", self.seed)
+        _integer(k + "chunk", self.chunk, low=1)
+
+
 @dataclass(frozen=True, kw_only=True)
 class DataConfig:
     """Which graph to load (see :func:`commgnn.data.load_dataset`) and how to split it."""
