@@ -25,14 +25,14 @@ from commgnn.cli.common import Parser, add_train_arguments, given
 from commgnn.errors import RankFailure, Terminated, UserError
 
 COMMANDS = {"cluster": "commgnn.cli.cluster", "calibrate": "commgnn.cli.calibrate", "plan": "commgnn.cli.plan",
-            "federate": "commgnn.cli.federate"}
+            "federate": "commgnn.cli.federate", "datasets": "commgnn.cli.datasets"}
 """Commands in modules of their own: each has ``add_parser(sub, help)`` and ``run(ns) -> int``."""
 
 HELP = {"train": "train a GNN partition-parallel (default: synthetic graph)",
         "partition": "partition a graph, print its quality report, save it",
         "bench": "run a grid of configurations and compare them",
         "predict": "class scores of every node from a trained run (exact exchange)",
-        "datasets": "list the dataset names commgnn knows",
+        "datasets": "list the dataset names commgnn knows; make, check or convert graph folders",
         "report": "write one self-contained HTML page for runs and bench grids",
         "cluster": "run `train` on H emulated hosts (network namespaces, shaped links)",
         "calibrate": "ping-pong, all-to-all and all-reduce microbenchmark: the links' alpha-beta model",
@@ -156,13 +156,6 @@ def cmd_report(ns: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_datasets(_: argparse.Namespace) -> int:
-    from commgnn.data import dataset_names
-
-    print("\n".join(["synthetic", *dataset_names()]))
-    return 0
-
-
 def _on_sigterm(signum: int, frame: Any) -> None:
     raise Terminated()
 
@@ -175,7 +168,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if ns.command is None:
         parser.print_help()
         return 2
-    own = {"train": cmd_train, "partition": cmd_partition, "bench": cmd_bench, "datasets": cmd_datasets,
+    own = {"train": cmd_train, "partition": cmd_partition, "bench": cmd_bench,
            "predict": cmd_predict, "report": cmd_report}
     handler = own.get(ns.command) or importlib.import_module(COMMANDS[ns.command]).run
     # SIGTERM ends a run like Ctrl-C: ranks stopped, run directory marked interrupted.

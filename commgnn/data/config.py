@@ -84,9 +84,10 @@ class BigSynthConfig:
     (Chung-Lu), edges mostly inside many small communities nested in groups, labels that
     follow the communities and features that follow the labels."""
 
-    nodes: int
-    """Number of nodes N (>= 2)."""
-    edges: int
+    nodes: int = 100_000
+    """Number of nodes N (>= 2); ogbn-products' shape is 2,449,029 nodes and 123,718,280
+    edges, papers100M's 111,059,956 and 1,615,685,872."""
+    edges: int = 5_000_000
     """Number of directed edges E written (even, > 0): the graph is undirected and each of
     its E / 2 edges is stored in both directions."""
     features: int = 100

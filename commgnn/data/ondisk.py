@@ -240,6 +240,9 @@ class GraphFolderWriter:
             arr.flush()
         del self.edge_index, self.x, self.y
         (self.tmp / "meta.json").write_text(json.dumps(self.meta, indent=1) + "\n")
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(self.tmp, 0o777 & ~umask)  # mkdtemp makes it 0700; the folder is an ordinary one
         old = None
         if self.out.exists():
             old = Path(tempfile.mkdtemp(prefix=f".{self.out.name}.old-", dir=self.out.parent))
