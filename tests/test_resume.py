@@ -117,11 +117,14 @@ def _assert_active(out: Path, levers: list[str]) -> None:
     # local SGD from step 2, the models averaged every 4 steps: the averager's step counter
     ["--grad", "localsgd", "--grad-start", "2"],
     # mini-batch on 2 ranks: sampler stream, the LRU cache of remote rows, VR-GCN's history
-    ["--mode", "minibatch", "--sampler", "vrgcn", "--fanout", "2,2", "--batch-size", "64",
-     "--cache-ratio", "0.3", "--cache-policy", "lru"],
+    # (slow: CI time, about 18 s; test_minibatch's and test_cache's resume tests cover the state)
+    pytest.param(["--mode", "minibatch", "--sampler", "vrgcn", "--fanout", "2,2", "--batch-size", "64",
+                  "--cache-ratio", "0.3", "--cache-policy", "lru"], marks=pytest.mark.slow),
     # gossip on 4 ranks (on 2, every round is an exact average): the exponential graph's
     # peer of each round, and gradient tracking's tracker and last gradient
-    ["--parts", "4", "--gossip", "exponential", "--gossip-method", "tracking"],
+    # (slow: CI time, about 17 s; gossip state round-trips in test_grad_sync)
+    pytest.param(["--parts", "4", "--gossip", "exponential", "--gossip-method", "tracking"],
+                 marks=pytest.mark.slow),
     pytest.param(["--gossip", "ring"], marks=pytest.mark.slow),  # CI time (5 s); gossip state is tested in test_grad_sync
 ], ids=["topk-error-feedback", "4-bit-halo", "pipelined-halo", "adaptive-bits", "maxk-adaptive-bits", "sampled-halo",
         "skip-unchanged", "powersgd", "localsgd", "minibatch-vrgcn-lru-cache", "gossip-tracking-4-ranks", "gossip-dpsgd"])
