@@ -13,6 +13,11 @@ Layout of a directory for P parts::
                   num_nodes_global, num_classes, recv_counts, send_counts) plus its tensors
                   (LocalPartition.tensors()); loadable with weights_only=True.
 
+Version 2 (``"layout": "folders"``, written out of core from a graph folder by
+:mod:`commgnn.partition.folders`) holds one folder of memory-mappable ``.npy`` files per
+rank instead of ``part_{r}.pt``; :func:`load_meta` and :func:`load_partition` read both
+versions, so a caller never needs to know which one a directory is.
+
 A directory is written whole into a hidden temporary sibling and renamed into place, so
 readers never see a half-written one; an existing partition directory is replaced only
 after the new one is complete. Every problem found while loading is a one-line
@@ -42,6 +47,10 @@ from commgnn.partition.report import PartitionReport
 
 FORMAT = "commgnn-partition"
 VERSION = 1
+"""The version :func:`save_partitions` writes (``part_{r}.pt`` files)."""
+VERSIONS = (1, 2)
+"""Versions :func:`load_meta` and :func:`load_partition` read; 2 is one folder of ``.npy``
+files per rank, written out of core (:mod:`commgnn.partition.folders`)."""
 _RERUN = "re-run `commgnn partition`"
 _SCALARS = ("rank", "num_parts", "num_nodes_global", "num_classes")
 _COUNTS = ("recv_counts", "send_counts")
@@ -186,9 +195,13 @@ def load_meta(dir: str | Path) -> dict[str, Any]:
     if not isinstance(meta, dict) or meta.get("format") != FORMAT:
         found = meta.get("format") if isinstance(meta, dict) else type(meta).__name__
         raise PartitionError(f"{meta_path} is not a commgnn partition (format {found!r}); {_RERUN}")
-    if meta.get("version") != VERSION:
+    if meta.get("version") not in VERSIONS:
         raise PartitionError(f"{meta_path} has format version {meta.get('version')!r}, "
-                             f"this commgnn reads version {VERSION}; {_RERUN}")
+                             f"this commgnn reads versions {', '.join(map(str, VERSIONS))}; {_RERUN}")
+    if meta["version"] == 2 and meta.get("layout") != "folders":
+        raise PartitionError(f"{meta_path} has an unknown layout {meta.get('layout')!r}; {_RERUN}")
+    # version 1: one part_{r}.pt file per rank; version 2: one part_{r}/ folder per rank
+    entry = part_file if meta["version"] == 1 else (lambda r: f"part_{r}")
     P = meta.get("num_parts")
     checks = [
         (isinstance(P, int) and not isinstance(P, bool) and P > 0, "num_parts"),
@@ -196,7 +209,7 @@ def load_meta(dir: str | Path) -> dict[str, Any]:
          "num_nodes"),
         (isinstance(meta.get("graph_fingerprint"), str), "graph_fingerprint"),
         (isinstance(meta.get("files"), dict) and isinstance(P, int)
-         and all(isinstance(meta["files"].get(part_file(r)), str) for r in range(P)), "files"),
+         and all(isinstance(meta["files"].get(entry(r)), str) for r in range(P)), "files"),
     ]
     for ok, key in checks:
         if not ok:
@@ -250,6 +263,9 @@ def load_partition(dir: str | Path, rank: int, *, expected_fingerprint: str | No
                              f"{_short(meta['graph_fingerprint'])} != {_short(expected_fingerprint)}); {_RERUN}")
     if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < P:
         raise PartitionError(f"rank {rank!r} outside [0, {P}) for partition dir {path}")
+    if meta["version"] == 2:  # one memory-mapped folder per rank (commgnn.partition.folders)
+        from commgnn.partition.folders import load_rank
+        return load_rank(path, rank, meta)
     name = part_file(rank)
     try:
         blob = (path / name).read_bytes()
