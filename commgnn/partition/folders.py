@@ -62,8 +62,8 @@ from commgnn.errors import PartitionError
 from commgnn.partition.disk_csr import EDGE_CHUNK, folder_edge_chunks, id_dtype
 from commgnn.partition.local import LocalPartition
 from commgnn.partition.report import PartitionReport, _balance
-from commgnn.partition.store import (FORMAT, _RERUN, _is_partition_dir, _sha256, check_local_partition,
-                                     load_meta)
+from commgnn.partition.store import (FORMAT, _RERUN, VERSION_LOADERS, _is_partition_dir, _sha256,
+                                     check_local_partition, load_meta, load_partition)
 
 VERSION = 2
 LAYOUT = "folders"
@@ -345,7 +345,6 @@ def load_rank_folder(dir: str | Path, rank: int, *, expected_fingerprint: str | 
     graph's ``x.npy`` rows of this rank). Every file's sha256 is checked (streamed)
     before use; arrays stay file-backed memory maps where the contract's dtype allows.
     Raises a one-line :class:`PartitionError` on any problem."""
-    from commgnn.partition.store import load_partition
     meta = load_meta(dir)
     if meta.get("version") != VERSION:
         raise PartitionError(f"{Path(dir) / 'meta.json'} is a version-{meta.get('version')} partition, "
@@ -408,6 +407,9 @@ def load_rank(path: Path, rank: int, meta: dict[str, Any]) -> LocalPartition:
     if problem:
         raise PartitionError(f"{name} in {path} is inconsistent: {problem}; {_RERUN}")
     return lp
+
+
+VERSION_LOADERS[VERSION] = load_rank
 
 
 def _source_rows(src: Any, gids: np.ndarray, path: Path) -> np.ndarray:

@@ -34,7 +34,7 @@ import shutil
 import tempfile
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 from torch import Tensor
@@ -52,6 +52,11 @@ VERSIONS = (1, 2)
 """Versions :func:`load_meta` and :func:`load_partition` read; 2 is one folder of ``.npy``
 files per rank, written out of core (:mod:`commgnn.partition.folders`)."""
 _RERUN = "re-run `commgnn partition`"
+VERSION_LOADERS: dict[int, Callable[[Path, int, dict[str, Any]], LocalPartition]] = {}
+"""Readers of the other versions' rank data, by version, called by :func:`load_partition`
+after ``meta.json`` and the caller's expectations are checked: version 2 registers itself
+when :mod:`commgnn.partition.folders` is imported (with the package), since that module
+builds on this one."""
 _SCALARS = ("rank", "num_parts", "num_nodes_global", "num_classes")
 _COUNTS = ("recv_counts", "send_counts")
 # Must match LocalPartition.tensors(); a test checks that they agree.
@@ -199,7 +204,8 @@ def load_meta(dir: str | Path) -> dict[str, Any]:
         raise PartitionError(f"{meta_path} has format version {meta.get('version')!r}, "
                              f"this commgnn reads versions {', '.join(map(str, VERSIONS))}; {_RERUN}")
     if meta["version"] == 2 and meta.get("layout") != "folders":
-        raise PartitionError(f"{meta_path} has an unknown layout {meta.get('layout')!r}; {_RERUN}")
+        raise PartitionError(f"{meta_path} has format version 2 with an unknown layout {meta.get('layout')!r}; "
+                             f"{_RERUN}")
     # version 1: one part_{r}.pt file per rank; version 2: one part_{r}/ folder per rank
     entry = part_file if meta["version"] == 1 else (lambda r: f"part_{r}")
     P = meta.get("num_parts")
@@ -263,9 +269,8 @@ def load_partition(dir: str | Path, rank: int, *, expected_fingerprint: str | No
                              f"{_short(meta['graph_fingerprint'])} != {_short(expected_fingerprint)}); {_RERUN}")
     if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < P:
         raise PartitionError(f"rank {rank!r} outside [0, {P}) for partition dir {path}")
-    if meta["version"] == 2:  # one memory-mapped folder per rank (commgnn.partition.folders)
-        from commgnn.partition.folders import load_rank
-        return load_rank(path, rank, meta)
+    if meta["version"] in VERSION_LOADERS:  # e.g. 2: one memory-mapped folder per rank
+        return VERSION_LOADERS[meta["version"]](path, rank, meta)
     name = part_file(rank)
     try:
         blob = (path / name).read_bytes()
