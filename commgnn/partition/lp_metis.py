@@ -51,7 +51,7 @@ if TYPE_CHECKING:
 CAP_FACTOR = 32
 """Cluster weight cap = total weight / (P * CAP_FACTOR): clusters small enough for METIS to
 balance the parts to about 1/CAP_FACTOR of a part."""
-ITERATIONS = 5
+ITERATIONS = 3
 """Label propagation rounds per level."""
 COARSE_MAX_NODES = 200_000
 """Coarsen again while the coarse graph has more vertices than this."""
