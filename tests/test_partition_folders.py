@@ -93,7 +93,7 @@ def test_rank_folders_equal_the_in_memory_build(graph: tuple[Path, Data], tmp_pa
     folder = open_graph_folder(path)
     parts = assign_parts(data.edge_index, N, P, PartitionConfig(method="random", seed=3))
     out = write_partition_folders(folder, parts.numpy(), P, tmp_path / "parts", meta={"graph_fingerprint": "fp"},
-                                  chunk=4096)
+                                  chunk=4096, rank_edges=2000)  # several buckets per rank
     refs = build_local_partitions(data, parts, P)
     for r in range(P):
         _assert_same(load_rank_folder(out, r, expected_fingerprint="fp", expected_parts=P), refs[r])

@@ -28,12 +28,15 @@ stored as its CSR). With ``copy_features=False`` there is no ``x.npy``: ``x_sour
 records the graph's ``x.npy`` (absolute path, size, shape, dtype, sha256 computed once
 here) and a rank gathers its rows from it by id.
 
-Writing (:func:`write_partition_folders`) is out of core: one pass over the edge chunks
-buckets every edge by its target's part into per-part scratch files (and counts
-in-degrees); then each rank's bucket is read alone to number its halo, sort its in-CSR
-and copy its feature rows chunk by chunk; a last pass per rank assembles its send plan
-from the other ranks' halo blocks. Peak memory: ``O(N)`` per-node arrays (part, local
-row, in-degree, masks) plus one rank's edges (about ``40 E / P`` bytes) and one chunk.
+Writing (:func:`write_partition_folders`) is out of core: a first pass over the edge
+chunks counts in-degrees; a second buckets every edge by its target into scratch files,
+a bucket being a run of consecutive owned rows of one rank with about
+:data:`RANK_EDGES` in-edges; then, rank by rank, the buckets are read twice: once to
+collect the halo, once to sort each bucket's edges into its slice of the in-CSR (written
+to a memory map); the owned feature rows are copied chunk by chunk; a last pass per rank
+assembles its send plan from the other ranks' halo blocks. Peak memory: ``O(N)`` per-node
+arrays (part, local row, in-degree, masks, bucket), one rank's halo keys, and one bucket
+or chunk of edges (about 40 bytes per edge), whatever the graph's size.
 Each rank folder is written under a temporary name and renamed when complete, inside a
 hidden temporary directory that is renamed into place after the top-level ``meta.json``
 is written last, so a stopped run never leaves a folder that looks complete.
@@ -69,6 +72,11 @@ VERSION = 2
 LAYOUT = "folders"
 ROW_BYTES = 1 << 26
 """Feature bytes copied per step (64 MiB)."""
+RANK_EDGES = 1 << 24
+"""A rank's edges are sorted into its in-CSR in buckets of about this many (plus one node's
+in-degree at most): the writer's peak memory per edge applies to a bucket, not to a rank."""
+MAX_BUCKETS = 256
+"""At most about this many buckets (two scratch files each are open during the edge pass)."""
 _ARRAYS = ("global_ids", "halo_global_ids", "send_index", "indptr", "indices", "in_degree",
            "x", "y", "train_mask", "val_mask", "test_mask")
 _MASKS = {"train_mask": "train", "val_mask": "valid", "test_mask": "test"}
@@ -106,7 +114,7 @@ def _runs(keys: np.ndarray, P: int) -> np.ndarray:
 @one_line_errors
 def write_partition_folders(folder: Any, parts: Any, num_parts: int, out: str | Path, *, meta: dict[str, Any],
                             copy_features: bool = True, chunk: int = EDGE_CHUNK,
-                            workdir: str | Path | None = None) -> Path:
+                            workdir: str | Path | None = None, rank_edges: int = RANK_EDGES) -> Path:
     """Write the version-2 partition directory of ``folder`` (a
     :class:`~commgnn.data.ondisk.GraphFolder`) split by ``parts`` (``[N]`` ids in
     ``[0, num_parts)``, every part non-empty) to ``out``; return ``out``.
@@ -130,7 +138,8 @@ def write_partition_folders(folder: Any, parts: Any, num_parts: int, out: str | 
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
     scratch = Path(tempfile.mkdtemp(prefix=f".{out.name}.scratch-", dir=workdir if workdir else out.parent))
     try:
-        report, rank_hashes = _write(folder, parts, P, tmp, scratch, copy_features=copy_features, chunk=chunk)
+        report, rank_hashes = _write(folder, parts, P, tmp, scratch, copy_features=copy_features, chunk=chunk,
+                                      rank_edges=rank_edges)
         shutil.rmtree(scratch, ignore_errors=True)
         full = {**{k: v for k, v in meta.items() if k != "report"},
                 "format": FORMAT, "version": VERSION, "layout": LAYOUT, "num_parts": P, "num_nodes": N,
@@ -157,7 +166,7 @@ def write_partition_folders(folder: Any, parts: Any, num_parts: int, out: str | 
 
 
 def _write(folder: Any, parts: np.ndarray, P: int, tmp: Path, scratch: Path, *, copy_features: bool,
-           chunk: int) -> tuple[PartitionReport, dict[str, str]]:
+           chunk: int, rank_edges: int) -> tuple[PartitionReport, dict[str, str]]:
     N = folder.num_nodes
     dt = id_dtype(N)
     # Local numbering: part r's nodes in ascending id are rows 0 .. n_own-1 (build.py's step 1).
@@ -167,34 +176,55 @@ def _write(folder: Any, parts: np.ndarray, P: int, tmp: Path, scratch: Path, *, 
     local_row = np.empty(N, dtype=np.int64)
     local_row[order] = np.arange(N, dtype=np.int64) - own_start[parts[order]]
 
-    # One pass over the edges: bucket by the target's part, count in-degrees and cut columns.
+    # Pass 0 over the edges: in-degrees (they size the buckets and the in-CSR's rows).
     in_deg = np.zeros(N, dtype=np.int64)
+    for src, dst in folder_edge_chunks(folder, chunk)():
+        if len(src) == 0:
+            continue
+        lo, hi = min(int(src.min()), int(dst.min())), max(int(src.max()), int(dst.max()))
+        if lo < 0 or hi >= N:
+            raise PartitionError(f"{folder.path / 'edge_index.npy'} refers to node {lo if lo < 0 else hi}, "
+                                 f"outside [0, {N})")
+        b = np.bincount(dst)
+        in_deg[:len(b)] += b
+    # Buckets: runs of consecutive owned rows of one rank holding about `rank_edges` in-edges
+    # (one rank's edges need not fit in memory at once). In grouped order (rank, local row),
+    # a node's bucket is (its rank, edges before it within its rank // rank_edges).
+    rank_edges = max(int(rank_edges), folder.num_edges // MAX_BUCKETS + 1)
+    deg_g = in_deg[order]
+    before = np.cumsum(deg_g) - deg_g
+    rank_g = parts[order]
+    sub = (before - before[own_start[rank_g]]) // rank_edges
+    del before
+    bkey = rank_g * (int(sub.max()) + 1 if N else 1) + sub
+    first_pos = np.flatnonzero(np.concatenate([[True], bkey[1:] != bkey[:-1]]))
+    nb = len(first_pos)
+    bucket_rank = rank_g[first_pos]
+    rank_buckets = np.searchsorted(bucket_rank, np.arange(P + 1))
+    bucket_of = np.empty(N, dtype=np.int32)
+    bucket_of[order] = np.repeat(np.arange(nb, dtype=np.int32), np.diff(np.append(first_pos, N)))
+    del deg_g, rank_g, sub, bkey
+
+    # Pass 1: bucket every edge by its target's bucket; count the cut columns.
     cut_directed = 0
-    files = [(open(scratch / f"src_{r}.bin", "wb"), open(scratch / f"dst_{r}.bin", "wb")) for r in range(P)]
+    files = [(open(scratch / f"src_{k}.bin", "wb"), open(scratch / f"dst_{k}.bin", "wb")) for k in range(nb)]
     try:
         for src, dst in folder_edge_chunks(folder, chunk)():
             if len(src) == 0:
                 continue
-            lo, hi = min(int(src.min()), int(dst.min())), max(int(src.max()), int(dst.max()))
-            if lo < 0 or hi >= N:
-                raise PartitionError(f"{folder.path / 'edge_index.npy'} refers to node {lo if lo < 0 else hi}, "
-                                     f"outside [0, {N})")
-            b = np.bincount(dst)
-            in_deg[:len(b)] += b
-            tp = parts[dst]
-            cut_directed += int(np.count_nonzero(parts[src] != tp))
-            o = np.argsort(tp, kind="stable")
-            bounds = _runs(tp[o], P)
+            cut_directed += int(np.count_nonzero(parts[src] != parts[dst]))
+            tb = bucket_of[dst]
+            o = np.argsort(tb, kind="stable")
+            bounds = _runs(tb[o], nb)
             s_sorted, d_sorted = src[o].astype(dt, copy=False), dst[o].astype(dt, copy=False)
-            for r in range(P):
-                a, e = bounds[r], bounds[r + 1]
-                if e > a:
-                    files[r][0].write(s_sorted[a:e].tobytes())
-                    files[r][1].write(d_sorted[a:e].tobytes())
+            for k in np.flatnonzero(np.diff(bounds)):
+                files[k][0].write(s_sorted[bounds[k]:bounds[k + 1]].tobytes())
+                files[k][1].write(d_sorted[bounds[k]:bounds[k + 1]].tobytes())
     finally:
         for fs, fd in files:
             fs.close()
             fd.close()
+    del bucket_of
 
     masks = {}
     for name, split in _MASKS.items():
@@ -219,17 +249,25 @@ def _write(folder: Any, parts: np.ndarray, P: int, tmp: Path, scratch: Path, *, 
         for r in range(P):
             rd = tmp / f".{rank_dir(r)}.tmp"
             rd.mkdir()
-            src = np.fromfile(scratch / f"src_{r}.bin", dtype=dt).astype(np.int64)
-            dst = np.fromfile(scratch / f"dst_{r}.bin", dtype=dt).astype(np.int64)
-            (scratch / f"src_{r}.bin").unlink()
-            (scratch / f"dst_{r}.bin").unlink()
-            edges[r] = len(src)
             gids = order[own_start[r]:own_start[r + 1]]
             n_own = len(gids)
-            sp = parts[src]
-            cross = np.flatnonzero(sp != r)
-            ckey = sp[cross] * N + src[cross]
-            hkeys = np.unique(ckey)
+            buckets = range(rank_buckets[r], rank_buckets[r + 1])
+
+            def read(k: int) -> tuple[np.ndarray, np.ndarray]:
+                return (np.fromfile(scratch / f"src_{k}.bin", dtype=dt).astype(np.int64),
+                        np.fromfile(scratch / f"dst_{k}.bin", dtype=dt).astype(np.int64))
+
+            # The rank's halo: (owner, global id) keys of cross sources, merged bucket by bucket.
+            found: list[np.ndarray] = []
+            for k in buckets:
+                src, _ = read(k)
+                sp = parts[src]
+                cross = sp != r
+                found.append(np.unique(sp[cross] * N + src[cross]))
+                if len(found) > 8:
+                    found = [np.unique(np.concatenate(found))]
+            hkeys = np.unique(np.concatenate(found)) if found else np.zeros(0, dtype=np.int64)
+            del found
             howner, hgid = hkeys // N, hkeys % N
             n_halo = len(hkeys)
             hb = _runs(howner, P)
@@ -237,30 +275,44 @@ def _write(folder: Any, parts: np.ndarray, P: int, tmp: Path, scratch: Path, *, 
             for q in range(P):
                 if hb[q + 1] > hb[q]:
                     hgid[hb[q]:hb[q + 1]].tofile(scratch / f"send_{q}_{r}.bin")
-            # unordered cut pairs, routed to the part of the lower id so each is counted once
-            lo_, hi_ = np.minimum(src[cross], dst[cross]), np.maximum(src[cross], dst[cross])
-            pk = np.unique(lo_ * N + hi_)
-            pp = parts[pk // N]
-            o = np.argsort(pp, kind="stable")
-            pb = _runs(pp[o], P)
-            pk = pk[o]
-            for q in range(P):
-                cut_files[q].write(pk[pb[q]:pb[q + 1]].tobytes())
-            del lo_, hi_, pk, pp, o
-            ls = local_row[src]
-            ls[cross] = n_own + np.searchsorted(hkeys, ckey)
-            del src, sp, cross, ckey
-            M = n_own + n_halo
-            key = local_row[dst] * M + ls
-            del dst, ls
-            key.sort()
-            ld = key // M
+
+            # The in-CSR: a bucket's targets are consecutive rows, so its sorted edges are one
+            # contiguous slice of `indices`, starting at the row offset of its first row.
             indptr = np.zeros(n_own + 1, dtype=np.int64)
-            np.cumsum(np.bincount(ld, minlength=n_own), out=indptr[1:])
-            del ld
+            np.cumsum(in_deg[gids], out=indptr[1:])
+            edges[r] = indptr[-1]
+            M = n_own + n_halo
+            indices = np.lib.format.open_memmap(rd / "indices.npy", mode="w+", dtype=id_dtype(M),
+                                                shape=(int(indptr[-1]),))
+            for k in buckets:
+                src, dst = read(k)
+                (scratch / f"src_{k}.bin").unlink()
+                (scratch / f"dst_{k}.bin").unlink()
+                sp = parts[src]
+                cross = np.flatnonzero(sp != r)
+                # unordered cut pairs, routed to the part of the lower id so each is counted once
+                lo_, hi_ = np.minimum(src[cross], dst[cross]), np.maximum(src[cross], dst[cross])
+                pk = np.unique(lo_ * N + hi_)
+                pp = parts[pk // N]
+                o = np.argsort(pp, kind="stable")
+                pb = _runs(pp[o], P)
+                pk = pk[o]
+                for q in range(P):
+                    cut_files[q].write(pk[pb[q]:pb[q + 1]].tobytes())
+                del lo_, hi_, pk, pp, o
+                ls = local_row[src]
+                ls[cross] = n_own + np.searchsorted(hkeys, sp[cross] * N + src[cross])
+                del src, sp, cross
+                key = local_row[dst] * M + ls
+                del dst, ls
+                key.sort()
+                off = int(indptr[first_pos[k] - own_start[r]])
+                indices[off:off + len(key)] = key % M
+                del key
+            indices.flush()
+            del indices
             _save(rd / "indptr.npy", indptr)
-            _save(rd / "indices.npy", (key % M).astype(id_dtype(M)))
-            del key, indptr
+            del indptr
             _save(rd / "global_ids.npy", gids)
             _save(rd / "halo_global_ids.npy", hgid)
             _save(rd / "in_degree.npy", np.concatenate([in_deg[gids], in_deg[hgid]]))
