@@ -183,3 +183,12 @@ def test_tampered_rank_file_is_refused(graph: tuple[Path, Data], tmp_path: Path)
     rm.write_text(json.dumps(rmeta))
     with pytest.raises(PartitionError, match="part_2/meta.json .* corrupt"):
         load_partition(out, 2)
+
+
+def test_in_memory_methods_on_a_folder(graph: tuple[Path, Data]) -> None:
+    path, data = graph
+    folder = open_graph_folder(path)
+    cfg = PartitionConfig(method="metis", seed=2)
+    assert np.array_equal(folder_parts(folder, P, cfg), assign_parts(data.edge_index, N, P, cfg).numpy())
+    with pytest.raises(PartitionError, match="needs about .* over the"):
+        folder_parts(folder, P, PartitionConfig(method="metis", memory_limit_gb=1e-6))

@@ -134,7 +134,13 @@ def write_partition_folders(folder: Any, parts: Any, num_parts: int, out: str | 
         raise PartitionError(f"cannot write partitions to {out}: it exists and is not a directory")
     if out.is_dir() and any(out.iterdir()) and not _is_partition_dir(out):
         raise PartitionError(f"refusing to overwrite {out}: it is not a commgnn partition directory")
+    try:
+        json.dumps(meta)  # fail before the long write
+    except (TypeError, ValueError) as exc:
+        raise PartitionError(f"partition meta is not JSON-serialisable: {exc}") from None
     out.parent.mkdir(parents=True, exist_ok=True)
+    if workdir:
+        Path(workdir).mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
     scratch = Path(tempfile.mkdtemp(prefix=f".{out.name}.scratch-", dir=workdir if workdir else out.parent))
     try:
@@ -146,11 +152,8 @@ def write_partition_folders(folder: Any, parts: Any, num_parts: int, out: str | 
                 "num_edges": folder.num_edges, "num_features": folder.num_features,
                 "num_classes": folder.num_classes, "copy_features": bool(copy_features),
                 "report": report.to_dict(), "files": rank_hashes}
-        try:
-            text = json.dumps(full, indent=2) + "\n"
-        except (TypeError, ValueError) as exc:
-            raise PartitionError(f"partition meta is not JSON-serialisable: {exc}") from None
-        (tmp / "meta.json").write_text(text)  # last: its presence marks the directory complete
+        # last: its presence marks the directory complete
+        (tmp / "meta.json").write_text(json.dumps(full, indent=2) + "\n")
         if out.exists():
             old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=out.parent))
             os.rename(out, old / out.name)

@@ -27,7 +27,7 @@ import torch
 
 from commgnn.config import one_line_errors
 from commgnn.errors import PartitionError
-from commgnn.partition.api import assign_parts
+from commgnn.partition.api import assign_parts, check_partition_memory
 from commgnn.partition.base import PARTITIONERS, check_parts
 from commgnn.partition.config import PartitionConfig
 from commgnn.partition.disk_csr import EDGE_CHUNK, build_symmetric_csr, folder_edge_chunks
@@ -58,8 +58,7 @@ def folder_parts(folder: Any, num_parts: int, cfg: PartitionConfig, *, workdir: 
         empty = torch.zeros((2, 0), dtype=torch.int64)
         parts_t = PARTITIONERS.get(cfg.method)(empty, N, num_parts, cfg)
         return check_parts(parts_t, N, num_parts).numpy()
-    # In-memory methods: assign_parts refuses (before loading) what would not fit.
-    from commgnn.partition.api import check_partition_memory
+    # In-memory methods: refuse, before loading the edges, what would not fit.
     check_partition_memory(cfg, N, folder.num_edges)
     edge_index = torch.from_numpy(np.asarray(folder.edge_index, dtype=np.int64))
     return assign_parts(edge_index, N, num_parts, cfg).numpy()
