@@ -118,8 +118,8 @@ def test_partition_argument_errors() -> None:
 
 
 def test_config_validation() -> None:
-    assert PARTITIONERS.names() == ["contiguous", "ldg", "metis", "random"]
-    with pytest.raises(ConfigError, match="unknown partitioner 'louvain' .*contiguous, ldg, metis, random"):
+    assert PARTITIONERS.names() == ["contiguous", "ldg", "lp-metis", "metis", "random"]
+    with pytest.raises(ConfigError, match="unknown partitioner 'louvain' .*contiguous, ldg, lp-metis, metis, random"):
         PartitionConfig(method="louvain")
     with pytest.raises(ConfigError, match="objective"):
         PartitionConfig(objective="edges")  # type: ignore[arg-type]

@@ -18,7 +18,7 @@ if TYPE_CHECKING:
 # when the package is imported (commgnn/partition/__init__.py runs before this module,
 # whichever one the caller names), so `method` is checked against all of them.
 PARTITIONERS: Registry[Callable[["Tensor", int, int, Any], "Tensor"]] = Registry("partitioner")
-"""Strategies by name (``metis``, ``random``, ``contiguous``, ``ldg``)."""
+"""Strategies by name (``metis``, ``random``, ``contiguous``, ``ldg``, ``lp-metis``)."""
 
 ReorderMethod = Literal["none", "degree", "rcm", "metis"]
 REORDER_METHODS: tuple[str, ...] = get_args(ReorderMethod)
@@ -33,8 +33,10 @@ class PartitionConfig:
 
     method: str = "metis"
     """Strategy name in :data:`~commgnn.partition.base.PARTITIONERS`: ``metis``,
-    ``random`` (balanced random), ``contiguous`` (node id ranges) or ``ldg`` (streaming
-    linear deterministic greedy: far less memory than METIS, a worse cut)."""
+    ``random`` (balanced random), ``contiguous`` (node id ranges), ``ldg`` (streaming
+    linear deterministic greedy: far less memory than METIS, a worse cut) or ``lp-metis``
+    (label-propagation clusters, then METIS on the coarse graph: memory bounded by the
+    nodes, the CSR on disk for a graph folder; a cut close to METIS's)."""
     objective: Objective = "cut"
     """METIS objective: ``cut`` minimises cut edges, ``vol`` the total communication
     volume C = sum of halo sizes (what the exchange actually moves). Ignored by the others."""

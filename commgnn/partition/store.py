@@ -13,6 +13,11 @@ Layout of a directory for P parts::
                   num_nodes_global, num_classes, recv_counts, send_counts) plus its tensors
                   (LocalPartition.tensors()); loadable with weights_only=True.
 
+Version 2 (``"layout": "folders"``, written out of core from a graph folder by
+:mod:`commgnn.partition.folders`) holds one folder of memory-mappable ``.npy`` files per
+rank instead of ``part_{r}.pt``; :func:`load_meta` and :func:`load_partition` read both
+versions, so a caller never needs to know which one a directory is.
+
 A directory is written whole into a hidden temporary sibling and renamed into place, so
 readers never see a half-written one; an existing partition directory is replaced only
 after the new one is complete. Every problem found while loading is a one-line
@@ -29,7 +34,7 @@ import shutil
 import tempfile
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 from torch import Tensor
@@ -42,7 +47,16 @@ from commgnn.partition.report import PartitionReport
 
 FORMAT = "commgnn-partition"
 VERSION = 1
+"""The version :func:`save_partitions` writes (``part_{r}.pt`` files)."""
+VERSIONS = (1, 2)
+"""Versions :func:`load_meta` and :func:`load_partition` read; 2 is one folder of ``.npy``
+files per rank, written out of core (:mod:`commgnn.partition.folders`)."""
 _RERUN = "re-run `commgnn partition`"
+VERSION_LOADERS: dict[int, Callable[[Path, int, dict[str, Any]], LocalPartition]] = {}
+"""Readers of the other versions' rank data, by version, called by :func:`load_partition`
+after ``meta.json`` and the caller's expectations are checked: version 2 registers itself
+when :mod:`commgnn.partition.folders` is imported (with the package), since that module
+builds on this one."""
 _SCALARS = ("rank", "num_parts", "num_nodes_global", "num_classes")
 _COUNTS = ("recv_counts", "send_counts")
 # Must match LocalPartition.tensors(); a test checks that they agree.
@@ -186,9 +200,14 @@ def load_meta(dir: str | Path) -> dict[str, Any]:
     if not isinstance(meta, dict) or meta.get("format") != FORMAT:
         found = meta.get("format") if isinstance(meta, dict) else type(meta).__name__
         raise PartitionError(f"{meta_path} is not a commgnn partition (format {found!r}); {_RERUN}")
-    if meta.get("version") != VERSION:
+    if meta.get("version") not in VERSIONS:
         raise PartitionError(f"{meta_path} has format version {meta.get('version')!r}, "
-                             f"this commgnn reads version {VERSION}; {_RERUN}")
+                             f"this commgnn reads versions {', '.join(map(str, VERSIONS))}; {_RERUN}")
+    if meta["version"] == 2 and meta.get("layout") != "folders":
+        raise PartitionError(f"{meta_path} has format version 2 with an unknown layout {meta.get('layout')!r}; "
+                             f"{_RERUN}")
+    # version 1: one part_{r}.pt file per rank; version 2: one part_{r}/ folder per rank
+    entry = part_file if meta["version"] == 1 else (lambda r: f"part_{r}")
     P = meta.get("num_parts")
     checks = [
         (isinstance(P, int) and not isinstance(P, bool) and P > 0, "num_parts"),
@@ -196,7 +215,7 @@ def load_meta(dir: str | Path) -> dict[str, Any]:
          "num_nodes"),
         (isinstance(meta.get("graph_fingerprint"), str), "graph_fingerprint"),
         (isinstance(meta.get("files"), dict) and isinstance(P, int)
-         and all(isinstance(meta["files"].get(part_file(r)), str) for r in range(P)), "files"),
+         and all(isinstance(meta["files"].get(entry(r)), str) for r in range(P)), "files"),
     ]
     for ok, key in checks:
         if not ok:
@@ -250,6 +269,8 @@ def load_partition(dir: str | Path, rank: int, *, expected_fingerprint: str | No
                              f"{_short(meta['graph_fingerprint'])} != {_short(expected_fingerprint)}); {_RERUN}")
     if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < P:
         raise PartitionError(f"rank {rank!r} outside [0, {P}) for partition dir {path}")
+    if meta["version"] in VERSION_LOADERS:  # e.g. 2: one memory-mapped folder per rank
+        return VERSION_LOADERS[meta["version"]](path, rank, meta)
     name = part_file(rank)
     try:
         blob = (path / name).read_bytes()
