@@ -32,13 +32,25 @@ class PartitionResult:
 
 def _partition(cfg: RunConfig, out: Path, graph: Any = None) -> PartitionResult:
     """Partition ``cfg``'s graph (or the ``graph`` given in Python, recorded in ``meta.json``
-    by its fingerprint as a run records it) and save the parts to ``out``."""
+    by its fingerprint as a run records it) and save the parts to ``out``; a graph folder
+    out of core, one folder per rank (:mod:`commgnn.runner.folder_graph`)."""
     from commgnn.data import fingerprint, load_dataset
     from commgnn.partition import PartitionReport, build_local_partitions, format_report, save_partitions
+    from commgnn.runner.folder_graph import (check_folder, graph_folder, method_for_folder, parts_for_folder,
+                                             write_folder_partitions)
     from commgnn.runner.prepare import partition_for_run, partition_meta
     from commgnn.runner.run_dir import record_given_graph
 
     cfg = replace(cfg, partition=replace(cfg.partition, dir=None))
+    folder = graph_folder(cfg, graph)
+    if folder is not None:  # out of core: the graph is streamed, never loaded
+        fp, described = check_folder(cfg, folder)
+        cfg = method_for_folder(cfg, folder)
+        parts_np = parts_for_folder(cfg, folder, Path(out))
+        report = write_folder_partitions(folder, parts_np, cfg.runtime.parts, Path(out),
+                                         {**partition_meta(cfg, fp, {}), "graph": described})
+        return PartitionResult(dir=Path(out), parts=cfg.runtime.parts, report=report,
+                               text=format_report(PartitionReport.from_dict(report)))
     data = load_dataset(cfg.data, graph)
     fp = fingerprint(data)
     if graph is not None:

@@ -26,6 +26,7 @@ from commgnn.errors import UserError
 from commgnn.partition import load_partition
 from commgnn.report import json_field, read_json, write_status
 from commgnn.runner.config import RunConfig, config_from_partition_dir
+from commgnn.runner.folder_graph import check_folder, graph_folder, method_for_folder, parts_for_folder
 from commgnn.runner.own_model import carry_model, check_own_model, describe_own_model, load_own_model, unpack_model
 from commgnn.runner.preflight import check_rank_count
 from commgnn.runner.prepare import partition_for_run, partition_meta, preflight_memory, recorded_graph
@@ -55,8 +56,11 @@ def train_local(cfg: RunConfig, *, resume: bool = False, graph: Any = None,
         raise UserError(f"data.dataset = {cfg.data.dataset!r} names a graph given in Python to another run, "
                         f"which cannot be loaded by name; pass the graph: commgnn.train(data, config=...)")
     recorded = recorded_graph(cfg, graph)
+    folder = graph_folder(cfg, graph) if recorded is None else None
     if recorded is not None:  # a partition directory made for this [data]: the graph is not needed
         data, (fp, described) = None, recorded
+    elif folder is not None:  # a graph folder: streamed once to check and hash it, never loaded
+        data, (fp, described) = None, check_folder(cfg, folder)
     else:
         data = load_dataset(cfg.data, graph)
         fp = fingerprint(data)
@@ -77,11 +81,19 @@ def train_local(cfg: RunConfig, *, resume: bool = False, graph: Any = None,
             check_own_model(module, cfg)
         mark_ended(out, "running", resumed=True, attempt=attempt)
     else:
-        parts, report = partition_for_run(cfg, data, fp)
-        preflight_memory(cfg, described, report, own=module is not None, data=data, parts=parts)
-        meta = partition_meta(cfg, fp, report, data) if parts is not None else None
         own = describe_own_model(module) if module is not None else None
-        write_run_dir(cfg, out, data, described, parts, report, meta, own, module)
+        if folder is not None and not cfg.partition.dir:  # out of core; the pre-flight reads the written report
+            cfg = method_for_folder(cfg, folder)
+            parts = parts_for_folder(cfg, folder, out)
+            meta = {**partition_meta(cfg, fp, {}), "graph": described}
+            report = write_run_dir(cfg, out, None, described, parts, None, meta, own, module, folder=folder,
+                                   check_report=lambda rep: preflight_memory(cfg, described, rep,
+                                                                             own=module is not None))
+        else:
+            parts, report = partition_for_run(cfg, data, fp)
+            preflight_memory(cfg, described, report, own=module is not None, data=data, parts=parts)
+            meta = partition_meta(cfg, fp, report, data) if parts is not None else None
+            write_run_dir(cfg, out, data, described, parts, report, meta, own, module)
         part_dir = cfg.partition.dir or str(out / "partitions")
         attempt = 0
     del data, parts

@@ -27,6 +27,7 @@ from commgnn.report import (commit_out_dir, git_commit, host_info, library_versi
 from commgnn.report.records import STATUS
 from commgnn.report.runs import cut_record
 from commgnn.runner.config import RunConfig
+from commgnn.runner.folder_graph import folder_partition_bytes, write_folder_partitions
 from commgnn.runner.own_model import write_own_model
 from commgnn.runner.preflight import check_disk, estimate_run_bytes
 
@@ -167,17 +168,24 @@ def write_header(staging: Path, cfg: RunConfig, graph: dict[str, Any], report: d
 
 
 def write_run_dir(cfg: RunConfig, out: Path, data: Any, graph: dict[str, Any],
-                  parts: torch.Tensor | None, report: dict[str, Any], meta: dict[str, Any] | None,
-                  own: Mapping[str, Any] | None = None, module: nn.Module | None = None) -> None:
+                  parts: Any, report: dict[str, Any] | None, meta: dict[str, Any] | None,
+                  own: Mapping[str, Any] | None = None, module: nn.Module | None = None, *,
+                  folder: Any = None, check_report: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
     """Write the run directory through a hidden staging sibling (nothing half-written):
     its header, the user's own ``module`` (``own_model.json`` with ``own`` as its record,
     and ``own_model_init.pt``) when given and, when ``parts`` are given, ``partitions/``
     with ``meta`` as its ``meta.json``. ``data`` (the loaded graph) is needed only when
-    ``parts`` are to be saved.
+    ``parts`` are to be saved. With a graph ``folder`` (:mod:`~commgnn.runner.folder_graph`)
+    instead of ``data``, ``parts`` is the ``[N]`` array of part ids and the rank folders are
+    written out of core; their report (``report`` is None then) goes to ``check_report``
+    (the memory pre-flight, which may refuse: nothing is left behind) before the header.
+    Returns the partition report.
     Refuses in one line when the disk is too small or the folder cannot be written."""
     P = cfg.runtime.parts
     part_bytes = 0.0
-    if parts is not None:  # features (with halo copies) and edges, saved once per rank
+    if parts is not None and folder is not None:
+        part_bytes = folder_partition_bytes(folder)
+    elif parts is not None:  # features (with halo copies) and edges, saved once per rank
         part_bytes = 1.5 * data.x.numel() * data.x.element_size() + 16.0 * data.edge_index.shape[1]
     params = ((graph.get("num_features", 0) + graph.get("num_classes", 0)) * cfg.model.hidden
               + cfg.model.layers * cfg.model.hidden ** 2)
@@ -185,14 +193,21 @@ def write_run_dir(cfg: RunConfig, out: Path, data: Any, graph: dict[str, Any],
                                        param_count=int(params), parts=P,
                                        checkpoint_every=cfg.runtime.checkpoint_every))
 
+    done: dict[str, Any] = dict(report or {})
+
     def write(staging: Path) -> None:
-        write_header(staging, cfg, graph, report, torchrun=False, own=own)
+        if parts is not None and folder is not None:
+            done.update(write_folder_partitions(folder, parts, P, staging / "partitions", meta or {}))
+            if check_report is not None:
+                check_report(done)
+        write_header(staging, cfg, graph, done, torchrun=False, own=own)
         if module is not None:
             write_own_model(staging, module, dict(own) if own is not None else None)
-        if parts is not None:
+        if parts is not None and folder is None:
             save_partitions(staging / "partitions", build_local_partitions(data, parts, P), meta or {})
 
     write_staged(out, write)
+    return done
 
 
 def write_staged(out: Path, write: Callable[[Path], None]) -> None:

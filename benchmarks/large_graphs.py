@@ -1,0 +1,172 @@
+"""Large graphs from disk, every step inside a memory cgroup capped at 20 GB (issue 55).
+
+Each step is one ``commgnn`` command run by :func:`commgnn.metrics.memcap.run_capped`: the
+command and every process it starts (launcher, fork server, ranks) sit in a fresh memory
+cgroup whose hard cap counts anonymous memory and page cache; every 0.5 s the PSS of each
+of its processes is read from ``/proc/<pid>/smaps_rollup``. A row reports the wall time,
+the peak of the summed PSS (and its anonymous and file-backed parts), the cgroup's own
+peak (page cache included), the largest single process, and whether the kernel OOM-killed
+anything.
+
+Target 1 (``--target products``): a products-sized synthetic graph (2,449,029 nodes,
+123,718,280 directed edges, 100 features, 47 classes, 8% training nodes) is generated,
+checked, partitioned into 4 parts (lp-metis out of core, against random; METIS where it
+fits), then trained full-graph with exact GCN 3 x 128 and GraphSAGE 3 x 128, and with
+transform-first + 4-bit halos, for ``--epochs`` epochs on 4 ranks.
+
+For training rows the *floor* is the bytes that must be resident, summed over ranks:
+owned + halo feature rows (float32), one CSR per direction (int32 indices, float32
+values, int64 row pointers) over each rank's local edges plus self loops, the inputs each
+layer keeps for backward (``[n_own + n_halo, d_in]`` float32 per layer, and one byte per
+hidden output for the ReLU/dropout masks), the logits, and the parameters with their
+gradient and Adam's two moments. ``measured / floor`` divides the peak summed PSS by it.
+
+    python benchmarks/large_graphs.py --target products --work /tmp/big
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import datetime
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from tables import machine, write_table
+
+from commgnn.metrics.memcap import run_capped
+
+RESULTS = Path(__file__).resolve().parent / "results" / "large"
+GB = 1 << 30
+
+PRODUCTS = {"nodes": 2_449_029, "edges": 123_718_280, "features": 100, "classes": 47, "train_fraction": 0.08}
+SETTINGS = {"exact": [], "tf-4bit": ["--transform-first", "--bits", "4"]}
+
+
+def commgnn(args: list[str], cap_gb: float, log: Path) -> dict[str, Any]:
+    """Run ``commgnn ARGS`` under the cap; its measurements as a row."""
+    with log.open("w") as fh:
+        res = run_capped([sys.executable, "-m", "commgnn", *args], int(cap_gb * GB), stdout=fh, stderr=fh)
+    row: dict[str, Any] = dict(res.row())
+    row["largest_process_gb"] = round(max(res.per_process_peak.values(), default=0) / GB, 3)
+    if res.returncode != 0:
+        tail = log.read_text().strip().splitlines()[-1:] if log.exists() else []
+        row["error"] = tail[0][:200] if tail else f"exit {res.returncode}"
+    return row
+
+
+def floor_bytes(meta: dict[str, Any], *, layers: int, hidden: int, model: str) -> int:
+    """The resident floor of exact full-graph training (module docstring), summed over ranks."""
+    rep = meta["report"]
+    F, C = int(meta["num_features"]), int(meta["num_classes"])
+    total = 0
+    for n_own, n_halo, e in zip(rep["nodes"], rep["halo_in"], rep["edges"]):
+        n_src = n_own + n_halo
+        total += n_src * F * 4  # owned + halo feature rows
+        nnz = e + n_own
+        total += 2 * (nnz * (4 + 4) + (n_own + 1) * 8)  # forward and backward CSR
+        dims = [F] + [hidden] * (layers - 1)
+        for d_in in dims:
+            total += n_src * d_in * 4 + n_own * hidden  # layer input kept for backward, masks
+        total += n_own * C * 4  # logits
+    params = F * hidden + (layers - 2) * hidden * hidden + hidden * C
+    if model == "sage":
+        params *= 2
+    total += 4 * 4 * params  # weights, gradients, Adam's two moments
+    return total
+
+
+def append(path: Path, row: dict[str, Any]) -> None:
+    new = not path.exists()
+    with path.open("a", newline="") as fh:
+        w = csv.DictWriter(fh, list(row))
+        if new:
+            w.writeheader()
+        w.writerow(row)
+    print(json.dumps(row), flush=True)
+
+
+def products(ns: argparse.Namespace, work: Path, csv_path: Path) -> None:
+    graph = work / "products"
+    logs = work / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    if not (graph / "meta.json").exists() or ns.regenerate:
+        flags = [f"--{k.replace('_', '-')}={v}" for k, v in PRODUCTS.items()]
+        row = commgnn(["datasets", "synth", *flags, "--out", str(graph), "--quiet"], ns.cap_gb, logs / "synth.log")
+        append(csv_path, {"step": "generate", "setting": "", **row})
+    row = commgnn(["datasets", "check", str(graph)], ns.cap_gb, logs / "check.log")
+    append(csv_path, {"step": "check", "setting": "", **row})
+    for method in ns.partitioners:
+        pdir = work / f"parts-{method}"
+        row = commgnn(["partition", "--dataset", str(graph), "--parts", "4", "--partitioner", method,
+                       "--out", str(pdir)], ns.cap_gb, logs / f"partition-{method}.log")
+        if (pdir / "meta.json").exists() and "error" not in row:
+            rep = json.loads((pdir / "meta.json").read_text())["report"]
+            row["edge_cut"] = rep.get("edge_cut_fraction", rep.get("cut_fraction"))
+            row["halo_rows"] = sum(rep.get("halo_in", []))
+        append(csv_path, {"step": f"partition {method}", "setting": "", **row})
+    pdir = work / f"parts-{ns.partitioners[0]}"
+    meta = json.loads((pdir / "meta.json").read_text())
+    for model in ns.models:
+        for setting in ns.settings:
+            out = work / f"run-{model}-{setting}"
+            args = ["train", "--dataset", str(graph), "--partition-dir", str(pdir), "--parts", "4",
+                    "--model", model, "--layers", "3", "--hidden", "128", "--epochs", str(ns.epochs),
+                    "--patience", "0", "--no-energy", "--quiet", "--out", str(out),
+                    "--memory-limit-gb", str(ns.cap_gb), *SETTINGS[setting]]
+            row = commgnn(args, ns.cap_gb, logs / f"train-{model}-{setting}.log")
+            floor = floor_bytes(meta, layers=3, hidden=128, model=model)
+            row["floor_gb"] = round(floor / GB, 3)
+            row["measured_over_floor"] = round(row["peak_pss_gb"] * GB / floor, 2)
+            if (out / "summary.json").exists():
+                s = json.loads((out / "summary.json").read_text())
+                row["epoch_s"] = round(s["epoch_time_s"], 2)
+                row["halo_mb_per_epoch"] = round(s["halo_bytes_per_epoch"] / 1e6, 1)
+                row["rank_peak_gb"] = round(s["peak_rss_mb"] / 1024, 2)
+                row["test_acc"] = round(s["test_acc"], 4)
+            append(csv_path, {"step": f"train {model}", "setting": setting, **row})
+
+
+def report(csv_path: Path, title: str, notes: list[str]) -> None:
+    rows = list(csv.DictReader(csv_path.open()))
+    keys: list[str] = []
+    for r in rows:
+        keys += [k for k in r if k not in keys]
+    rows = [{k: r.get(k, "") for k in keys} for r in rows]
+    write_table(rows, csv_path.with_suffix(""), title, notes)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--target", choices=("products",), default="products")
+    ap.add_argument("--work", default="/tmp/big")
+    ap.add_argument("--cap-gb", type=float, default=20.0)
+    ap.add_argument("--epochs", type=int, default=3)
+    ap.add_argument("--partitioners", nargs="+", default=["lp-metis", "random"])
+    ap.add_argument("--models", nargs="+", default=["gcn", "sage"])
+    ap.add_argument("--settings", nargs="+", default=list(SETTINGS))
+    ap.add_argument("--regenerate", action="store_true")
+    ap.add_argument("--report-only", action="store_true")
+    ns = ap.parse_args()
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    csv_path = RESULTS / f"{datetime.date.today()}-{ns.target}.csv"
+    work = Path(ns.work)
+    if not ns.report_only:
+        products(ns, work, csv_path)
+    report(csv_path, f"Large graph from disk: {ns.target} ({datetime.date.today()})", [
+        f"Machine: {machine()}. Every step ran alone inside a memory cgroup capped at {ns.cap_gb:g} GB "
+        "(commgnn/metrics/memcap.py; page cache counts and is reclaimed). 4 local gloo ranks on the 2 cores.",
+        "peak_pss_gb: the largest sum of PSS over the step's processes at one 0.5 s sample (launcher, fork "
+        "server and ranks); peak_anon_gb / peak_file_gb: its anonymous and file-backed parts; cgroup_peak_gb: "
+        "the cgroup's own peak charge, page cache included; largest_process_gb: the largest single process.",
+        "floor_gb (training rows): owned + halo rows, one CSR per direction, the inputs kept for backward "
+        "and masks, logits, parameters with Adam state, summed over ranks (benchmarks/large_graphs.py).",
+        f"Command: python benchmarks/large_graphs.py --target {ns.target} --work {ns.work}",
+    ])
+    print(f"wrote {csv_path.with_suffix('.md')}")
+
+
+if __name__ == "__main__":
+    main()
