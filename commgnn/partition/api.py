@@ -30,7 +30,7 @@ def assign_parts(edge_index: Tensor, num_nodes: int, num_parts: int, cfg: Partit
     return check_parts(parts, num_nodes, num_parts)
 
 
-BYTES_PER_EDGE = {"metis": 120, "ldg": 60, "random": 0, "contiguous": 0}
+BYTES_PER_EDGE = {"metis": 120, "ldg": 60, "lp-metis": 32, "random": 0, "contiguous": 0}
 """Peak memory a partitioner adds per directed input edge, beyond the graph itself, rounded
 up from a measurement on the synthetic CSBM (300k nodes, 6M edges, 4 parts; VmHWM over the
 RSS before the call): METIS 110 B/edge (its symmetrised, deduplicated input plus its own

@@ -487,12 +487,12 @@ def _source_rows(src: Any, gids: np.ndarray, path: Path) -> np.ndarray:
 
 
 def folder_fingerprint(folder: Any) -> str:
-    """sha256 over the graph folder's ``meta.json`` (canonical JSON) and the sha256 of each of
-    its data files (streamed): one pass over the folder, taken once at partitioning."""
-    h = hashlib.sha256(json.dumps(folder.meta, sort_keys=True).encode())
-    for name, p in sorted(folder.files().items()):
-        h.update(f"{name}:{_sha256(p)}\n".encode())
-    return h.hexdigest()
+    """The graph folder's fingerprint as :func:`commgnn.data.ondisk_check.check_graph_folder`
+    computes it (one streamed pass that also validates every file), so that a partition
+    made here and a run that checks the folder name the same graph."""
+    from commgnn.data.ondisk_check import check_graph_folder
+
+    return check_graph_folder(folder.path).fingerprint
 
 
 __all__ = ["LAYOUT", "VERSION", "folder_fingerprint", "load_rank_folder", "rank_dir", "write_partition_folders"]

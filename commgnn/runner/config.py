@@ -196,7 +196,8 @@ DATA_OPTIONS = (
 
 PARTITION_OPTIONS = (
     opt("runtime.parts", "--parts", "number of partitions / ranks P"),
-    opt("partition.method", "--partitioner", "metis | ldg (streaming, about half METIS's memory) | random | contiguous"),
+    opt("partition.method", "--partitioner", "metis | lp-metis (out of core: label propagation, then METIS on the clusters) | ldg (streaming, "
+        "about half METIS's memory) | random | contiguous"),
     opt("partition.memory_limit_gb", "--partition-memory-gb",
         "refuse to partition above this estimated peak, naming a leaner partitioner (0 = available memory)"),
     opt("partition.objective", "--objective", "METIS objective: cut | vol"),
