@@ -7,10 +7,12 @@
     scores = commgnn.predict("runs/my-run", data)            # a graph given in Python
     scores = commgnn.predict("runs/my-run", model=MyModel)   # your model, defined in __main__
 
-The graph (the run's own, or another one with the same feature width and classes) is
-partitioned as the run was, P ranks load ``model.pt`` and run one exact eval-mode forward
-(the exact halo exchange, whatever levers trained the model), and the ``[N, C]`` class
-scores come back in the graph's node order. It uses the same launcher, watchdog and
+The run's own graph is predicted on from the run's own partition directory when it is
+there for the same rank count (no graph is loaded: a graph folder's run predicts as it
+trained, each rank reading its own folder); another graph (with the same feature width
+and classes), or another rank count, is partitioned as the run was. P ranks load
+``model.pt`` and run one exact eval-mode forward (the exact halo exchange, whatever levers
+trained the model), and the ``[N, C]`` class scores come back in the graph's node order. It uses the same launcher, watchdog and
 one-line errors as training.
 
 Every run that ``train`` can produce predicts:
@@ -52,6 +54,8 @@ from commgnn.errors import DataError, UserError
 from commgnn.partition import assign_parts, build_local_partitions, load_partition, save_partitions
 from commgnn.report import json_field
 from commgnn.runner.config import RunConfig, resolve_config
+from commgnn.runner.folder_graph import check_folder, graph_folder, method_for_folder, parts_for_folder, \
+    write_folder_partitions
 from commgnn.runner.own_model import carry_model, load_own_model, load_weights, unpack_model
 from commgnn.runner.preflight import check_rank_count
 from commgnn.runner.rank import gather_rows
@@ -98,6 +102,7 @@ def predict(run_dir: str | Path, data: Any = None, *, model: nn.Module | type | 
     if not isinstance(state, dict):
         raise UserError(f"{run_dir / 'model.pt'} does not hold a state dict")
     module = load_own_model(run_dir, model, verb=f"commgnn.predict({str(run_dir)!r}, model=MODEL)")
+    own_parts = _own_partitions(run_dir, cfg, parts) if data is None else None
     if parts is not None:
         cfg = replace(cfg, runtime=replace(cfg.runtime, parts=parts))
     cfg = replace(cfg, partition=replace(cfg.partition, dir=None))
@@ -105,22 +110,16 @@ def predict(run_dir: str | Path, data: Any = None, *, model: nn.Module | type | 
     check_rank_count(P, force=cfg.runtime.force)
     if module is not None:  # the weights must fit before any rank starts
         load_weights(module, state, run_dir / "model.pt")
-    loaded = load_dataset(cfg.data, graph)
-    if (int(loaded.x.shape[1]), int(loaded.num_classes_total)) != (trained.get("num_features"),
-                                                                   trained.get("num_classes")):
-        raise DataError(f"the model was trained on {trained.get('num_features')} features and "
-                        f"{trained.get('num_classes')} classes; this graph has {loaded.x.shape[1]} and "
-                        f"{loaded.num_classes_total}")
-    fp = fingerprint(loaded)
-    parts_of = assign_parts(loaded.edge_index, loaded.num_nodes, P, cfg.partition)
     work = Path(tempfile.mkdtemp(prefix="commgnn-predict-"))
     logs = Path(tempfile.mkdtemp(prefix="commgnn-predict-logs-"))
     target = Path(out) if out is not None else work / "scores.pt"
     ok = False
     try:
-        save_partitions(work / "partitions", build_local_partitions(loaded, parts_of, P), {"graph_fingerprint": fp})
-        del loaded, parts_of
-        args = (cfg, str(work / "partitions"), fp, state, str(target), carry_model(module, P))
+        if own_parts is not None:  # the run's own partitions: no graph is loaded (each rank checks its files)
+            part_dir, fp = own_parts, str(trained.get("fingerprint"))
+        else:
+            part_dir, fp = str(work / "partitions"), _partition_for_predict(cfg, graph, trained, work / "partitions")
+        args = (cfg, part_dir, fp, state, str(target), carry_model(module, P))
         if P == 1:
             _predict_rank(LaunchInfo(rank=0, world_size=1, local_rank=0, local_world_size=1,
                                      master_addr=cfg.runtime.master_addr, port=0), *args)
@@ -137,6 +136,40 @@ def predict(run_dir: str | Path, data: Any = None, *, model: nn.Module | type | 
         if ok:  # a failed rank's log stays where its error points
             shutil.rmtree(logs, ignore_errors=True)
     return scores
+
+
+def _own_partitions(run_dir: Path, cfg: RunConfig, parts: int | None) -> str | None:
+    """The run's own partition directory (its ``partitions/`` or the ``partition.dir`` it
+    trained from) when it is there for the same rank count; None otherwise."""
+    if parts is not None and parts != cfg.runtime.parts:
+        return None
+    pdir = Path(cfg.partition.dir) if cfg.partition.dir else run_dir / "partitions"
+    return str(pdir) if (pdir / "meta.json").is_file() else None
+
+
+def _check_shape(trained: dict[str, Any], features: int, classes: int) -> None:
+    if (features, classes) != (trained.get("num_features"), trained.get("num_classes")):
+        raise DataError(f"the model was trained on {trained.get('num_features')} features and "
+                        f"{trained.get('num_classes')} classes; this graph has {features} and {classes}")
+
+
+def _partition_for_predict(cfg: RunConfig, graph: Any, trained: dict[str, Any], dest: Path) -> str:
+    """Partition the graph to predict on into ``dest`` as the run was partitioned (a graph
+    folder out of core, :mod:`commgnn.runner.folder_graph`); its fingerprint."""
+    folder = graph_folder(cfg, graph)
+    if folder is not None:
+        _check_shape(trained, folder.num_features, folder.num_classes)
+        fp, _ = check_folder(cfg, folder)
+        cfg = method_for_folder(cfg, folder)
+        write_folder_partitions(folder, parts_for_folder(cfg, folder, dest), cfg.runtime.parts, dest,
+                                {"graph_fingerprint": fp})
+        return fp
+    loaded = load_dataset(cfg.data, graph)
+    _check_shape(trained, int(loaded.x.shape[1]), int(loaded.num_classes_total))
+    fp = fingerprint(loaded)
+    parts_of = assign_parts(loaded.edge_index, loaded.num_nodes, cfg.runtime.parts, cfg.partition)
+    save_partitions(dest, build_local_partitions(loaded, parts_of, cfg.runtime.parts), {"graph_fingerprint": fp})
+    return fp
 
 
 def _predict_rank(info: LaunchInfo, cfg: RunConfig, part_dir: str, fp: str, state: dict[str, Any],
