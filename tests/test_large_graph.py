@@ -45,9 +45,9 @@ def test_two_ranks_on_a_folder_train_as_on_the_same_graph_in_memory(folder, tmp_
     a, b = disk.model.state_dict(), mem.model.state_dict()
     assert all(torch.equal(a[k], b[k]) for k in a)
     # predict reads the run's own rank folders: the graph is not loaded, the scores are the run's
-    import commgnn.api.predict as api_predict
+    import importlib
 
-    monkeypatch.setattr(api_predict, "load_dataset", no_loading)
+    monkeypatch.setattr(importlib.import_module("commgnn.api.predict"), "load_dataset", no_loading)
     scores = commgnn.predict(disk.run_dir)
     assert torch.allclose(scores, torch.load(disk.run_dir / "predictions.pt", weights_only=True), atol=1e-6)
 
