@@ -27,7 +27,6 @@ gradient and Adam's two moments. ``measured / floor`` divides the peak summed PS
 from __future__ import annotations
 
 import argparse
-import csv
 import datetime
 import json
 import sys
@@ -42,7 +41,9 @@ RESULTS = Path(__file__).resolve().parent / "results" / "large"
 GB = 1 << 30
 
 PRODUCTS = {"nodes": 2_449_029, "edges": 123_718_280, "features": 100, "classes": 47, "train_fraction": 0.08}
-SETTINGS = {"exact": [], "tf-4bit": ["--transform-first", "--bits", "4"]}
+SETTINGS = {"exact": [], "tf-4bit": ["--transform-first", "--bits", "4"],
+            "exact-ckpt": ["--checkpoint-activations"],
+            "tf-4bit-ckpt": ["--transform-first", "--bits", "4", "--checkpoint-activations"]}
 
 
 def commgnn(args: list[str], cap_gb: float, log: Path) -> dict[str, Any]:
@@ -79,12 +80,9 @@ def floor_bytes(meta: dict[str, Any], *, layers: int, hidden: int, model: str) -
 
 
 def append(path: Path, row: dict[str, Any]) -> None:
-    new = not path.exists()
-    with path.open("a", newline="") as fh:
-        w = csv.DictWriter(fh, list(row))
-        if new:
-            w.writeheader()
-        w.writerow(row)
+    """One measured row, appended to the JSON-lines record (rows differ in their keys)."""
+    with path.open("a") as fh:
+        fh.write(json.dumps(row) + "\n")
     print(json.dumps(row), flush=True)
 
 
@@ -96,16 +94,19 @@ def products(ns: argparse.Namespace, work: Path, csv_path: Path) -> None:
         flags = [f"--{k.replace('_', '-')}={v}" for k, v in PRODUCTS.items()]
         row = commgnn(["datasets", "synth", *flags, "--out", str(graph), "--quiet"], ns.cap_gb, logs / "synth.log")
         append(csv_path, {"step": "generate", "setting": "", **row})
-    row = commgnn(["datasets", "check", str(graph)], ns.cap_gb, logs / "check.log")
-    append(csv_path, {"step": "check", "setting": "", **row})
-    for method in ns.partitioners:
+    if not ns.train_only:
+        row = commgnn(["datasets", "check", str(graph)], ns.cap_gb, logs / "check.log")
+        append(csv_path, {"step": "check", "setting": "", **row})
+    for method in ([] if ns.train_only else ns.partitioners):
         pdir = work / f"parts-{method}"
         row = commgnn(["partition", "--dataset", str(graph), "--parts", "4", "--partitioner", method,
                        "--out", str(pdir)], ns.cap_gb, logs / f"partition-{method}.log")
         if (pdir / "meta.json").exists() and "error" not in row:
-            rep = json.loads((pdir / "meta.json").read_text())["report"]
-            row["edge_cut"] = rep.get("edge_cut_fraction", rep.get("cut_fraction"))
-            row["halo_rows"] = sum(rep.get("halo_in", []))
+            pmeta = json.loads((pdir / "meta.json").read_text())
+            rep = pmeta["report"]
+            row["edge_cut_pairs"] = rep["edge_cut"]
+            row["cut_fraction"] = round(rep["cut_edges_directed"] / pmeta["num_edges"], 4)
+            row["halo_rows"] = sum(rep["halo_in"])
         append(csv_path, {"step": f"partition {method}", "setting": "", **row})
     pdir = work / f"parts-{ns.partitioners[0]}"
     meta = json.loads((pdir / "meta.json").read_text())
@@ -115,7 +116,7 @@ def products(ns: argparse.Namespace, work: Path, csv_path: Path) -> None:
             args = ["train", "--dataset", str(graph), "--partition-dir", str(pdir), "--parts", "4",
                     "--model", model, "--layers", "3", "--hidden", "128", "--epochs", str(ns.epochs),
                     "--patience", "0", "--no-energy", "--quiet", "--out", str(out),
-                    "--memory-limit-gb", str(ns.cap_gb), *SETTINGS[setting]]
+                    "--memory-limit-gb", str(ns.preflight_gb or ns.cap_gb), *SETTINGS[setting]]
             row = commgnn(args, ns.cap_gb, logs / f"train-{model}-{setting}.log")
             floor = floor_bytes(meta, layers=3, hidden=128, model=model)
             row["floor_gb"] = round(floor / GB, 3)
@@ -129,13 +130,12 @@ def products(ns: argparse.Namespace, work: Path, csv_path: Path) -> None:
             append(csv_path, {"step": f"train {model}", "setting": setting, **row})
 
 
-def report(csv_path: Path, title: str, notes: list[str]) -> None:
-    rows = list(csv.DictReader(csv_path.open()))
+def report(record: Path, title: str, notes: list[str]) -> None:
+    rows = [json.loads(line) for line in record.read_text().splitlines() if line.strip()]
     keys: list[str] = []
     for r in rows:
         keys += [k for k in r if k not in keys]
-    rows = [{k: r.get(k, "") for k in keys} for r in rows]
-    write_table(rows, csv_path.with_suffix(""), title, notes)
+    write_table([{k: r.get(k, "") for k in keys} for r in rows], record.with_suffix(""), title, notes)
 
 
 def main() -> None:
@@ -148,10 +148,13 @@ def main() -> None:
     ap.add_argument("--models", nargs="+", default=["gcn", "sage"])
     ap.add_argument("--settings", nargs="+", default=list(SETTINGS))
     ap.add_argument("--regenerate", action="store_true")
+    ap.add_argument("--train-only", action="store_true", help="reuse the graph and partitions in --work")
+    ap.add_argument("--preflight-gb", type=float, default=None,
+                    help="train's --memory-limit-gb (default: the cap); larger measures past the estimate")
     ap.add_argument("--report-only", action="store_true")
     ns = ap.parse_args()
     RESULTS.mkdir(parents=True, exist_ok=True)
-    csv_path = RESULTS / f"{datetime.date.today()}-{ns.target}.csv"
+    csv_path = RESULTS / f"{datetime.date.today()}-{ns.target}.jsonl"  # the .csv and .md are made from it
     work = Path(ns.work)
     if not ns.report_only:
         products(ns, work, csv_path)
