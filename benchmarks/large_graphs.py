@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import shutil
 import sys
 from pathlib import Path
 from typing import Any
@@ -113,6 +114,7 @@ def products(ns: argparse.Namespace, work: Path, csv_path: Path) -> None:
     for model in ns.models:
         for setting in ns.settings:
             out = work / f"run-{model}-{setting}"
+            shutil.rmtree(out, ignore_errors=True)  # a rerun measures afresh
             args = ["train", "--dataset", str(graph), "--partition-dir", str(pdir), "--parts", "4",
                     "--model", model, "--layers", "3", "--hidden", "128", "--epochs", str(ns.epochs),
                     "--patience", "0", "--no-energy", "--quiet", "--out", str(out),

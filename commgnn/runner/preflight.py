@@ -155,7 +155,8 @@ class MemoryEstimate:
 def estimate_memory(*, num_nodes: int, num_edges: int, num_features: int, num_classes: int,
                     report: dict[str, Any], layers: int, hidden: int, model: str = "gcn", heads: int = 1,
                     residual: str = "none", checkpoint: bool = False, edge_rows: bool = False,
-                    dtype_bytes: int = 4, partitions_built: bool = True) -> MemoryEstimate:
+                    dtype_bytes: int = 4, partitions_built: bool = True,
+                    streamed: bool = False) -> MemoryEstimate:
     """The memory model of the module docstring, from the partition report's per-rank counts.
 
     Per rank ``r``: rows ``n_r = nodes[r] + halo_in[r]``; partition ``n_r F b + 32 e_r + 16 n_r``
@@ -165,7 +166,8 @@ def estimate_memory(*, num_nodes: int, num_edges: int, num_features: int, num_cl
     ``GAT_EDGE_COPIES L (e_r + nodes[r]) heads b``; ``edge_rows`` adds
     :data:`EDGE_ROW_COPIES` ``(e_r + nodes[r]) H b`` per layer for GAT, once for own modules.
     ``partitions_built = False``: the launcher loads a saved partition directory and runs
-    neither METIS nor the partition builder.
+    neither METIS nor the partition builder. ``streamed``: the graph is a graph folder, which
+    the launcher streams and never loads (:mod:`commgnn.runner.folder_graph`).
     """
     b = dtype_bytes
     P = len(report["nodes"])
@@ -186,15 +188,19 @@ def estimate_memory(*, num_nodes: int, num_edges: int, num_features: int, num_cl
         if edge_rows:
             act += EDGE_ROW_COPIES * (layers if model == "gat" else 1) * edges * width * b
         per_rank.append(PROCESS_BASE_MB * 2**20 + part + act)
-    launcher = _launcher_bytes(num_nodes, num_edges, num_features, report, b, partitions_built)
+    launcher = _launcher_bytes(num_nodes, num_edges, num_features, report, b, partitions_built, streamed)
     return MemoryEstimate(launcher=float(launcher), per_rank=tuple(float(x) for x in per_rank))
 
 
 def _launcher_bytes(num_nodes: int, num_edges: int, num_features: int, report: dict[str, Any], b: int,
-                    partitions_built: bool) -> float:
+                    partitions_built: bool, streamed: bool = False) -> float:
     """The launcher's peak: interpreter, the graph, METIS's CSR and the partitions it builds
     (with their halo rows) before the ranks start; neither of the last two when it loads a
-    saved partition directory."""
+    saved partition directory. A ``streamed`` graph folder is never loaded: the launcher
+    holds one chunk, plus, when it partitions, the out-of-core partitioner's per-node
+    arrays and the on-disk CSR's pages it touches (``partition_memory_gb("lp-metis")``)."""
+    if streamed:
+        return PROCESS_BASE_MB * 2**20 + ((32 * num_edges + 40 * num_nodes) if partitions_built else 0)
     graph = num_nodes * (num_features * b + 8 + 3) + num_edges * 16
     if not partitions_built:
         return PROCESS_BASE_MB * 2**20 + graph
@@ -264,7 +270,7 @@ def estimate_minibatch_memory(*, num_nodes: int, num_edges: int, num_features: i
                               prefetch: bool = False, num_clusters: int = 40, clusters_per_batch: int = 4,
                               budget: int = 2000, walk_length: int = 2, saint_steps: int = 0, presample: int = 50,
                               replace: bool = False, dtype_bytes: int = 4,
-                              partitions_built: bool = True,
+                              partitions_built: bool = True, streamed: bool = False,
                               probed_hops: Sequence[Sequence[int]] | None = None) -> MemoryEstimate:
     """The mini-batch memory model (module docstring). Per rank ``r``, with the step's sizes
     from :func:`sampled_per_step` (``S`` input rows, ``o_j`` output rows of layer ``j``,
@@ -343,7 +349,7 @@ def estimate_minibatch_memory(*, num_nodes: int, num_edges: int, num_features: i
         per_rank.append(PROCESS_BASE_MB * 2**20 + part + topo + GLOBAL_NODE_BYTES * num_nodes
                         + cache_rows * (row_f + 16) + TRACE_BYTES * steps * st.nodes
                         + max(step, EVAL_COPIES * rows * width * b) + extra)
-    launcher = _launcher_bytes(num_nodes, num_edges, num_features, report, b, partitions_built)
+    launcher = _launcher_bytes(num_nodes, num_edges, num_features, report, b, partitions_built, streamed)
     return MemoryEstimate(launcher=float(launcher), per_rank=tuple(float(x) for x in per_rank))
 
 
@@ -367,7 +373,7 @@ def estimate_for_config(cfg: Any, graph: dict[str, Any], report: dict[str, Any],
                            model="own" if own else m.name, heads=m.heads, residual=m.residual,
                            checkpoint=m.checkpoint, edge_rows=own or gat_rows,
                            dtype_bytes=8 if cfg.train.dtype == "float64" else 4,
-                           partitions_built=not cfg.partition.dir)
+                           partitions_built=not cfg.partition.dir, streamed=graph.get("format") == "graph folder")
 
 
 def _minibatch_for_config(cfg: Any, graph: dict[str, Any], report: dict[str, Any],
@@ -397,7 +403,7 @@ def _minibatch_for_config(cfg: Any, graph: dict[str, Any], report: dict[str, Any
         clusters_per_batch=mb.cluster.clusters_per_batch, budget=mb.saint.budget,
         walk_length=mb.saint.walk_length, saint_steps=mb.saint.steps, presample=mb.saint.presample,
         replace=mb.replace, dtype_bytes=b,
-        partitions_built=not cfg.partition.dir, probed_hops=hops)
+        partitions_built=not cfg.partition.dir, streamed=graph.get("format") == "graph folder", probed_hops=hops)
 
 
 def check_memory(est: MemoryEstimate, *, limit_gb: float) -> None:
