@@ -27,6 +27,8 @@ import hashlib
 import io
 import json
 import os
+import shutil
+import tempfile
 import warnings
 from pathlib import Path
 from typing import Any
@@ -82,6 +84,23 @@ def atomic_write_bytes(path: str | Path, blob: bytes) -> None:
         tmp.unlink(missing_ok=True)
         raise
     _fsync_dir(path.parent)
+
+
+def replace_dir(tmp: str | Path, dest: str | Path) -> Path:
+    """Put the complete folder ``tmp`` at ``dest`` (a sibling): renamed into place, or, when
+    ``dest`` exists, swapped with it. There is no atomic directory swap in the standard
+    library, so the old folder is first moved aside into a hidden sibling, the new one
+    renamed into place, then the old one deleted: a reader sees the old or the new folder,
+    never a mix of both."""
+    tmp, dest = Path(tmp), Path(dest)
+    if not dest.exists():
+        os.rename(tmp, dest)
+        return dest
+    old = Path(tempfile.mkdtemp(prefix=f".{dest.name}.old-", dir=dest.parent))
+    os.rename(dest, old / dest.name)
+    os.rename(tmp, dest)
+    shutil.rmtree(old, ignore_errors=True)
+    return dest
 
 
 def atomic_write_json(path: str | Path, obj: Any) -> None:

@@ -44,6 +44,7 @@ from torch_geometric.data import Data
 
 from commgnn.data.validate import MASK_NAMES
 from commgnn.errors import DataError
+from commgnn.integrity import replace_dir
 
 FORMAT = "commgnn-graph"
 VERSION = 1
@@ -243,14 +244,7 @@ class GraphFolderWriter:
         umask = os.umask(0)
         os.umask(umask)
         os.chmod(self.tmp, 0o777 & ~umask)  # mkdtemp makes it 0700; the folder is an ordinary one
-        old = None
-        if self.out.exists():
-            old = Path(tempfile.mkdtemp(prefix=f".{self.out.name}.old-", dir=self.out.parent))
-            os.replace(self.out, old / "g")
-        os.replace(self.tmp, self.out)
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
-        return self.out
+        return replace_dir(self.tmp, self.out)
 
     def abort(self) -> None:
         """Remove the hidden folder (nothing appears under ``out``)."""

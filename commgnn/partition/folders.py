@@ -61,6 +61,7 @@ import numpy as np
 import torch
 
 from commgnn.config import one_line_errors
+from commgnn.integrity import replace_dir
 from commgnn.errors import PartitionError
 from commgnn.partition.disk_csr import EDGE_CHUNK, folder_edge_chunks, id_dtype
 from commgnn.partition.local import LocalPartition
@@ -154,13 +155,7 @@ def write_partition_folders(folder: Any, parts: Any, num_parts: int, out: str | 
                 "report": report.to_dict(), "files": rank_hashes}
         # last: its presence marks the directory complete
         (tmp / "meta.json").write_text(json.dumps(full, indent=2) + "\n")
-        if out.exists():
-            old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=out.parent))
-            os.rename(out, old / out.name)
-            os.rename(tmp, out)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.rename(tmp, out)
+        replace_dir(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         shutil.rmtree(scratch, ignore_errors=True)

@@ -29,7 +29,6 @@ from __future__ import annotations
 import hashlib
 import io
 import json
-import os
 import shutil
 import tempfile
 import warnings
@@ -42,6 +41,7 @@ from torch import Tensor
 from commgnn.config import one_line_errors
 from commgnn.data.validate import unusual_tensor
 from commgnn.errors import PartitionError
+from commgnn.integrity import replace_dir
 from commgnn.partition.local import LocalPartition
 from commgnn.partition.report import PartitionReport
 
@@ -138,15 +138,7 @@ def save_partitions(dir: str | Path, parts_list: list[LocalPartition], meta: dic
             files[name] = _sha256(tmp / name)
         full["files"] = files
         (tmp / "meta.json").write_text(json.dumps(full, indent=2) + "\n")
-        if path.exists():
-            # No atomic directory swap in the stdlib: move the old one aside, put the new one
-            # in place, then delete the old one. Readers see the old or the new, never a mix.
-            old = Path(tempfile.mkdtemp(prefix=f".{path.name}.old-", dir=path.parent))
-            os.rename(path, old / path.name)
-            os.rename(tmp, path)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.rename(tmp, path)
+        replace_dir(tmp, path)  # readers see the old directory or the new one, never a mix
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
