@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import psutil
 from torch import Tensor
 
+from commgnn.distributed.memory import available_bytes
 from commgnn.errors import PartitionError
 from commgnn.partition.base import PARTITIONERS, check_edge_index, check_parts
 from commgnn.partition.config import PartitionConfig
@@ -52,7 +52,7 @@ def check_partition_memory(cfg: PartitionConfig, num_nodes: int, num_edges: int)
     """Refuse, before allocating, a partitioning whose estimate exceeds ``cfg.memory_limit_gb``
     (0: the memory available now), naming the leaner strategy that would fit: an
     out-of-memory kill would leave nothing to read."""
-    cap = cfg.memory_limit_gb or psutil.virtual_memory().available / 2**30
+    cap = cfg.memory_limit_gb or available_bytes() / 2**30
     need = partition_memory_gb(cfg.method, num_nodes, num_edges)
     if need <= cap:
         return

@@ -27,7 +27,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import psutil
 
 from commgnn.data.datasets import is_folder_path
 from commgnn.data.ondisk import GraphFolder, is_graph_folder, open_graph_folder
@@ -38,6 +37,7 @@ from commgnn.partition.api import partition_memory_gb
 from commgnn.partition.folders import write_partition_folders
 from commgnn.partition.ooc import folder_parts
 from commgnn.runner.config import RunConfig
+from commgnn.distributed.memory import available_bytes
 
 OUT_OF_CORE = "lp-metis"
 """The method that replaces METIS when METIS would not fit."""
@@ -77,7 +77,7 @@ def method_for_folder(cfg: RunConfig, folder: GraphFolder) -> RunConfig:
     p = cfg.partition
     if p.method != "metis":
         return cfg
-    cap = p.memory_limit_gb or psutil.virtual_memory().available / 2**30
+    cap = p.memory_limit_gb or available_bytes() / 2**30
     need = partition_memory_gb("metis", folder.num_nodes, folder.num_edges)
     if need <= cap:
         return cfg

@@ -38,6 +38,7 @@ import psutil
 from commgnn.errors import UserError
 from commgnn.runner.step_probe import PROBE_MARGIN, ProbeGraph, probe_hops
 from commgnn.trainers.mb_setup import cache_capacity, choose_topology
+from commgnn.distributed.memory import available_bytes
 
 MAX_RANKS_PER_CORE = 8
 """Local ranks allowed per core without ``runtime.force`` (the benchmarks run 8 ranks on 2)."""
@@ -387,7 +388,7 @@ def _minibatch_for_config(cfg: Any, graph: dict[str, Any], report: dict[str, Any
     # The ranks read available memory once the launcher has freed the graph and partitions
     # it holds now, so what they will see is today's available plus that.
     freed = max(0.0, psutil.Process().memory_info().rss - MemoryEstimate.launcher_resident)
-    available = float(psutil.virtual_memory().available) + freed
+    available = available_bytes() + freed
     if P > 1:  # a cache_mb over memory gets the ranks' own message rather than a total
         cache_capacity(cfg.fetch, 0, (2 if mb.sampler == "vrgcn" else 1) * F, b, local_ranks=P, available=available)
     topology = choose_topology(mb, N, E, P, available)
@@ -408,7 +409,7 @@ def _minibatch_for_config(cfg: Any, graph: dict[str, Any], report: dict[str, Any
 
 def check_memory(est: MemoryEstimate, *, limit_gb: float) -> None:
     """Refuse when the estimate exceeds ``limit_gb`` (0 = the machine's available memory)."""
-    avail = limit_gb * 1e9 if limit_gb else float(psutil.virtual_memory().available)
+    avail = limit_gb * 1e9 if limit_gb else available_bytes()
     if est.total > avail:
         where = f"runtime.memory_limit_gb = {limit_gb:g}" if limit_gb else \
             f"{avail / 1e9:.1f} GB available on this machine"

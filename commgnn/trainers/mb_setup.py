@@ -17,7 +17,6 @@ traffic (reported apart from the epochs).
 
 from __future__ import annotations
 
-import psutil
 import torch
 from torch import Tensor
 
@@ -38,6 +37,7 @@ from commgnn.sampling.remote_edges import PartitionedEdges, RemoteInEdges
 from commgnn.sampling.saint import SAINT_BYTES_PER_EDGE, SaintSampler
 from commgnn.sampling.vrgcn import VRGCNSampler
 from commgnn.trainers.config import stream_seed
+from commgnn.distributed.memory import available_bytes
 
 
 def gather_variable(ctx: DistContext, hooks: Hooks, t: Tensor, kind: TrafficClass) -> list[Tensor]:
@@ -101,7 +101,7 @@ def available_memory(ctx: DistContext) -> float:
     """Bytes of memory available on the tightest rank's host: every rank then takes the same
     memory-based decisions (or raises the same error), so none is left in a collective the
     others skip."""
-    return float(ctx.all_reduce(torch.tensor([float(psutil.virtual_memory().available)], dtype=torch.float64),
+    return float(ctx.all_reduce(torch.tensor([available_bytes()], dtype=torch.float64),
                                 "min")[0])
 
 
@@ -114,7 +114,7 @@ def choose_topology(cfg: SamplerConfig, num_nodes: int, num_edges: int, local_ra
         return cfg.topology
     per_edge = 4 + (SAINT_BYTES_PER_EDGE if cfg.sampler.startswith("saint") else 0)
     need = (num_nodes * 8 + num_edges * per_edge) * local_ranks
-    avail = psutil.virtual_memory().available if available is None else available
+    avail = available_bytes() if available is None else available
     share = cfg.topology_share * avail
     if need <= share:
         return "replicated"
@@ -209,7 +209,7 @@ def cache_capacity(cfg: FetchConfig, num_candidates: int, width: int, element_si
     """Rows of the cache; caches that together (one per rank on this host) do not fit in
     ``available`` memory (:func:`available_memory`; ``None`` reads this host's) are refused."""
     if cfg.cache_mb:
-        avail = psutil.virtual_memory().available if available is None else available
+        avail = available_bytes() if available is None else available
         if cfg.cache_mb * 1e6 * local_ranks > avail:
             each = f" per rank x {local_ranks} ranks on this host" if local_ranks > 1 else ""
             raise ConfigError(f"fetch.cache_mb = {cfg.cache_mb:g} MB{each} exceeds the available memory "
