@@ -32,7 +32,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from tables import machine, write_table
+from tables import write_table
 
 from commgnn.metrics.memcap import run_capped
 
@@ -202,7 +202,7 @@ def main() -> None:
     if not ns.report_only:
         (products if ns.target == "products" else big10m)(ns, work, csv_path)
     report(csv_path, f"Large graph from disk: {ns.target} ({datetime.date.today()})", [
-        f"Machine: {machine()}. Every step ran alone inside a memory cgroup capped at {ns.cap_gb:g} GB "
+        f"Every step ran alone inside a memory cgroup capped at {ns.cap_gb:g} GB "
         "(commgnn/metrics/memcap.py; page cache counts and is reclaimed). 4 local gloo ranks on the 2 cores.",
         "peak_pss_gb: the largest sum of PSS over the step's processes at one 0.5 s sample (launcher, fork "
         "server and ranks); peak_anon_gb / peak_file_gb: its anonymous and file-backed parts; cgroup_peak_gb: "
