@@ -148,7 +148,7 @@ def _start(tmp_path: Path, out: Path, epochs: int = 100000, session: bool = Fals
 # SIGKILL takes the same path as OOM (a kill no handler sees). "group": SIGTERM to the whole
 # process group, as a scheduler cancelling the job sends it (the ranks, and their fork server,
 # get it too).
-@pytest.mark.parametrize("how", ["SIGTERM", "SIGKILL", "OOM", "group"])
+@pytest.mark.parametrize("how", ["SIGTERM", "SIGKILL", pytest.param("OOM", marks=pytest.mark.slow), "group"])
 def test_no_rank_outlives_its_launcher(tmp_path, how):
     out = tmp_path / "run"
     proc = _start(tmp_path, out, session=how == "group")

@@ -244,6 +244,7 @@ def test_maxk_pairs_need_the_solver_right_below():
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.slow  # CI time (9 s): the budget solver's MaxK pricing is unit-tested in this file
 def test_a_maxk_model_trains_under_an_adaptive_byte_budget(tmp_path):
     """End to end on 2 ranks: from the first solve on, the busiest rank's training halo bytes
     (dense layer-0 rows and layer 1's pairs) stay within the budget, below the 8-bit start."""

@@ -76,6 +76,7 @@ def test_federate_under_torchrun_equals_one_process(tmp_path):
 
 @pytest.mark.skipif(shutil.which("torchrun") is None, reason="torchrun not on PATH")
 @pytest.mark.timeout(120)
+@pytest.mark.slow  # CI time (10 s): the refusal itself is tested without torchrun in test_federate_cli
 def test_federate_policy_refusal_under_torchrun_is_fast_and_one_line(tmp_path):
     """A client rank refuses an upload over its link budget: every rank ends at once (the
     server's watchdog, not the collective time-out), no rank prints a traceback, the

@@ -116,7 +116,7 @@ def _end(agent: subprocess.Popen, ranks: dict[int, int]) -> None:
 
 
 @pytest.mark.timeout(240)
-@pytest.mark.parametrize("victim", [0, 1])
+@pytest.mark.parametrize("victim", [0, pytest.param(1, marks=pytest.mark.slow)])  # 1: CI time, same path
 def test_a_killed_rank_is_named_in_status(tmp_path, victim):
     """SIGKILL of rank 0 or of rank 1: the run is ``failed`` and names the dead rank (the
     surviving rank writes it when rank 0 is the one killed), not ``interrupted`` by the
