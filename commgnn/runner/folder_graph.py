@@ -24,14 +24,17 @@ import sys
 import tempfile
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
+from typing import Any, Callable
 
 import numpy as np
 
 from commgnn.data.datasets import is_folder_path
 from commgnn.data.ondisk import GraphFolder, is_graph_folder, open_graph_folder
 from commgnn.data.ondisk_check import check_graph_folder
-from commgnn.errors import ConfigError
+from commgnn.distributed.forkserver import in_forked_rank, start_context
+from commgnn.errors import ConfigError, UserError
 from commgnn.partition import load_meta
 from commgnn.partition.api import partition_memory_gb
 from commgnn.partition.folders import write_partition_folders
@@ -93,24 +96,48 @@ def scratch_dir(near: Path) -> Path:
     return Path(tempfile.mkdtemp(prefix=f".{near.name}.scratch-", dir=near.parent))
 
 
-def parts_for_folder(cfg: RunConfig, folder: GraphFolder, near: Path) -> np.ndarray:
-    """``[N]`` part ids of the folder's nodes by ``cfg.partition`` (bounded memory)."""
-    scratch = scratch_dir(near)
+def in_child(fn: Callable[..., Any], *args: Any) -> Any:
+    """``fn(*args)`` in a child process (the launch's fork server where there is one), its
+    result or its exception returned here. Partitioning out of core frees most of what it
+    allocates, but the allocator keeps much of it mapped in the process; run in a child, all
+    of it goes back to the system when the child exits, before any rank starts. A child the
+    kernel kills (the memory cap) is one line naming the step."""
+    with ProcessPoolExecutor(max_workers=1, mp_context=start_context(cuda=False), initializer=in_forked_rank) as pool:
+        try:
+            return pool.submit(fn, *args).result()
+        except BrokenProcessPool:
+            raise UserError(f"the out-of-core partitioning process died ({fn.__name__}); was it killed for "
+                            f"memory? See partition.memory_limit_gb and --partitioner") from None
+
+
+def _parts_job(path: str, cfg: RunConfig, near: str) -> np.ndarray:
+    scratch = scratch_dir(Path(near))
     try:
-        return folder_parts(folder, cfg.runtime.parts, cfg.partition, workdir=scratch)
+        return folder_parts(open_graph_folder(path), cfg.runtime.parts, cfg.partition, workdir=scratch)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
+
+
+def parts_for_folder(cfg: RunConfig, folder: GraphFolder, near: Path) -> np.ndarray:
+    """``[N]`` part ids of the folder's nodes by ``cfg.partition`` (bounded memory, in a
+    child process: :func:`in_child`)."""
+    return in_child(_parts_job, str(folder.path), cfg, str(near))  # type: ignore[no-any-return]
+
+
+def _write_job(path: str, parts: np.ndarray, num_parts: int, dest: str, meta: dict[str, Any]) -> dict[str, Any]:
+    scratch = scratch_dir(Path(dest))
+    try:
+        out = write_partition_folders(open_graph_folder(path), parts, num_parts, dest, meta=meta, workdir=scratch)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    return dict(load_meta(out)["report"])
 
 
 def write_folder_partitions(folder: GraphFolder, parts: np.ndarray, num_parts: int, dest: Path,
                             meta: dict[str, Any]) -> dict[str, Any]:
-    """Write the version-2 partition directory ``dest`` out of core; its report."""
-    scratch = scratch_dir(dest)
-    try:
-        path = write_partition_folders(folder, parts, num_parts, dest, meta=meta, workdir=scratch)
-    finally:
-        shutil.rmtree(scratch, ignore_errors=True)
-    return dict(load_meta(path)["report"])
+    """Write the version-2 partition directory ``dest`` out of core (in a child process:
+    :func:`in_child`); its report."""
+    return in_child(_write_job, str(folder.path), parts, num_parts, str(dest), meta)  # type: ignore[no-any-return]
 
 
 def folder_partition_bytes(folder: GraphFolder) -> float:
