@@ -10,8 +10,8 @@ anything.
 
 Target 1 (``--target products``): a products-sized synthetic graph (2,449,029 nodes,
 123,718,280 directed edges, 100 features, 47 classes, 8% training nodes) is generated,
-checked, partitioned into 4 parts (lp-metis out of core, against random; METIS where it
-fits), then trained full-graph with exact GCN 3 x 128 and GraphSAGE 3 x 128, and with
+checked, partitioned into 4 parts (lp-metis out of core, against random: METIS does not fit
+here), then trained full-graph with exact GCN 3 x 128 and GraphSAGE 3 x 128, and with
 transform-first + 4-bit halos, for ``--epochs`` epochs on 4 ranks.
 
 For training rows the *floor* is the bytes that must be resident, summed over ranks

@@ -62,4 +62,4 @@ def test_metis_over_the_cap_partitions_out_of_core_instead(folder, tmp_path, cap
     assert done.report["edge_cut"] / meta["num_edges"] < 0.3
     again = commgnn.partition_graph(tmp_path / "parts2", str(folder), parts=2)  # METIS fits here
     assert json.loads((tmp_path / "parts2" / "meta.json").read_text())["method"] == "metis"
-    assert again.report["edge_cut"] <= 1.5 * done.report["edge_cut"]
+    assert done.report["edge_cut"] <= 1.5 * again.report["edge_cut"]  # lp-metis within 1.5x of METIS

@@ -38,31 +38,40 @@ def _read_int(path: Path) -> int | None:
     return None if text in ("", "max") else int(text)
 
 
-def cgroup_headroom() -> int | None:
-    """Bytes this process's cgroup (or its tightest capped ancestor) may still take, or
-    None where no cgroup caps it (or none can be read)."""
+def own_cgroup() -> tuple[Path, bool] | None:
+    """This process's memory cgroup folder and whether it is cgroup v1 (None where neither
+    v1's memory controller nor v2 is mounted)."""
     try:
         lines = Path("/proc/self/cgroup").read_text().splitlines()
     except OSError:
         return None
-    best: int | None = None
     for line in lines:
         _, controllers, rel = line.split(":", 2)
-        v1 = "memory" in controllers.split(",")
-        if not v1 and controllers != "":
-            continue
-        base = _ROOT / "memory" if v1 else _ROOT
-        path = base / rel.lstrip("/")
-        while True:
-            limit = _read_int(path / ("memory.limit_in_bytes" if v1 else "memory.max"))
-            if limit is not None and limit < 1 << 60:  # v1 writes a huge number for "no limit"
-                held = _stat(path, ("total_rss", "rss") if v1 else ("anon",))
-                room = max(0, limit - held)
-                best = room if best is None else min(best, room)
-            if path == base or base not in path.parents:
-                break
-            path = path.parent
-    return best
+        if "memory" in controllers.split(",") and (_ROOT / "memory").is_dir():
+            return _ROOT / "memory" / rel.lstrip("/"), True
+    for line in lines:
+        if line.startswith("0::") and (_ROOT / "cgroup.controllers").exists():
+            return _ROOT / line[3:].lstrip("/"), False
+    return None
+
+
+def cgroup_headroom() -> int | None:
+    """Bytes this process's cgroup (or its tightest capped ancestor) may still take, or
+    None where no cgroup caps it (or none can be read)."""
+    found = own_cgroup()
+    if found is None:
+        return None
+    path, v1 = found
+    base = _ROOT / "memory" if v1 else _ROOT
+    best: int | None = None
+    while True:
+        limit = _read_int(path / ("memory.limit_in_bytes" if v1 else "memory.max"))
+        if limit is not None and limit < 1 << 60:  # v1 writes a huge number for "no limit"
+            room = max(0, limit - _stat(path, ("total_rss", "rss") if v1 else ("anon",)))
+            best = room if best is None else min(best, room)
+        if path == base or base not in path.parents:
+            return best
+        path = path.parent
 
 
 def available_bytes() -> float:

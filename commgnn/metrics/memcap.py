@@ -25,10 +25,10 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Mapping, Sequence
+from typing import Callable, Mapping, Sequence
 
-_V1 = Path("/sys/fs/cgroup/memory")
-_V2 = Path("/sys/fs/cgroup")
+from commgnn.distributed.memory import own_cgroup
+
 
 
 @dataclass
@@ -62,27 +62,6 @@ class CappedRun:
                 "processes": self.peak_processes, "oom_killed": self.oom_killed, "rc": self.returncode}
 
 
-def _own_v1_cgroup() -> Path | None:
-    try:
-        for line in Path("/proc/self/cgroup").read_text().splitlines():
-            _, controllers, path = line.split(":", 2)
-            if "memory" in controllers.split(","):
-                return _V1 / path.lstrip("/")
-    except OSError:
-        return None
-    return None
-
-
-def _own_v2_cgroup() -> Path | None:
-    try:
-        for line in Path("/proc/self/cgroup").read_text().splitlines():
-            if line.startswith("0::"):
-                return _V2 / line[3:].lstrip("/")
-    except OSError:
-        return None
-    return None
-
-
 class MemoryCgroup:
     """A fresh memory cgroup under this process's own, capped at ``cap_bytes``; removed on
     :meth:`close`. Raises ``OSError`` when cgroups cannot be written here (no permission, no
@@ -91,21 +70,15 @@ class MemoryCgroup:
     def __init__(self, cap_bytes: int) -> None:
         self.cap = int(cap_bytes)
         name = f"commgnn-cap-{uuid.uuid4().hex[:8]}"
-        own = _own_v1_cgroup()
-        if own is not None and (_V1 / "memory.limit_in_bytes").exists():
-            self.v1 = True
-            self.path = own / name
-            self.path.mkdir()
-            (self.path / "memory.limit_in_bytes").write_text(str(self.cap))
-        else:
-            parent = _own_v2_cgroup()
-            if parent is None or not (parent / "cgroup.controllers").exists():
-                raise OSError("no writable memory cgroup (neither v1 nor v2 found)")
-            self.v1 = False
-            self.path = parent / name
-            self.path.mkdir()
-            (self.path / "memory.max").write_text(str(self.cap))
-            (self.path / "memory.swap.max").write_text("0") if (self.path / "memory.swap.max").exists() else None
+        found = own_cgroup()
+        if found is None:
+            raise OSError("no memory cgroup here (neither v1's memory controller nor v2)")
+        parent, self.v1 = found
+        self.path = parent / name
+        self.path.mkdir()
+        (self.path / ("memory.limit_in_bytes" if self.v1 else "memory.max")).write_text(str(self.cap))
+        if not self.v1 and (self.path / "memory.swap.max").exists():
+            (self.path / "memory.swap.max").write_text("0")  # the cap is on memory, not memory + swap
 
     def pids(self) -> list[int]:
         try:
@@ -131,7 +104,7 @@ class MemoryCgroup:
                 return int(v)
         return 0
 
-    def enter_fn(self) -> "callable":
+    def enter_fn(self) -> Callable[[], None]:
         procs = str(self.path / "cgroup.procs")
 
         def enter() -> None:  # in the child, before exec: it and all it starts are charged here
