@@ -132,6 +132,33 @@ def test_sampling_is_uniform(graph, replace):
     assert bool(((freq - expected).abs() < 0.3 * expected).all()), (freq.min(), freq.max(), expected)
 
 
+def test_every_subset_of_a_node_is_equally_likely():
+    """Floyd's draw keeps each of the C(5, 2) = 10 pairs of a degree-5 node with probability
+    1/10 (a per-neighbour check alone would pass a sampler biased between pairs)."""
+    ei = torch.tensor([[1, 2, 3, 4, 5], [0, 0, 0, 0, 0]])
+    csr = CSRTopology.from_edge_index(ei, 6)
+    draws = 20000
+    src, pos = sample_neighbors(csr, torch.zeros(draws, dtype=torch.int64), 2, torch.Generator().manual_seed(7))
+    pairs = torch.sort(src.view(draws, 2), 1).values
+    assert bool((pairs[:, 0] < pairs[:, 1]).all())  # distinct within a draw
+    freq = torch.bincount(pairs[:, 0] * 6 + pairs[:, 1], minlength=36).to(torch.float64) / draws
+    seen = freq[freq > 0]
+    assert seen.numel() == 10
+    assert bool(((seen - 0.1).abs() < 0.012).all()), seen  # 5.6 standard deviations of 1/10
+
+
+def test_a_hub_of_a_million_edges_gives_fanout_distinct_slots():
+    """A node of a million in-edges, drawn three times in one call: ``fanout`` distinct slots
+    each time, grouped by position (the draw never builds a per-edge array of the hub)."""
+    deg = 1_000_000
+    indptr = torch.tensor([0, deg])
+    indices = torch.arange(deg, dtype=torch.int64)
+    src, pos = sample_neighbors(CSRTopology(indptr=indptr, indices=indices), torch.zeros(3, dtype=torch.int64), 5,
+                                torch.Generator().manual_seed(0))
+    assert src.numel() == 15 and torch.equal(pos, torch.arange(3).repeat_interleave(5))
+    assert all(torch.unique(src[i * 5:(i + 1) * 5]).numel() == 5 for i in range(3))
+
+
 # ------------------------------------------------------------------- NeighborSampler
 
 

@@ -14,9 +14,13 @@ block's destinations are its first ``k`` sources). The layer's :class:`Block` is
 ``MiniBatch.blocks`` lists the input layer first.
 
 Without replacement, node v of in-degree ``d > f`` keeps a uniformly random set of exactly
-``f`` distinct edge slots: all candidate edges are put in a random order (one ``randperm``),
-stably regrouped by node, and the first ``f`` of each group are kept, so every f-subset of a
-node's slots is equally likely. With replacement, every node with ``d > 0`` gets exactly
+``f`` distinct edge slots, drawn by Floyd's algorithm (Bentley & Floyd 1987) vectorised over
+the nodes: step ``i = 0 .. f-1`` draws ``t`` uniform on ``[0, d-f+i]`` and keeps ``t``, or
+``d-f+i`` when ``t`` was already kept, so every f-subset is equally likely. The cost is
+``O(f^2)`` per node whatever its degree: a power-law hub of a million in-edges costs what
+a node of ``f`` does (gathering every in-edge and shuffling them, as before, made the rank
+that owns the hubs the straggler of every distributed sampling round). Nodes of degree
+``<= f`` keep all their edges. With replacement, every node with ``d > 0`` gets exactly
 ``f`` independent uniform draws (duplicates kept). All randomness comes from the caller's
 ``torch.Generator``, so the same generator state gives the same sample.
 
@@ -69,20 +73,34 @@ def sample_neighbors(csr: CSRTopology, nodes: Tensor, fanout: int, generator: to
         u = torch.rand(pos.numel(), generator=generator, dtype=torch.float64)
         offs = torch.minimum((u * d).to(torch.int64), d - 1)
         return csr.indices[start[pos] + offs].to(torch.int64), pos
-    src, pos = csr.neighbours_of(nodes)
-    e = int(pos.numel())
-    if e == 0 or int(deg.max()) <= fanout:
-        return src, pos  # nobody has more than `fanout` candidates: keep everything
-    # A random order of all candidate edges, then a stable regroup by node: within each
-    # node the order is a uniform random permutation of its slots, and its first `fanout`
-    # slots are a uniform random subset.
-    perm = torch.randperm(e, generator=generator)
-    grouped = torch.sort(pos[perm], stable=True)
-    order = perm[grouped.indices]
-    seg_start = torch.cumsum(deg, 0) - deg
-    rank = torch.arange(e) - seg_start[grouped.values]
-    keep = order[rank < fanout]
-    return src[keep], pos[keep]
+    heavy = deg > fanout
+    if not bool(heavy.any()):
+        return csr.neighbours_of(nodes)  # nobody has more than `fanout` candidates: keep everything
+    light = (~heavy).nonzero().flatten()
+    big = heavy.nonzero().flatten()
+    src_l, pos_l = csr.neighbours_of(nodes[light])
+    offs = _floyd_subsets(deg[big], fanout, generator)  # [h, fanout]
+    src_h = csr.indices[start[big][:, None] + offs].flatten().to(torch.int64)
+    pos = torch.cat([light[pos_l], big.repeat_interleave(fanout)])
+    order = torch.sort(pos, stable=True).indices  # grouped by node again
+    return torch.cat([src_l, src_h])[order], pos[order]
+
+
+def _floyd_subsets(deg: Tensor, fanout: int, generator: torch.Generator) -> Tensor:
+    """``[h, fanout]`` int64 distinct offsets in ``[0, deg_i)`` per row, each row a uniform
+    random ``fanout``-subset: Floyd's algorithm, one vectorised step per slot (every
+    ``deg_i > fanout``). Written by hand: torch has no batched sampling without replacement
+    over rows of different lengths (``multinomial`` needs a dense ``[h, max deg]`` table)."""
+    h = int(deg.numel())
+    chosen = torch.empty((h, fanout), dtype=torch.int64)
+    u = torch.rand((fanout, h), generator=generator, dtype=torch.float64)
+    for i in range(fanout):
+        j = deg - fanout + i  # step i draws from [0, j]
+        t = torch.minimum((u[i] * (j + 1)).to(torch.int64), j)  # float64: unbiased, clamp: rounding
+        if i:
+            t = torch.where((chosen[:, :i] == t[:, None]).any(1), j, t)
+        chosen[:, i] = t
+    return chosen
 
 
 def replicated_source(csr: CSRTopology, replace: bool) -> NeighborSource:
