@@ -20,6 +20,7 @@ from commgnn.sampling.csr import CSRTopology
 from commgnn.sampling.remote import RemoteNeighbors
 from commgnn.sampling.saint import SaintSampler
 from commgnn.trainers import FullGraphTrainer, TrainConfig
+from commgnn.trainers.layerwise import LayerwiseInference
 from commgnn.trainers.mb_setup import own_in_edges, owner_map
 from commgnn.trainers.minibatch import MiniBatchTrainer
 
@@ -320,3 +321,25 @@ def request_rounds(ctx: DistContext, m: int) -> dict[str, Any]:
     back, order = request_reply_sorted(ctx, hooks, owners, reqs, serve, req_kind="fetch_ids", rep_kind="fetch_rows")
     return {"owners": owners, "reqs": reqs, "plain": plain, "back": back, "order": order,
             "plain_bytes": plain_bytes, "sorted_bytes": sum(e.nbytes for e in events)}
+
+
+def layerwise_against_full(ctx: DistContext, data: Any, parts: torch.Tensor, model_cfg: ModelConfig,
+                           train_cfg: TrainConfig, chunk: int) -> dict[str, Any]:
+    """One training epoch, then this rank's scores and layer-0 embeddings from the
+    full-graph forward and from the layer-wise one (``chunk`` rows a chunk), the bytes the
+    rank sent in one layer-wise prediction, and its evaluation counts (layer-wise)."""
+    part = build_local_partition(data, parts, ctx.world_size, ctx.rank)
+    hooks, events = _counting_hooks()
+    t = MiniBatchTrainer(ctx, part, model_cfg, train_cfg, hooks, fetch_cfg=FetchConfig(),
+                         sampler_cfg=SamplerConfig(fanout=(3,) * model_cfg.layers, batch_size=8, inference="full",
+                                                   inference_chunk=chunk))
+    t.step()
+    full, full_h = t.predict(), t.predict(layer=0)
+    t.layerwise = LayerwiseInference(ctx, hooks, t.model, t.part, t.x, t.owner, t.row, chunk)
+    events.clear()
+    lw = t.predict()
+    eval_bytes = sum(e.nbytes for e in events if e.kind == "halo_eval")
+    lw_h = t.predict(layer=0)
+    return {"full": full, "lw": lw, "full_h": full_h, "lw_h": lw_h, "counts": t.evaluate(),
+            "eval_bytes": eval_bytes, "halo": part.num_halo, "own": part.num_owned, "y": part.y,
+            "masks": torch.stack([part.train_mask, part.val_mask, part.test_mask])}

@@ -138,7 +138,7 @@ def test_minibatch_estimate_terms():
 
     def est(**kw):
         args = dict(num_nodes=2000, num_edges=40000, num_features=64, num_classes=5, report=report, layers=2,
-                    hidden=128, batch_size=32, fanout=(5, 5), topology="partitioned")
+                    hidden=128, batch_size=32, fanout=(5, 5), topology="partitioned", available=1e12)
         return pf.estimate_minibatch_memory(**(args | kw)).per_rank
 
     base = est()
@@ -148,8 +148,15 @@ def test_minibatch_estimate_terms():
     # A cache of 1 MB holds 1e6 / 256 rows of 64 fp32 features, 16 bytes of bookkeeping each.
     assert est(cache_mb=1.0)[0] - base[0] == pytest.approx(1e6 / 256 * (256 + 16))
     assert est(cache_ratio=0.5)[0] - base[0] == pytest.approx(0.5 * 1000 * (256 + 16))
-    # Small batches: evaluation over the partition's 4000 rows is the larger transient.
-    assert base[0] - base[1] == pytest.approx(500 * (64 * 4 + 16) + pf.EVAL_COPIES * 500 * 128 * 4)
+    # Small batches: evaluation over the partition's 4000 rows is the larger transient
+    # (halo rows: 16 bytes of ids each, no features; the forward holds them twice at
+    # max(F, H) = 128 wide, in the layer's input and the block received).
+    assert base[0] - base[1] == pytest.approx(500 * 16 + 500 * 2 * 128 * 4)
+    # Layer by layer, evaluation holds owned rows and one chunk: the halo rows add only their ids.
+    lw = est(inference="layerwise", inference_chunk=100)
+    assert lw[0] - lw[1] == pytest.approx(500 * 16)
+    # auto goes layer by layer when the full forward of the 2 ranks crowds half of memory
+    assert est(available=1e6, inference_chunk=100) == lw
     # VR-GCN keeps a history of N x H per layer above the first: 128 more columns, 2000 rows.
     assert est(sampler="vrgcn", hidden=256)[0] - est(sampler="vrgcn")[0] >= 2000 * 128 * 4
     # Prefetch keeps a second batch alive.

@@ -12,7 +12,8 @@ there for the same rank count (no graph is loaded: a graph folder's run predicts
 trained, each rank reading its own folder); another graph (with the same feature width
 and classes), or another rank count, is partitioned as the run was. P ranks load
 ``model.pt`` and run one exact eval-mode forward (the exact halo exchange, whatever levers
-trained the model), and the ``[N, C]`` class scores come back in the graph's node order. It uses the same launcher, watchdog and
+trained the model; a mini-batch run's model layer by layer where its evaluation would be,
+``minibatch.inference``), and the ``[N, C]`` class scores come back in the graph's node order. It uses the same launcher, watchdog and
 one-line errors as training.
 
 Every run that ``train`` can produce predicts:
@@ -61,6 +62,8 @@ from commgnn.runner.preflight import check_rank_count
 from commgnn.runner.rank import gather_rows
 from commgnn.runner.run_dir import is_given_graph
 from commgnn.trainers import FullGraphTrainer
+from commgnn.trainers.layerwise import LayerwiseInference
+from commgnn.trainers.mb_setup import available_memory, inference_mode, owner_map
 
 
 def predict(run_dir: str | Path, data: Any = None, *, model: nn.Module | type | None = None,
@@ -180,6 +183,13 @@ def _predict_rank(info: LaunchInfo, cfg: RunConfig, part_dir: str, fp: str, stat
     # Only the halo settings shape the model (precompute, transform-first); evaluation is exact.
     trainer = FullGraphTrainer(ctx, part, cfg.model, cfg.train, hooks, comm_cfg=CommConfig(halo=cfg.comm.halo),
                                module=unpack_model(packed))
+    if cfg.train.mode == "minibatch" and packed is None:  # as its evaluation ran: layer by layer where needed
+        cpu = trainer.part.to("cpu")
+        if inference_mode(ctx, cfg.minibatch, cpu, cfg.model, trainer.x.element_size(),
+                          available_memory(ctx)) == "layerwise":
+            owner, row = owner_map(ctx, hooks, cpu)
+            trainer.layerwise = LayerwiseInference(ctx, hooks, trainer.model, trainer.part, trainer.x, owner, row,
+                                                   cfg.minibatch.inference_chunk)
     scores = gather_rows(ctx, hooks, trainer, part, trainer.predict(state))
     if ctx.is_main:
         save_tensors(scores.cpu(), out)  # written whole (fsync), then renamed into place

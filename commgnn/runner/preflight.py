@@ -37,7 +37,9 @@ import psutil
 
 from commgnn.errors import UserError
 from commgnn.runner.step_probe import PROBE_MARGIN, ProbeGraph, probe_hops
-from commgnn.trainers.mb_setup import cache_capacity, choose_topology
+from commgnn.sampling.config import SamplerConfig
+from commgnn.trainers.layerwise import DEFAULT_CHUNK_ROWS, layerwise_bytes
+from commgnn.trainers.mb_setup import cache_capacity, choose_inference, choose_topology, full_forward_bytes
 from commgnn.distributed.memory import available_bytes
 
 MAX_RANKS_PER_CORE = 8
@@ -76,9 +78,6 @@ BLOCK_EDGE_BYTES = 64.0
 """Mini-batch: bytes per sampled edge of a layer's block: its int64 ``[2, e]`` edges and
 float64 weights, the CSR and transposed CSR the SpMM runs on, and the sampler's sort (a
 subgraph sampler's in-edges gathered before they are filtered to the induced ones)."""
-EVAL_COPIES = 2.0
-"""Mini-batch: ``[rows, H]`` tensors of the exact evaluation each epoch (no gradient): a
-layer's output on the rank's own rows, the halo rows received and their concatenation."""
 BATCH_FEATURE_COPIES = 3.0
 """Mini-batch: ``[S, F]`` rows per step, for ``S`` sampled nodes: the batch's gathered input,
 the remote rows received (and the codec's buffers) and the rows sent to other ranks."""
@@ -272,13 +271,16 @@ def estimate_minibatch_memory(*, num_nodes: int, num_edges: int, num_features: i
                               budget: int = 2000, walk_length: int = 2, saint_steps: int = 0, presample: int = 50,
                               replace: bool = False, dtype_bytes: int = 4,
                               partitions_built: bool = True, streamed: bool = False,
-                              probed_hops: Sequence[Sequence[int]] | None = None) -> MemoryEstimate:
+                              probed_hops: Sequence[Sequence[int]] | None = None, inference: str = "auto",
+                              inference_chunk: int = DEFAULT_CHUNK_ROWS,
+                              available: float | None = None) -> MemoryEstimate:
     """The mini-batch memory model (module docstring). Per rank ``r``, with the step's sizes
     from :func:`sampled_per_step` (``S`` input rows, ``o_j`` output rows of layer ``j``,
     ``e`` block edges), ``W = max(H, C)`` and ``F' = 2F`` for VR-GCN (its rows carry their
     exact input aggregate), else ``F``:
 
-    * the partition, as in :func:`estimate_memory`: ``n_r F b + 32 e_r + 16 n_r``;
+    * the partition, as in :func:`estimate_memory` but with the owned rows' features only
+      (a mini-batch rank fetches the others): ``own_r F b + 32 e_r + 16 n_r``;
     * topology: replicated ``TOPOLOGY_BYTES_PER_EDGE E + 8 N``, partitioned ``16 e_r``
       plus, for VR-GCN and GraphSAINT, ``32 N`` (every node's in-degree and list offset at
       its owner, and their gathering; Cluster-GCN ``8 N``, its CSR's row pointer);
@@ -297,13 +299,18 @@ def estimate_minibatch_memory(*, num_nodes: int, num_edges: int, num_features: i
       hop's gathered candidates (``BLOCK_EDGE_BYTES`` each); a training step holds the blocks,
       ``BATCH_FEATURE_COPIES S F' b`` and ``ACTIVATION_COPIES["sage"] W b`` per output row of
       every layer (with ``fetch.prefetch`` the next step is sampled and fetched meanwhile:
-      both phases at once); the exact (full-partition) evaluation ``EVAL_COPIES n_r W b``;
+      both phases at once); the exact evaluation each epoch, as ``minibatch.inference``
+      runs it (:func:`~commgnn.trainers.mb_setup.choose_inference` on the largest rank):
+      the full-graph forward (:func:`~commgnn.trainers.mb_setup.full_forward_bytes`) or
+      layer by layer (:func:`~commgnn.trainers.layerwise.layerwise_bytes`);
     * VR-GCN: the history, ``N H (L - 1) b``; the rank's ``[n_own, 2F]`` table; per step 24
       bytes per full in-edge and a ``[e_full, H]`` gather and its weighted copy for the
       largest layer's control variate.
 
     ``probed_hops`` (neighbour sampling and VR-GCN): per rank, the hop node counts a sampled
     probe measured (:mod:`commgnn.runner.step_probe`), in place of the overlap-free bound.
+    ``inference`` / ``inference_chunk``: ``minibatch.inference`` and its chunk;
+    ``available``: the bytes ``auto`` decides against (this host's available memory when None).
     """
     b = dtype_bytes
     vr = sampler == "vrgcn"
@@ -311,10 +318,23 @@ def estimate_minibatch_memory(*, num_nodes: int, num_edges: int, num_features: i
     row_f = (2 if vr else 1) * num_features * b
     P = len(report["nodes"])
     train = report.get("train_nodes") or report["nodes"]
+    largest_rows = max(n + h for n, h in zip(report["nodes"], report["halo_in"]))
+    mode = choose_inference(SamplerConfig(inference=inference), own=max(report["nodes"]), rows=largest_rows,
+                            edges=max(report["edges"]),
+                            width=width, num_features=num_features, local_ranks=P,
+                            available=available_bytes() if available is None else available, dtype_bytes=b)
+
+    def eval_bytes(own: int, rows: int, edges: int) -> float:
+        if mode == "full":
+            return full_forward_bytes(own=own, rows=rows, edges=edges, width=width, num_features=num_features,
+                                      dtype_bytes=b)
+        return layerwise_bytes(own=own, chunk_rows=inference_chunk, edges=edges, num_nodes=num_nodes, width=width,
+                               num_features=num_features, avg_degree=num_edges / max(num_nodes, 1), dtype_bytes=b)
+
     per_rank = []
     for r in range(P):
         own, rows, e_r = report["nodes"][r], report["nodes"][r] + report["halo_in"][r], report["edges"][r]
-        part = _partition_bytes(rows, e_r, num_features, b)
+        part = _partition_bytes(rows, e_r, num_features, b) - (rows - own) * num_features * b  # owned features
         st = sampled_per_step(sampler=sampler, batch_size=batch_size, fanout=fanout, layers=layers,
                               num_nodes=num_nodes, num_edges=num_edges, own_nodes=own, num_clusters=num_clusters,
                               clusters_per_batch=clusters_per_batch, budget=budget, walk_length=walk_length,
@@ -349,7 +369,7 @@ def estimate_minibatch_memory(*, num_nodes: int, num_edges: int, num_features: i
         extra = (num_nodes * hidden * (layers - 1) + own * 2 * num_features) * b if vr else 0
         per_rank.append(PROCESS_BASE_MB * 2**20 + part + topo + GLOBAL_NODE_BYTES * num_nodes
                         + cache_rows * (row_f + 16) + TRACE_BYTES * steps * st.nodes
-                        + max(step, EVAL_COPIES * rows * width * b) + extra)
+                        + max(step, eval_bytes(own, rows, e_r)) + extra)
     launcher = _launcher_bytes(num_nodes, num_edges, num_features, report, b, partitions_built, streamed)
     return MemoryEstimate(launcher=float(launcher), per_rank=tuple(float(x) for x in per_rank))
 
@@ -404,7 +424,8 @@ def _minibatch_for_config(cfg: Any, graph: dict[str, Any], report: dict[str, Any
         clusters_per_batch=mb.cluster.clusters_per_batch, budget=mb.saint.budget,
         walk_length=mb.saint.walk_length, saint_steps=mb.saint.steps, presample=mb.saint.presample,
         replace=mb.replace, dtype_bytes=b,
-        partitions_built=not cfg.partition.dir, streamed=graph.get("format") == "graph folder", probed_hops=hops)
+        partitions_built=not cfg.partition.dir, streamed=graph.get("format") == "graph folder", probed_hops=hops,
+        inference=mb.inference, inference_chunk=mb.inference_chunk, available=available)
 
 
 def check_memory(est: MemoryEstimate, *, limit_gb: float) -> None:

@@ -85,6 +85,16 @@ class SamplerConfig:
     topology_share: float = 0.25
     """auto: the largest fraction of available memory the replicated CSRs of all local
     ranks together may take."""
+    inference: Literal["auto", "full", "layerwise"] = "auto"
+    """How evaluation (each epoch) and ``predict`` run the model over every node: ``full``,
+    the full-graph forward (all halo rows of a layer exchanged at once); ``layerwise``,
+    layer by layer in chunks of ``inference_chunk`` owned rows, each chunk's halo rows
+    fetched from their owners (bounded memory, more bytes: a row several chunks need travels
+    several times); ``auto`` = layerwise when the full forward of this host's ranks would
+    take over half of available memory. Both give the same scores."""
+    inference_chunk: int = 65536
+    """layerwise: destination rows per chunk (memory and per-round overhead against the
+    bytes of halo rows fetched again by later chunks)."""
     cluster: ClusterGCNConfig = field(default_factory=ClusterGCNConfig)
     """``[minibatch.cluster]``."""
     saint: SaintConfig = field(default_factory=SaintConfig)
@@ -94,6 +104,7 @@ class SamplerConfig:
         if self.sampler not in SAMPLERS:
             raise ConfigError(f"minibatch.sampler must be one of {', '.join(SAMPLERS)}, got {self.sampler!r}")
         positive("minibatch.batch_size", self.batch_size)
+        positive("minibatch.inference_chunk", self.inference_chunk)
         if not self.fanout:
             raise ConfigError("minibatch.fanout needs one entry per layer, got none")
         for k in self.fanout:

@@ -157,6 +157,9 @@ class FullGraphTrainer:
         self.consensus: float | None = None
         self._evaluated: dict[str, torch.Tensor] | None = None
         self._skip = False  # this step's update is skipped (train.on_nonfinite = "skip_step")
+        self.layerwise: Callable[[int | None], torch.Tensor] | None = None
+        """When set (:class:`~commgnn.trainers.layerwise.LayerwiseInference`), evaluation and
+        :meth:`predict` run it instead of the full-graph forward: ``layerwise(upto)``."""
         self.on_phase: Callable[[str, int], None] | None = None
         """Called as ``(phase, epoch)`` with ``train`` / ``eval`` at the start of each epoch's
         step and evaluation (1-based epoch): for profilers and fault injection."""
@@ -234,7 +237,7 @@ class FullGraphTrainer:
             self.consensus, mean = self.grad_sync.consensus(self.model.parameters())
             local = [p.detach().clone() for p in self.model.parameters()]
             vector_to_parameters(mean, self.model.parameters())
-        pred = self.model(self.x, self.graph, self.eval_halo).argmax(dim=1)
+        pred = self._inference().argmax(dim=1)
         self._evaluated = None
         if local is not None:
             self._evaluated = self.export_module.state_dict()  # the averaged model just evaluated
@@ -244,6 +247,13 @@ class FullGraphTrainer:
         correct = pred == self.part.y
         masks = (self.part.train_mask, self.part.val_mask, self.part.test_mask)
         return torch.stack([(correct & m).sum() for m in masks]).to(torch.float64)
+
+    def _inference(self, upto: int | None = None) -> torch.Tensor:
+        """The eval-mode forward over every owned node (``upto = k``: layer k's output),
+        with the exact exchange (or :attr:`layerwise`); all ranks call it together."""
+        if self.layerwise is not None:
+            return self.layerwise(upto)
+        return self.model(self.x, self.graph, self.eval_halo, **({} if upto is None else {"upto": upto}))
 
     def evaluated_state(self) -> dict[str, torch.Tensor]:
         """A CPU copy of the weights the last :meth:`evaluate` scored: the ranks' average
@@ -261,8 +271,7 @@ class FullGraphTrainer:
             saved = {k: v.detach().clone() for k, v in self.export_module.state_dict().items()}
             self.export_module.load_state_dict(state)
         self.model.eval()
-        upto = {} if layer is None else {"upto": layer}
-        logits = self.model(self.x, self.graph, self.eval_halo, **upto)
+        logits = self._inference(layer)
         if saved is not None:
             self.export_module.load_state_dict(saved)
         return logits

@@ -26,6 +26,8 @@ from commgnn.errors import ConfigError
 from commgnn.fetch.row_cache import LRUCache, RowCache, StaticCache
 from commgnn.fetch.config import FetchConfig
 from commgnn.fetch.policies import capacity_rows, degree_ranking, hotness_ranking
+from commgnn.models.config import ModelConfig
+from commgnn.models.net import layer_dims
 from commgnn.partition.local import LocalPartition
 from commgnn.sampling.base import Sampler
 from commgnn.sampling.cluster import ClusterSampler
@@ -119,6 +121,44 @@ def choose_topology(cfg: SamplerConfig, num_nodes: int, num_edges: int, local_ra
     if need <= share:
         return "replicated"
     return "partitioned"
+
+
+INFERENCE_SHARE = 0.5
+"""``minibatch.inference = auto``: the largest fraction of available memory the full-graph
+forward of all local ranks may take before inference runs layer by layer."""
+
+
+def full_forward_bytes(*, own: int, rows: int, edges: int, width: int, num_features: int,
+                       dtype_bytes: int = 4) -> float:
+    """One rank's full-graph eval-mode forward beyond its partition: a layer's input on the
+    owned and halo rows (``rows``) beside the halo block received (``rows - own``), both at
+    ``max(F, W)`` wide, the layer's output on the owned rows, and the CSR operator pair over
+    its edges (24 bytes an edge)."""
+    return ((2 * rows - own) * max(width, num_features) + own * width) * dtype_bytes + 24 * edges
+
+
+def choose_inference(cfg: SamplerConfig, *, own: int, rows: int, edges: int, width: int, num_features: int,
+                     local_ranks: int, available: float, dtype_bytes: int = 4) -> str:
+    """``full`` or ``layerwise`` for ``minibatch.inference = auto`` (the same answer on every
+    rank given the same numbers: the largest rank's owned rows, rows with its halo and edges,
+    and :func:`available_memory`)."""
+    if cfg.inference != "auto":
+        return cfg.inference
+    need = full_forward_bytes(own=own, rows=rows, edges=edges, width=width, num_features=num_features,
+                              dtype_bytes=dtype_bytes) * local_ranks
+    return "full" if need <= INFERENCE_SHARE * available else "layerwise"
+
+
+def inference_mode(ctx: DistContext, cfg: SamplerConfig, part: LocalPartition, model_cfg: ModelConfig,
+                   dtype_bytes: int, available: float) -> str:
+    """:func:`choose_inference` for this job: the largest rank's rows and edges (one
+    all-reduce, so every rank decides alike) and ``available`` (:func:`available_memory`)."""
+    largest = ctx.all_reduce(torch.tensor([float(part.num_owned), float(part.num_owned + part.num_halo),
+                                           float(part.edge_index.shape[1])], dtype=torch.float64), "max")
+    width = max(d for _, d in layer_dims(model_cfg, int(part.x.shape[1]), part.num_classes))
+    return choose_inference(cfg, own=int(largest[0]), rows=int(largest[1]), edges=int(largest[2]), width=width,
+                            num_features=int(part.x.shape[1]), local_ranks=ctx.local_world_size,
+                            available=available, dtype_bytes=dtype_bytes)
 
 
 def build_sampler(cfg: SamplerConfig, ctx: DistContext, hooks: Hooks, part: LocalPartition, *, layers: int,

@@ -58,8 +58,9 @@ from commgnn.sampling.remote_edges import PartitionedEdges, RemoteInEdges
 from commgnn.trainers.config import TrainConfig, stream_seed
 from commgnn.trainers.fullgraph import FullGraphTrainer, halo_plan
 from commgnn.trainers.nonfinite import guard_step
+from commgnn.trainers.layerwise import LayerwiseInference
 from commgnn.trainers.mb_setup import (available_memory, build_cache, build_sampler, cache_capacity, choose_topology,
-                                       owner_map, remote_candidates, replicated_topology,
+                                       inference_mode, owner_map, remote_candidates, replicated_topology,
                                        sampler_reach)
 
 BELADY_LIMIT = 3_000_000
@@ -90,6 +91,11 @@ class MiniBatchTrainer(FullGraphTrainer):
         self.topology = choose_topology(sampler_cfg, cpu.num_nodes_global, int(edges[0]), ctx.local_world_size,
                                         self.available)
         csr = replicated_topology(ctx, hooks, cpu) if self.topology == "replicated" else None
+        self.inference = inference_mode(ctx, sampler_cfg, cpu, model_cfg, self.x.element_size(), self.available)
+        """``full`` or ``layerwise``: how :meth:`evaluate` and :meth:`predict` run (``minibatch.inference``)."""
+        if self.inference == "layerwise":
+            self.layerwise = LayerwiseInference(ctx, hooks.bytes_only(), self.model, self.part, self.x, self.owner,
+                                                self.row, sampler_cfg.inference_chunk)
         layers = len(self.model.convs)
         self.sampler = build_sampler(sampler_cfg, ctx, hooks, cpu, layers=layers, csr=csr, owner=self.owner,
                                      row=self.row, seed=train_cfg.seed)

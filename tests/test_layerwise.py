@@ -1,0 +1,72 @@
+"""Layer-wise inference (:mod:`commgnn.trainers.layerwise`) gives the full-graph forward's
+scores and embeddings, on one rank and across ranks, with chunks smaller than a rank."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from commgnn.models import ModelConfig
+from commgnn.sampling.config import SamplerConfig
+from commgnn.trainers import TrainConfig
+from commgnn.trainers.mb_setup import choose_inference
+from helpers import run_on_ranks, small_graph
+import mb_ranks
+from mb_ranks import random_parts
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("P,chunk,transform_first", [(1, 7, False), (3, 5, False), (2, 1000, True)])
+def test_layerwise_scores_equal_the_full_graph_forward(tmp_path, P, chunk, transform_first):
+    data = small_graph(n=90, m=500)
+    model = ModelConfig(name="sage", hidden=6, layers=3, dropout=0.3)  # dropout: eval mode must drop nothing
+    if transform_first:  # the message is h W^T when narrower: 16 features -> 6 hidden
+        data.x = torch.randn(90, 16, generator=torch.Generator().manual_seed(1))
+    res = run_on_ranks(mb_ranks.layerwise_against_full, P, tmp_path, data, random_parts(90, P, 3), model,
+                       TrainConfig(epochs=1, lr=0.05, seed=2), chunk)
+    for r in res:
+        assert r["full"].shape == r["lw"].shape and r["full"].shape[1] == int(data.y.max()) + 1
+        torch.testing.assert_close(r["lw"], r["full"], rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(r["lw_h"], r["full_h"], rtol=1e-5, atol=1e-6)
+    if P > 1:
+        # Every halo row is the source of an owned node's in-edge, so each layer sends it
+        # (an id out, float32 values back) at least once; one chunk a rank sends it once.
+        F, H = data.x.shape[1], 6
+        halo_bytes = sum(r["halo"] for r in res) * (8 + 4 * F + 8 + 4 * H + 8 + 4 * H)
+        sent = sum(r["eval_bytes"] for r in res)
+        assert sent >= halo_bytes
+        if all(r["own"] <= chunk for r in res):
+            assert sent <= halo_bytes + 2 * 3 * P * (P - 1) * 8  # plus the per-peer counts
+    for r in res:  # evaluation (layer-wise here) counts what the scores say
+        correct = r["lw"].argmax(1) == r["y"]
+        assert torch.equal(r["counts"], (r["masks"] & correct).sum(1).to(torch.float64))
+
+
+def test_auto_picks_layerwise_only_when_the_full_forward_would_crowd_memory():
+    cfg = SamplerConfig()
+    kw = dict(own=500_000, rows=1_000_000, edges=10_000_000, width=128, num_features=128, local_ranks=4)
+    # 4 ranks x ((1.5M + 0.5M) x 128 x 4 B + 240 MB) = 5.06 GB against half of what is available
+    assert choose_inference(cfg, available=20e9, **kw) == "full"
+    assert choose_inference(cfg, available=10.2e9, **kw) == "full"
+    assert choose_inference(cfg, available=10.0e9, **kw) == "layerwise"
+    assert choose_inference(SamplerConfig(inference="full"), available=1e9, **kw) == "full"
+    assert choose_inference(SamplerConfig(inference="layerwise"), available=1e12, **kw) == "layerwise"
+
+
+@pytest.mark.timeout(180)
+def test_a_layerwise_minibatch_run_predicts_its_own_scores_on_other_rank_counts(tmp_path):
+    """Training evaluates layer by layer in chunks of 60 rows; ``predict`` on 3 ranks (new
+    partitions, layer-wise too, as the run's config says) and the run's own
+    ``predictions.pt`` agree."""
+    from commgnn.cli.main import main
+
+    cfg = tmp_path / "small.toml"
+    cfg.write_text("[data.synthetic]\nnum_nodes = 400\nnum_classes = 3\nfeature_dim = 8\n")
+    run = tmp_path / "run"
+    assert main(["train", "--parts", "2", "--epochs", "2", "--hidden", "8", "--mode", "minibatch", "--model", "sage",
+                 "--fanout", "5,5", "--batch-size", "64", "--inference", "layerwise", "--inference-chunk", "60",
+                 "--quiet", "--no-energy", "--out", str(run), "--config", str(cfg)]) == 0
+    assert 'inference = "layerwise"' in (run / "config.toml").read_text()
+    out = tmp_path / "p3.pt"
+    assert main(["predict", str(run), "--parts", "3", "--out", str(out)]) == 0
+    torch.testing.assert_close(torch.load(out), torch.load(run / "predictions.pt"), rtol=1e-5, atol=1e-5)
