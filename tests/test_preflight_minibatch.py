@@ -85,23 +85,6 @@ def test_vrgcn_step_sizes_bound_the_sampler(big):
         assert sum(b.num_edges for b in mb.blocks) <= st.edges
 
 
-def test_hops_gather_at_most_the_candidate_bound(big):
-    """Without replacement each hop first gathers every in-edge of its nodes."""
-    topo, E = big
-    deg = topo.in_degree()
-    seeds = torch.randperm(100_000, generator=torch.Generator().manual_seed(5))[:512]
-    sampler = NeighborSampler(replicated_source(topo, False), seeds, [5, 5, 5], 128)
-    st = pf.sampled_per_step(sampler="neighbor", batch_size=128, fanout=(5, 5, 5), layers=3, num_nodes=100_000,
-                             num_edges=E, own_nodes=512)
-    assert st.candidate_edges > st.edges / 3
-    for mb in sampler.epoch(sampler.num_batches(), torch.Generator().manual_seed(6)):
-        for block in mb.blocks:
-            assert int(deg[mb.nodes[: block.num_dst]].sum()) <= st.candidate_edges
-    with_replacement = pf.sampled_per_step(sampler="neighbor", batch_size=128, fanout=(5, 5, 5), layers=3,
-                                           num_nodes=100_000, num_edges=E, own_nodes=512, replace=True)
-    assert with_replacement.candidate_edges == 0
-
-
 @pytest.mark.parametrize("sampler", ["neighbor", "vrgcn", "cluster", "saint-node", "saint-edge", "saint-rw"])
 def test_step_sizes_stay_within_the_graph(sampler):
     """Fan-out -1, a batch larger than the graph and a rank without nodes."""
@@ -109,7 +92,7 @@ def test_step_sizes_stay_within_the_graph(sampler):
         st = pf.sampled_per_step(sampler=sampler, batch_size=10_000, fanout=(-1, 3), layers=2, num_nodes=100,
                                  num_edges=800, own_nodes=own, budget=10_000)
         assert 0 <= st.nodes <= 100 and all(0 <= o <= 100 for o in st.outs) and len(st.outs) == 2
-        assert 0 <= st.edges and st.full_edges_layer <= 800 and st.candidate_edges <= 800
+        assert 0 <= st.edges and st.full_edges_layer <= 800
 
 
 def test_subgraph_samplers_are_bounded(csr):

@@ -111,9 +111,6 @@ class StepSize:
     """VR-GCN: the full in-edges of the sampled blocks' destinations, summed over layers."""
     full_edges_layer: int = 0
     """VR-GCN: the largest of those per layer (its control variate gathers a row per edge)."""
-    candidate_edges: int = 0
-    """Neighbour sampling without replacement: the most in-edges one hop gathers (and shuffles)
-    before it keeps ``f_k`` per node."""
 
 
 def check_rank_count(parts: int, *, force: bool, cores: int | None = None) -> None:
@@ -226,9 +223,8 @@ def sampled_per_step(*, sampler: str, batch_size: int, fanout: tuple[int, ...], 
     fan-out of -1 counts as ``d``); hop ``k``'s block has ``c_{k-1} f_k`` edges; layer
     ``j`` reads ``c_{L-j+1}`` rows and writes ``c_{L-j}``. vrgcn: the same with
     ``fanout[:L-1]``, plus the full in-edges of each sampled block's ``c_{k-1}``
-    destinations, ``d`` each. Without replacement a hop first gathers every in-edge of its
-    ``c_{k-1}`` nodes (``d`` each; a graph whose sampled nodes have more than twice the
-    average degree gathers more). Subgraph samplers run every layer on one subgraph of ``S``
+    destinations, ``d`` each. (A hop draws its ``f_k`` per node directly, with or without
+    replacement: nothing proportional to a node's degree is gathered.) Subgraph samplers run every layer on one subgraph of ``S``
     nodes and at most ``S d`` edges: cluster takes ``clusters_per_batch`` METIS clusters of
     at most ``METIS_CLUSTER_SLACK n / k`` nodes, GraphSAINT its budget (node), twice it
     (edge) or ``budget (walk_length + 1)`` (random walks).
@@ -248,12 +244,10 @@ def sampled_per_step(*, sampler: str, batch_size: int, fanout: tuple[int, ...], 
         K = len(fs)
         outs = [int(c[K - j]) for j in range(1, K + 1)]
         in_edges = [min(c[k] * d, float(num_edges)) for k in range(K)]  # all in-edges of a hop's nodes
-        gathered = 0 if replace else int(max(in_edges, default=0))
         if sampler == "vrgcn":  # its identity layer 0 writes every sampled row
             return StepSize(nodes=int(c[K]), outs=(int(c[K]), *outs), edges=int(sum(edges)),
-                            full_edges=int(sum(in_edges)), full_edges_layer=int(max(in_edges, default=0)),
-                            candidate_edges=gathered)
-        return StepSize(nodes=int(c[K]), outs=tuple(outs), edges=int(sum(edges)), candidate_edges=gathered)
+                            full_edges=int(sum(in_edges)), full_edges_layer=int(max(in_edges, default=0)))
+        return StepSize(nodes=int(c[K]), outs=tuple(outs), edges=int(sum(edges)))
     if sampler == "cluster":
         k = max(min(num_clusters, own_nodes), 1)
         nodes = clusters_per_batch * math.ceil(METIS_CLUSTER_SLACK * own_nodes / k)
@@ -295,8 +289,8 @@ def estimate_minibatch_memory(*, num_nodes: int, num_edges: int, num_features: i
     * the request trace: ``TRACE_BYTES S`` per step of the epoch (the most training nodes of
       any rank over ``B`` for neighbour sampling; for subgraph samplers the most nodes of any
       rank over ``S``, or ``saint.steps``);
-    * the largest of three phases: sampling holds the blocks (``BLOCK_EDGE_BYTES e``) and a
-      hop's gathered candidates (``BLOCK_EDGE_BYTES`` each); a training step holds the blocks,
+    * the largest of three phases: sampling holds the blocks (``BLOCK_EDGE_BYTES e``); a
+      training step holds the blocks,
       ``BATCH_FEATURE_COPIES S F' b`` and ``ACTIVATION_COPIES["sage"] W b`` per output row of
       every layer (with ``fetch.prefetch`` the next step is sampled and fetched meanwhile:
       both phases at once); the exact evaluation each epoch, as ``minibatch.inference``
@@ -361,7 +355,7 @@ def estimate_minibatch_memory(*, num_nodes: int, num_edges: int, num_features: i
             steps = saint_steps if sampler.startswith("saint") and saint_steps else \
                 math.ceil(max(report["nodes"]) / max(st.nodes, 1))
         blocks = BLOCK_EDGE_BYTES * st.edges + 24 * st.full_edges
-        sampling = blocks + BLOCK_EDGE_BYTES * st.candidate_edges
+        sampling = blocks
         train_step = (blocks + BATCH_FEATURE_COPIES * st.nodes * row_f
                       + ACTIVATION_COPIES["sage"] * sum(st.outs) * width * b
                       + (2 * st.full_edges_layer * hidden * b if vr else 0))

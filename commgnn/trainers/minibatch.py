@@ -261,6 +261,7 @@ class MiniBatchTrainer(FullGraphTrainer):
             "steps": self.steps, "sampled_nodes_per_step": float(s[0]) / batches,
             "sampled_edges_per_step": float(s[1]) / batches, "train_loop_s": float(rows[:, 3].max()),
             "remote_requests": int(s[4]), "rows_fetched": int(s[8]), "cache_hits": int(s[5]),
+            "inference": self.inference,
         }
         if self.capacity or self.cache is not None:
             log["cache_rows"] = self.capacity
