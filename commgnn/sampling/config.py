@@ -92,9 +92,10 @@ class SamplerConfig:
     fetched from their owners (bounded memory, more bytes: a row several chunks need travels
     several times); ``auto`` = layerwise when the full forward of this host's ranks would
     take over half of available memory. Both give the same scores."""
-    inference_chunk: int = 65536
-    """layerwise: destination rows per chunk (memory and per-round overhead against the
-    bytes of halo rows fetched again by later chunks)."""
+    inference_chunk: int = 8192
+    """layerwise: destination rows per chunk. A chunk holds its sources' rows, about
+    ``chunk (1 + average degree)`` of them, three times over; fewer rows cost more rounds
+    and fetch a halo row that several chunks need more often."""
     cluster: ClusterGCNConfig = field(default_factory=ClusterGCNConfig)
     """``[minibatch.cluster]``."""
     saint: SaintConfig = field(default_factory=SaintConfig)

@@ -41,9 +41,10 @@ from commgnn.models.blocks import BlockGraph
 from commgnn.models.net import PartitionGNN, activation
 from commgnn.partition.local import LocalPartition
 from commgnn.sampling.base import Block
+from commgnn.sampling.config import SamplerConfig
 
-DEFAULT_CHUNK_ROWS = 65536
-"""Destination rows per chunk when the caller names none."""
+DEFAULT_CHUNK_ROWS = SamplerConfig().inference_chunk
+"""Destination rows per chunk when the caller names none (``minibatch.inference_chunk``)."""
 
 
 def layerwise_bytes(*, own: int, chunk_rows: int, edges: int, num_nodes: int, width: int, num_features: int,
