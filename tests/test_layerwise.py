@@ -70,3 +70,25 @@ def test_a_layerwise_minibatch_run_predicts_its_own_scores_on_other_rank_counts(
     out = tmp_path / "p3.pt"
     assert main(["predict", str(run), "--parts", "3", "--out", str(out)]) == 0
     torch.testing.assert_close(torch.load(out), torch.load(run / "predictions.pt"), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.timeout(120)
+def test_half_precision_features_train_as_their_float32_values_at_half_the_fetched_bytes(tmp_path):
+    """float16 features (a graph folder's x.npy) stay float16 in a mini-batch rank: each step
+    converts the rows it reads, so training equals training on the same values in float32,
+    bit for bit, while the fetched rows travel at 2 bytes a value."""
+    from commgnn.fetch.config import FetchConfig
+
+    data = small_graph(n=120, m=600)
+    data.x = data.x.to(torch.float16)
+    wide = data.clone()
+    wide.x = data.x.to(torch.float32)
+    model, train = mb_ranks.small_cfgs()
+    sampler = SamplerConfig(fanout=(4, 4), batch_size=16, inference="layerwise", inference_chunk=17)
+    runs = [run_on_ranks(mb_ranks.train_minibatch, 2, mb_ranks.mkdir(tmp_path / name), d, random_parts(120, 2, 4),
+                         model, train, sampler, FetchConfig(), 2) for name, d in (("half", data), ("wide", wide))]
+    for half, full in zip(*runs):
+        for k, v in full["state"].items():
+            assert torch.equal(half["state"][k], v), k
+        assert [r.val_acc for r in half["results"]] == [r.val_acc for r in full["results"]]
+        assert 0 < half["sent"]["fetch_rows"] * 2 <= full["sent"]["fetch_rows"] + 8 * 2 * 2

@@ -99,7 +99,10 @@ class FullGraphTrainer:
         self.halo_cfg = halo_cfg = comm_cfg.halo
         dtype = _DTYPES[train_cfg.dtype]
         self.part = part.to(ctx.device)
-        self.x = self.part.x.to(dtype)
+        self.dtype = dtype
+        """The model's floating dtype (``train.dtype``)."""
+        self.x = self._input_features(dtype)
+        """``[n_own, F]`` the owned feature rows: ``dtype``, or (mini-batch) their stored dtype."""
         self.graph = local_graph(self.part, train_cfg.resolved_kernel)
         plan = halo_plan(self.part)
         byo = None
@@ -138,8 +141,10 @@ class FullGraphTrainer:
             self.model = model_cls(model_cfg, part.x.shape[1], part.num_classes,
                                    transform_first=halo_cfg.transform_first).to(ctx.device, dtype)
             if halo_cfg.precompute:
+                self.x = self.x.to(dtype)
                 self.model.precompute(self.x, self.graph, self.eval_halo, dropout=halo_cfg.precompute_dropout)
             if self._sparse_input(train_cfg.sparse_input):
+                self.x = self.x.to(dtype)  # the pattern's values feed the first layer as they are
                 self.model.use_sparse_input(self.x, self.eval_halo)
         self.export_module: nn.Module = byo.module if byo is not None else self.model
         """The module whose state dict is the trained model (plain PyG keys)."""
@@ -163,6 +168,11 @@ class FullGraphTrainer:
         self.on_phase: Callable[[str, int], None] | None = None
         """Called as ``(phase, epoch)`` with ``train`` / ``eval`` at the start of each epoch's
         step and evaluation (1-based epoch): for profilers and fault injection."""
+
+    def _input_features(self, dtype: torch.dtype) -> torch.Tensor:
+        """The owned feature rows as training holds them: converted to ``dtype`` (the
+        full-graph forward reads every row each epoch)."""
+        return self.part.x.to(dtype)
 
     def _forward_module(self) -> nn.Module:
         """The module training runs forward through (the gradient strategy may wrap it)."""
@@ -253,7 +263,7 @@ class FullGraphTrainer:
         with the exact exchange (or :attr:`layerwise`); all ranks call it together."""
         if self.layerwise is not None:
             return self.layerwise(upto)
-        return self.model(self.x, self.graph, self.eval_halo, **({} if upto is None else {"upto": upto}))
+        return self.model(self.x.to(self.dtype), self.graph, self.eval_halo, **({} if upto is None else {"upto": upto}))
 
     def evaluated_state(self) -> dict[str, torch.Tensor]:
         """A CPU copy of the weights the last :meth:`evaluate` scored: the ranks' average

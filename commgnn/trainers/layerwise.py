@@ -88,7 +88,8 @@ def layerwise_forward(ctx: DistContext, hooks: Hooks, model: PartitionGNN, part:
                       owner: Tensor, row: Tensor, *, chunk_rows: int = DEFAULT_CHUNK_ROWS,
                       upto: int | None = None) -> Tensor:
     """``[n_own, C]`` logits of this rank's nodes (``upto = k``: layer k's output), equal to
-    the full-graph eval-mode forward (module docstring). ``x [n_own, F]``: the owned rows;
+    the full-graph eval-mode forward (module docstring). ``x [n_own, F]``: the owned rows
+    (any floating dtype: half-precision rows travel as stored and are converted per chunk);
     ``owner [N]`` / ``row [N]``: every node's owner rank and its row there. All ranks call it
     together (one request-reply round per chunk and layer, the same count everywhere)."""
     if chunk_rows < 1:
@@ -102,6 +103,7 @@ def layerwise_forward(ctx: DistContext, hooks: Hooks, model: PartitionGNN, part:
     if ctx.is_distributed:  # every rank runs the same number of rounds
         chunks = int(ctx.all_reduce(torch.tensor([float(chunks)], dtype=torch.float64), "max")[0])
     last = len(model.convs) - 1
+    wdtype = next(model.parameters()).dtype
     h = x
     for i, conv in enumerate(model.convs):
         out: Tensor | None = None
@@ -117,7 +119,7 @@ def layerwise_forward(ctx: DistContext, hooks: Hooks, model: PartitionGNN, part:
 
             fetched = request_reply(ctx, hooks, halo_owner[halo], halo_row[halo], serve,
                                     req_kind="halo_eval", rep_kind="halo_eval")
-            rows = torch.cat([h[a:b], h[needed[:n_in]], fetched.to(h.dtype)])
+            rows = torch.cat([h[a:b], h[needed[:n_in]], fetched]).to(wdtype)  # stored features may be float16
             del fetched
             deg = torch.bincount(pos, minlength=b - a).clamp(min=1).to(torch.float64)
             block = Block(edge_index=torch.stack([local + (b - a), pos]), num_src=int(rows.shape[0]),

@@ -91,7 +91,7 @@ class MiniBatchTrainer(FullGraphTrainer):
         self.topology = choose_topology(sampler_cfg, cpu.num_nodes_global, int(edges[0]), ctx.local_world_size,
                                         self.available)
         csr = replicated_topology(ctx, hooks, cpu) if self.topology == "replicated" else None
-        self.inference = inference_mode(ctx, sampler_cfg, cpu, model_cfg, self.x.element_size(), self.available)
+        self.inference = inference_mode(ctx, sampler_cfg, cpu, model_cfg, self.dtype.itemsize, self.available)
         """``full`` or ``layerwise``: how :meth:`evaluate` and :meth:`predict` run (``minibatch.inference``)."""
         if self.inference == "layerwise":
             self.layerwise = LayerwiseInference(ctx, hooks.bytes_only(), self.model, self.part, self.x, self.owner,
@@ -124,6 +124,16 @@ class MiniBatchTrainer(FullGraphTrainer):
             # Background fetches get their own communicator (created in the same order on every rank).
             self.prefetch_group = ctx.new_group()
         self._stats = torch.zeros(4, dtype=torch.float64)  # sampled nodes, edges, batches, train seconds
+
+    def _input_features(self, dtype: torch.dtype) -> Tensor:
+        """Half-precision features (a graph folder's float16 ``x.npy``) stay as stored, a
+        file-backed memory map: a step converts only the rows it reads, and fetched rows
+        travel at 2 bytes a value. VR-GCN's table and quantised or sparse fetches convert
+        them once, as full-graph training does."""
+        x = self.part.x
+        keep = (x.dtype in (torch.float16, torch.bfloat16) and dtype in (torch.float32, torch.float64)
+                and not self.vr and self.fetch_cfg.bits == 32 and not self.fetch_cfg.sparse)
+        return x if keep else x.to(dtype)
 
     def _forward_module(self) -> nn.Module:
         if self.vr:
@@ -215,6 +225,7 @@ class MiniBatchTrainer(FullGraphTrainer):
         params = list(self.model.parameters())
         for batch, rows in self._batches():
             self.optimizer.zero_grad(set_to_none=True)
+            rows = rows.to(self.dtype)  # half-precision rows are converted here, a step's worth
             out = self.net(rows, batch) if self.vr else self.net(rows, batch, _graphs(batch, self.graph.kernel))
             tgt = batch.target
             labels = self.part.y[self.row[batch.output_nodes[tgt]]]
