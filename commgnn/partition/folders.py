@@ -387,6 +387,19 @@ def _tensor(arr: np.ndarray) -> torch.Tensor:
     return torch.from_numpy(arr) if arr.size else torch.from_numpy(np.array(arr))
 
 
+def _expand_csr(indptr: np.ndarray, indices: np.ndarray, rows: int = 1 << 20) -> np.ndarray:
+    """The contract's ``edge_index``, int64 ``[2, E]``: the columns widened, the CSR's rows
+    expanded, written into one array ``rows`` rows at a time (16 bytes an edge and a chunk,
+    where stacking widened copies held 40)."""
+    n_own, E = len(indptr) - 1, len(indices)
+    out = np.empty((2, E), dtype=np.int64)
+    out[0] = indices
+    for a in range(0, n_own, rows):
+        b = min(a + rows, n_own)
+        out[1, indptr[a]:indptr[b]] = np.repeat(np.arange(a, b, dtype=np.int64), np.diff(indptr[a:b + 1]))
+    return out
+
+
 @one_line_errors
 def load_rank_folder(dir: str | Path, rank: int, *, expected_fingerprint: str | None = None,
                      expected_parts: int | None = None) -> LocalPartition:
@@ -447,9 +460,7 @@ def load_rank(path: Path, rank: int, meta: dict[str, Any]) -> LocalPartition:
     if indptr.shape != (n_own + 1,) or indptr.dtype != np.int64 or indices.ndim != 1 \
             or (n_own and (indptr[0] != 0 or indptr[-1] != len(indices) or (np.diff(indptr) < 0).any())):
         raise PartitionError(f"{name} in {path} has an inconsistent in-CSR (indptr/indices); {_RERUN}")
-    # The contract's edge_index is int64 [2, E]: the CSR's rows expanded, the columns widened.
-    dst = np.repeat(np.arange(n_own, dtype=np.int64), np.diff(indptr))
-    edge_index = torch.from_numpy(np.stack([np.asarray(indices, dtype=np.int64), dst]))
+    edge_index = torch.from_numpy(_expand_csr(indptr, indices))
     tensors = {n: _tensor(arrays[n]) for n in _ARRAYS if n not in ("indptr", "indices")}
     lp = LocalPartition(**scalars, **counts, edge_index=edge_index, **tensors)
     problem = check_local_partition(lp, rank=rank, num_parts=meta["num_parts"], num_nodes=meta["num_nodes"],

@@ -15,7 +15,7 @@ ranks) computes layer ``l + 1`` for all owned rows before layer ``l + 2``, one c
             H_{l+1}[a:b] = act(conv_l(R -> [a, b)))    the mean over full in-neighbourhoods
 
 so a rank holds ``H_l`` and ``H_{l+1}`` (owned rows only), one chunk's edges and source
-rows, and a dst-sorted copy of its local edges. Every value is the full-graph forward's
+rows, and its local edges as the partition stores them (sorted by target). Every value is the full-graph forward's
 (the same edges, the same mean weights ``1 / in-degree``, eval mode): a parity test holds
 it to :meth:`FullGraphTrainer.predict`. Halo rows are fetched per chunk, so a row that
 several chunks need travels several times: the bytes (``halo_eval``) exceed one exact
@@ -50,27 +50,29 @@ DEFAULT_CHUNK_ROWS = SamplerConfig().inference_chunk
 def layerwise_bytes(*, own: int, chunk_rows: int, edges: int, num_nodes: int, width: int, num_features: int,
                     avg_degree: float, dtype_bytes: int = 4) -> float:
     """Peak bytes of :func:`layerwise_forward` on one rank beyond its partition: the input
-    and output of a layer on the owned rows (the input at ``max(F, W)`` wide), the dst-sorted
-    local edges (16 bytes an edge), and one chunk: its edges (``c * avg_degree``, 40 bytes
-    each with the block's weights and its CSR) and source rows (``c (1 + avg_degree)``, at
-    most ``n_own + halo``) at ``max(F, W)`` wide, three copies (gathered, fetched, concatenated)."""
+    and output of a layer on the owned rows (the input at ``max(F, W)`` wide) and one
+    chunk: its edges (``c * avg_degree``, 40 bytes each with the block's weights and its
+    CSR) and source rows (``c (1 + avg_degree)``, at most ``N``) at ``max(F, W)`` wide,
+    three copies (gathered, fetched, concatenated)."""
     wide = max(width, num_features)
     chunk_edges = min(chunk_rows * avg_degree, float(edges))
     chunk_src = min(chunk_rows * (1 + avg_degree), float(num_nodes))
-    return (own * (wide + width) * dtype_bytes + 16 * edges + 40 * chunk_edges
+    return (own * (wide + width) * dtype_bytes + 40 * chunk_edges
             + 3 * chunk_src * wide * dtype_bytes)
 
 
 class _InCSR:
-    """This rank's local edges sorted by destination: chunk ``[a, b)``'s in-edges are the
-    slice ``src[ptr[a]:ptr[b]]``."""
+    """This rank's local edges sorted by destination (as a partition stores them; sorted here
+    otherwise): chunk ``[a, b)``'s in-edges are the slice ``src[ptr[a]:ptr[b]]``."""
 
     def __init__(self, part: LocalPartition) -> None:
         src, dst = part.edge_index.cpu()
-        order = torch.sort(dst, stable=True).indices
-        small = part.num_owned + part.num_halo < 2**31 - 1
-        self.src = src[order].to(torch.int32 if small else torch.int64)
-        del order
+        if dst.numel() < 2 or bool((dst[1:] >= dst[:-1]).all()):
+            self.src = src  # a partition's edges come sorted by target: a view, no copy
+        else:
+            order = torch.sort(dst, stable=True).indices
+            small = part.num_owned + part.num_halo < 2**31 - 1
+            self.src = src[order].to(torch.int32 if small else torch.int64)
         counts = torch.bincount(dst, minlength=part.num_owned)
         self.ptr = torch.zeros(part.num_owned + 1, dtype=torch.int64)
         torch.cumsum(counts, 0, out=self.ptr[1:])

@@ -68,6 +68,11 @@ def owner_map(ctx: DistContext, hooks: Hooks, part: LocalPartition) -> tuple[Ten
     return owner, row
 
 
+def own_sources(part: LocalPartition) -> Tensor:
+    """``[E_r]`` int64 global ids of the sources of this rank's in-edges (edge_index order)."""
+    return torch.cat([part.global_ids, part.halo_global_ids]).cpu()[part.edge_index[0].cpu()]
+
+
 def own_in_edges(part: LocalPartition) -> Tensor:
     """``[2, E_r]`` this rank's in-edges in global ids (source row 0, target row 1)."""
     src_ids = torch.cat([part.global_ids, part.halo_global_ids]).cpu()
@@ -176,8 +181,7 @@ def build_sampler(cfg: SamplerConfig, ctx: DistContext, hooks: Hooks, part: Loca
                           f"'partitioned') needs a positive fan-out per sampled layer, not -1 (all): give one, "
                           f"or raise topology_share / set topology = 'replicated' if the CSR fits")
     if csr is None and name != "cluster":  # the owners answer for their nodes
-        own_csr = CSRTopology.from_edge_index(
-            torch.stack([own_in_edges(part)[0], part.edge_index[1].cpu()]), part.num_owned)
+        own_csr = CSRTopology.from_pairs(own_sources(part), part.edge_index[1].cpu(), part.num_owned)
         gen = torch.Generator().manual_seed(stream_seed(seed, ctx.rank, "owner"))
         # (a walk's step is one draw: with replacement it costs a draw a node, not a shuffle)
         source = RemoteNeighbors(ctx, hooks, own_csr=own_csr, owner=owner, row=row,
