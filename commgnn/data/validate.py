@@ -27,6 +27,22 @@ DEFAULT_MAX_CLASSES = 1000
 _INTEGER_DTYPES = (torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64)
 
 
+ROW_CHUNK = 65536
+"""Rows per chunk of the element-wise checks over a feature matrix."""
+
+
+def all_finite(x: Tensor, rows: int = ROW_CHUNK) -> bool:
+    """No NaN/inf in ``x [N, ...]``, checked ``rows`` rows at a time: torch's CPU kernels
+    compute a float16 comparison through a float32 copy of the whole input (+1.6 GB on a
+    rank's 2.57M x 128 float16 rows, measured), where a chunk costs a chunk."""
+    return all(bool(torch.isfinite(x[a:a + rows]).all()) for a in range(0, x.shape[0], rows))
+
+
+def count_nonzero(x: Tensor, rows: int = ROW_CHUNK) -> int:
+    """Non-zero entries of ``x [N, ...]``, counted ``rows`` rows at a time (see :func:`all_finite`)."""
+    return sum(int(torch.count_nonzero(x[a:a + rows])) for a in range(0, x.shape[0], rows))
+
+
 def _first(flags: Tensor) -> int:
     """Index of the first True in a 1-D bool tensor (which must have one)."""
     return int(flags.nonzero()[0, 0])

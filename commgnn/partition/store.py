@@ -39,7 +39,7 @@ import torch
 from torch import Tensor
 
 from commgnn.config import one_line_errors
-from commgnn.data.validate import unusual_tensor
+from commgnn.data.validate import all_finite, unusual_tensor
 from commgnn.errors import PartitionError
 from commgnn.integrity import replace_dir
 from commgnn.partition.local import LocalPartition
@@ -363,7 +363,7 @@ def check_local_partition(lp: LocalPartition, *, rank: int, num_parts: int, num_
         return f"x has {lp.x.size(1)} features but meta.json records {num_features}"
     if not lp.x.dtype.is_floating_point:
         return f"x has dtype {lp.x.dtype}, expected floating point"
-    if not bool(torch.isfinite(lp.x).all()):
+    if not all_finite(lp.x):
         return "x has NaN/inf values"
     if lp.y.dim() != 1 or lp.y.size(0) != n_own:
         return f"y has shape {tuple(lp.y.shape)}, expected [{n_own}]"

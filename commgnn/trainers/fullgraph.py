@@ -31,6 +31,7 @@ from commgnn.comm.halo.exchange import RowExchange
 from commgnn.comm.halo.maxk_rows import MaxKRows
 from commgnn.comm.halo.sparse_setup import SparseSetup
 from commgnn.comm.halo.protocol import HaloExchange, HaloPlan
+from commgnn.data.validate import count_nonzero
 from commgnn.distributed.context import DistContext
 from commgnn.distributed.events import Hooks
 from commgnn.errors import ConfigError
@@ -191,7 +192,7 @@ class FullGraphTrainer:
         """Same answer on every rank (the decision changes which collectives run)."""
         if mode != "auto":
             return mode == "on"
-        nnz = torch.tensor([float((self.x != 0).sum()), float(self.x.numel())], dtype=torch.float64)
+        nnz = torch.tensor([float(count_nonzero(self.x)), float(self.x.numel())], dtype=torch.float64)
         nnz = self.ctx.all_reduce(nnz)
         return bool(nnz[0] < 0.1 * nnz[1])
 
