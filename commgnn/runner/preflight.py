@@ -39,7 +39,8 @@ from commgnn.errors import UserError
 from commgnn.runner.step_probe import PROBE_MARGIN, ProbeGraph, probe_hops
 from commgnn.sampling.config import SamplerConfig
 from commgnn.trainers.layerwise import DEFAULT_CHUNK_ROWS, layerwise_bytes
-from commgnn.trainers.mb_setup import cache_capacity, choose_inference, choose_topology, full_forward_bytes
+from commgnn.trainers.mb_setup import (TOPOLOGY_BUILD_BYTES_PER_EDGE, cache_capacity, choose_inference,
+                                       choose_topology, full_forward_bytes)
 from commgnn.distributed.memory import available_bytes
 
 MAX_RANKS_PER_CORE = 8
@@ -84,9 +85,9 @@ the remote rows received (and the codec's buffers) and the rows sent to other ra
 TRACE_BYTES = 24.0
 """Mini-batch: bytes per requested remote row over an epoch: the fetcher's request trace
 (int64 ids) and the offline-optimal cache's copies of it (``cat``, ``unique``)."""
-TOPOLOGY_BYTES_PER_EDGE = 32.0
-"""Mini-batch, replicated topology: every rank gathers the whole edge list (``[2, E]`` int64)
-and sorts it into a CSR (int32 sources): the int64 edges and the CSR, with slack for the sort."""
+TOPOLOGY_BYTES_PER_EDGE = TOPOLOGY_BUILD_BYTES_PER_EDGE
+"""Mini-batch, replicated topology: every rank gathers the whole edge list and sorts it into
+a CSR (:data:`~commgnn.trainers.mb_setup.TOPOLOGY_BUILD_BYTES_PER_EDGE`)."""
 SAINT_EDGE_BYTES = 36.0
 """GraphSAINT: per edge of the whole graph, the pre-sampled edge weights (float64) and counts
 (int32) it keeps, and the float64 transients that compute them."""

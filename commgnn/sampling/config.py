@@ -81,10 +81,11 @@ class SamplerConfig:
     vrgcn and saint-* also for whole in-edge lists (the control variate; the induced
     subgraph) and saint-rw for its walks' steps, and cluster needs no other (its clusters
     and batches are the rank's own nodes).
-    ``auto`` = replicated when the CSR fits in ``topology_share`` of memory."""
+    ``auto`` = replicated when building the CSR (32 bytes an edge at its peak, 4 kept)
+    fits in ``topology_share`` of memory."""
     topology_share: float = 0.25
     """auto: the largest fraction of available memory the replicated CSRs of all local
-    ranks together may take."""
+    ranks together may take while they are built."""
     inference: Literal["auto", "full", "layerwise"] = "auto"
     """How evaluation (each epoch) and ``predict`` run the model over every node: ``full``,
     the full-graph forward (all halo rows of a layer exchanged at once); ``layerwise``,

@@ -83,7 +83,10 @@ def own_in_edges(part: LocalPartition) -> Tensor:
 def replicated_topology(ctx: DistContext, hooks: Hooks, part: LocalPartition) -> CSRTopology:
     """The whole graph's in-neighbour CSR on every rank, from the ranks' own in-edges."""
     edges = gather_variable(ctx, hooks, own_in_edges(part).t().contiguous(), "topology")
-    return CSRTopology.from_edge_index(torch.cat(edges).t(), part.num_nodes_global)
+    src = torch.cat([e[:, 0] for e in edges])
+    dst = torch.cat([e[:, 1] for e in edges])
+    del edges  # the gathered block goes before the sort's key is made (TOPOLOGY_BUILD_BYTES_PER_EDGE)
+    return CSRTopology.from_pairs(src, dst, part.num_nodes_global)
 
 
 def remote_in_edges(ctx: DistContext, hooks: Hooks, own_csr: CSRTopology, owner: Tensor,
@@ -112,14 +115,23 @@ def available_memory(ctx: DistContext) -> float:
                                 "min")[0])
 
 
+TOPOLOGY_BUILD_BYTES_PER_EDGE = 32.0
+"""A replicated topology's build, per edge of the whole graph on every rank: the all-gathered
+``[E, 2]`` int64 in-edges beside their sources and targets taken apart (32 bytes), then
+those beside the sort's int64 key (24), before the CSR keeps its int32 sources (4)."""
+
+
 def choose_topology(cfg: SamplerConfig, num_nodes: int, num_edges: int, local_ranks: int,
                     available: float | None = None) -> str:
     """``replicated`` or ``partitioned`` for ``topology = auto`` (the same answer on every rank
     given the same numbers: the global edge count and :func:`available_memory`; ``None``
-    reads this host's)."""
+    reads this host's). Replicated when every local rank's CSR *build*
+    (:data:`TOPOLOGY_BUILD_BYTES_PER_EDGE`, and GraphSAINT's normalisation) fits in the
+    share: the build, not the 4 bytes an edge the CSR keeps, is what runs out of memory (four
+    ranks building the 200M-edge CSR at once were OOM-killed under 20 GB)."""
     if cfg.topology != "auto":
         return cfg.topology
-    per_edge = 4 + (SAINT_BYTES_PER_EDGE if cfg.sampler.startswith("saint") else 0)
+    per_edge = TOPOLOGY_BUILD_BYTES_PER_EDGE + (SAINT_BYTES_PER_EDGE if cfg.sampler.startswith("saint") else 0)
     need = (num_nodes * 8 + num_edges * per_edge) * local_ranks
     avail = available_bytes() if available is None else available
     share = cfg.topology_share * avail
