@@ -121,6 +121,19 @@ class DistContext:
         dist.all_gather(out, src.contiguous(), group=self.group)
         return torch.stack(out).to(t.device)
 
+    def send(self, t: torch.Tensor, dst: int) -> None:
+        """Send ``t`` to rank ``dst`` (which calls :meth:`recv` with a tensor of the same shape
+        and dtype), point to point; returns when the send is done."""
+        dist.send(t.contiguous().to(self.comm_device), dst, group=self.group)
+
+    def recv(self, t: torch.Tensor, src: int) -> torch.Tensor:
+        """Fill ``t`` with what rank ``src`` sent with :meth:`send`; returns ``t``."""
+        buf = t if t.device == self.comm_device else torch.empty_like(t, device=self.comm_device)
+        dist.recv(buf, src, group=self.group)
+        if buf is not t:
+            t.copy_(buf)
+        return t
+
     def send_bytes(self, blob: bytes, dst: int) -> None:
         """Send ``blob`` to rank ``dst`` (which calls :meth:`recv_bytes`): its length, then
         its bytes, point to point. Returns when the send is done, also under NCCL (which

@@ -208,13 +208,30 @@ def _export(ctx: DistContext, trainer: FullGraphTrainer, hooks: Hooks, part: Loc
 
 
 def gather_rows(ctx: DistContext, hooks: Hooks, trainer: FullGraphTrainer, part: LocalPartition,
-                 rows: torch.Tensor) -> torch.Tensor:
-    """``[N, d]`` on every rank from each rank's ``[n_own, d]`` rows, in global node order:
-    one all-reduce of a zero-filled matrix (exact: each row has one non-zero sender),
-    counted as control traffic."""
-    full = torch.zeros(part.num_nodes_global, rows.shape[1], dtype=torch.float32, device=rows.device)
-    full[trainer.part.global_ids] = rows.float()
-    return counted_all_reduce(ctx, hooks, full, "control").cpu()
+                rows: torch.Tensor) -> torch.Tensor:
+    """``[N, d]`` float32 on rank 0, in global node order, from each rank's ``[n_own, d]``
+    rows (``[0, d]`` on the other ranks): each rank sends its ids and rows to rank 0 point to
+    point, one rank after another, and rank 0 scatters them in, so it holds the result and
+    one rank's rows, and the others their own (an all-reduce of a zero-filled ``[N, d]``
+    held that on every rank and moved ``2 (P - 1) / P`` of it: 1.9 GB a rank and 11.3 GB
+    in all for the 10M-node graph's scores). Counted as control traffic."""
+    d = int(rows.shape[1])
+    rows = rows.detach().float().cpu()
+    ids = trainer.part.global_ids.cpu()
+    if not ctx.is_main:
+        ctx.send(torch.tensor([ids.numel()], dtype=torch.int64), 0)
+        ctx.send(ids, 0)
+        ctx.send(rows, 0)
+        hooks.sent("control", -1, 0, 8 + ids.numel() * 8 + rows.numel() * 4)
+        return rows.new_zeros((0, d))
+    full = torch.zeros(part.num_nodes_global, d, dtype=torch.float32)
+    full[ids] = rows
+    del rows
+    for r in range(1, ctx.world_size):
+        n = int(ctx.recv(torch.zeros(1, dtype=torch.int64), r)[0])
+        their_ids = ctx.recv(torch.empty(n, dtype=torch.int64), r)
+        full[their_ids] = ctx.recv(torch.empty(n, d, dtype=torch.float32), r)
+    return full
 
 
 def _checkpoint(ctx: DistContext, trainer: FullGraphTrainer, meter: Meter, out: Path, fingerprint: str,
