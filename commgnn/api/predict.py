@@ -181,15 +181,16 @@ def _predict_rank(info: LaunchInfo, cfg: RunConfig, part_dir: str, fp: str, stat
     part = load_partition(part_dir, ctx.rank, expected_fingerprint=fp, expected_parts=ctx.world_size)
     hooks = Hooks()
     # Only the halo settings shape the model (precompute, transform-first); evaluation is exact.
-    trainer = FullGraphTrainer(ctx, part, cfg.model, cfg.train, hooks, comm_cfg=CommConfig(halo=cfg.comm.halo),
-                               module=unpack_model(packed))
+    mode = "full"
     if cfg.train.mode == "minibatch" and packed is None:  # as its evaluation ran: layer by layer where needed
-        cpu = trainer.part.to("cpu")
-        if inference_mode(ctx, cfg.minibatch, cpu, cfg.model, trainer.x.element_size(),
-                          available_memory(ctx)) == "layerwise":
-            owner, row = owner_map(ctx, hooks, cpu)
-            trainer.layerwise = LayerwiseInference(ctx, hooks, trainer.model, trainer.part, trainer.x, owner, row,
-                                                   cfg.minibatch.inference_chunk)
+        mode = inference_mode(ctx, cfg.minibatch, part.to("cpu"), cfg.model, 8 if cfg.train.dtype == "float64" else 4,
+                              available_memory(ctx))
+    trainer = FullGraphTrainer(ctx, part, cfg.model, cfg.train, hooks, comm_cfg=CommConfig(halo=cfg.comm.halo),
+                               module=unpack_model(packed), half_input=mode == "layerwise")
+    if mode == "layerwise":
+        owner, row = owner_map(ctx, hooks, trainer.part.to("cpu"))
+        trainer.layerwise = LayerwiseInference(ctx, hooks, trainer.model, trainer.part, trainer.x, owner, row,
+                                               cfg.minibatch.inference_chunk)
     scores = gather_rows(ctx, hooks, trainer, part, trainer.predict(state))
     if ctx.is_main:
         save_tensors(scores.cpu(), out)  # written whole (fsync), then renamed into place

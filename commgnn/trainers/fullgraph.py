@@ -92,9 +92,14 @@ class FullGraphTrainer:
     def __init__(self, ctx: DistContext, part: LocalPartition, model_cfg: ModelConfig,
                  train_cfg: TrainConfig, hooks: Hooks, *, comm_cfg: CommConfig | None = None,
                  halo: HaloExchange | None = None, grad_sync: GradSync | None = None,
-                 module: nn.Module | None = None) -> None:
+                 module: nn.Module | None = None, half_input: bool = False) -> None:
         """``module``: the user's own PyG model (run through :class:`DistributedModel`, with
-        its own weights, equal on every rank) instead of the built-in ``model_cfg`` one."""
+        its own weights, equal on every rank) instead of the built-in ``model_cfg`` one.
+        ``half_input``: keep half-precision features as stored (a graph folder's float16
+        ``x.npy`` stays a file-backed memory map) for a caller that converts the rows it
+        reads (mini-batch steps, layer-wise inference); the full-graph forward converts
+        all of them when it runs."""
+        self.half_input = half_input
         self.ctx, self.cfg, self.hooks = ctx, train_cfg, hooks
         comm_cfg = comm_cfg if comm_cfg is not None else CommConfig()
         self.halo_cfg = halo_cfg = comm_cfg.halo
@@ -171,9 +176,11 @@ class FullGraphTrainer:
         step and evaluation (1-based epoch): for profilers and fault injection."""
 
     def _input_features(self, dtype: torch.dtype) -> torch.Tensor:
-        """The owned feature rows as training holds them: converted to ``dtype`` (the
-        full-graph forward reads every row each epoch)."""
-        return self.part.x.to(dtype)
+        """The owned feature rows as training holds them: converted to ``dtype``, or half
+        precision kept as stored with ``half_input``."""
+        x = self.part.x
+        keep = self.half_input and x.dtype in (torch.float16, torch.bfloat16) and dtype in (torch.float32, torch.float64)
+        return x if keep else x.to(dtype)
 
     def _forward_module(self) -> nn.Module:
         """The module training runs forward through (the gradient strategy may wrap it)."""

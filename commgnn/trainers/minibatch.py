@@ -78,7 +78,10 @@ class MiniBatchTrainer(FullGraphTrainer):
                               f"training runs {', '.join(SAMPLED_MODELS)} (use --model sage)")
         self.sampler_cfg, self.fetch_cfg = sampler_cfg, fetch_cfg
         self.vr = sampler_cfg.sampler == "vrgcn"
-        super().__init__(ctx, part, model_cfg, train_cfg, hooks, comm_cfg=comm_cfg)
+        # Half-precision features stay as stored: a step converts the rows it reads and fetched
+        # rows travel at 2 bytes a value; VR-GCN's table and quantised or sparse fetches want them converted.
+        half = not self.vr and fetch_cfg.bits == 32 and not fetch_cfg.sparse
+        super().__init__(ctx, part, model_cfg, train_cfg, hooks, comm_cfg=comm_cfg, half_input=half)
         # Evaluation's exchanges count their bytes but not their time as comm: in mini-batch
         # logs comm_s is the gradient sync alone, and evaluation is part of compute_s.
         self.eval_halo = AllToAllHalo(ctx, halo_plan(self.part), hooks.bytes_only())
@@ -124,16 +127,6 @@ class MiniBatchTrainer(FullGraphTrainer):
             # Background fetches get their own communicator (created in the same order on every rank).
             self.prefetch_group = ctx.new_group()
         self._stats = torch.zeros(4, dtype=torch.float64)  # sampled nodes, edges, batches, train seconds
-
-    def _input_features(self, dtype: torch.dtype) -> Tensor:
-        """Half-precision features (a graph folder's float16 ``x.npy``) stay as stored, a
-        file-backed memory map: a step converts only the rows it reads, and fetched rows
-        travel at 2 bytes a value. VR-GCN's table and quantised or sparse fetches convert
-        them once, as full-graph training does."""
-        x = self.part.x
-        keep = (x.dtype in (torch.float16, torch.bfloat16) and dtype in (torch.float32, torch.float64)
-                and not self.vr and self.fetch_cfg.bits == 32 and not self.fetch_cfg.sparse)
-        return x if keep else x.to(dtype)
 
     def _forward_module(self) -> nn.Module:
         if self.vr:
