@@ -137,7 +137,9 @@ def products(ns: argparse.Namespace, work: Path, csv_path: Path) -> None:
 def big10m(ns: argparse.Namespace, work: Path, record: Path) -> None:
     """Target 2: 10M nodes / 200M directed edges / 128 float16 features, mini-batch
     GraphSAGE (15,10, batch 1024) on 4 ranks for one epoch and its evaluation, from 4
-    partitions made once by ``commgnn partition`` (METIS does not fit: lp-metis out of core)."""
+    partitions made once by ``commgnn partition`` (METIS does not fit: lp-metis out of core),
+    then ``commgnn predict`` on the run (target 4), its scores checked against the run's own
+    ``predictions.pt``."""
     graph = work / "big10m"
     logs = work / "logs"
     logs.mkdir(parents=True, exist_ok=True)
@@ -152,6 +154,21 @@ def big10m(ns: argparse.Namespace, work: Path, record: Path) -> None:
                        "--out", str(pdir)], ns.cap_gb, logs / "partition10m.log")
         append(record, {"step": "partition lp-metis", "setting": "", **row})
     out = work / "run-10m-sage-minibatch"
+    if not ns.predict_only:
+        train10m(ns, graph, pdir, out, logs, record)
+    scores = work / "scores10m.pt"
+    row = commgnn(["predict", str(out), "--out", str(scores)], ns.cap_gb, logs / "predict10m.log")
+    if scores.exists() and "error" not in row:
+        import torch
+        mine, trained = torch.load(scores), torch.load(out / "predictions.pt")
+        row["max_abs_diff_vs_run_predictions"] = float((mine - trained).abs().max())
+        del mine, trained
+        scores.unlink()
+    append(record, {"step": "predict (layer-wise)", "setting": "", **row})
+
+
+def train10m(ns: argparse.Namespace, graph: Path, pdir: Path, out: Path, logs: Path, record: Path) -> None:
+    """The mini-batch epoch of target 2, from the partition directory ``pdir``."""
     shutil.rmtree(out, ignore_errors=True)
     args = ["train", "--dataset", str(graph), "--partition-dir", str(pdir), "--parts", "4", "--mode", "minibatch",
             "--model", "sage",
@@ -202,6 +219,7 @@ def main() -> None:
     ap.add_argument("--preflight-gb", type=float, default=None,
                     help="train's --memory-limit-gb (default: the cap); larger measures past the estimate")
     ap.add_argument("--report-only", action="store_true")
+    ap.add_argument("--predict-only", action="store_true", help="big10m: predict with the run already in --work")
     ns = ap.parse_args()
     RESULTS.mkdir(parents=True, exist_ok=True)
     csv_path = RESULTS / f"{datetime.date.today()}-{ns.target}.jsonl"  # the .csv and .md are made from it

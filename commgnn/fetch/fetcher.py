@@ -58,6 +58,9 @@ class FeatureFetcher:
         self.gen = torch.Generator().manual_seed(seed)
         self.record_trace = record_trace
         self.trace: list[Tensor] = []
+        self.remote_requests = 0
+        """Remote rows the steps' fetches asked for (``fetch_rows``, before the cache), since
+        the owner of this counter last reset it (recorded or not in :attr:`trace`)."""
         self.rows_fetched = 0
         self.rows_requested = 0
         self.bytes_saved = 0
@@ -85,8 +88,10 @@ class FeatureFetcher:
         # leave them waiting until the time-out.
         rpos = (~own).nonzero().flatten()  # positions, not masks: index_copy_ beats masked assignment
         rids = ids[rpos]
-        if self.record_trace and kind == "fetch_rows":
-            self.trace.append(rids)
+        if kind == "fetch_rows":
+            self.remote_requests += int(rids.numel())
+            if self.record_trace:
+                self.trace.append(rids)
         self.rows_requested += int(rids.numel())
         hpos, cached = None, None
         if self.cache is not None and use_cache:

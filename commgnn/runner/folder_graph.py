@@ -71,7 +71,8 @@ def describe_folder(folder: GraphFolder, fp: str) -> dict[str, Any]:
     """The manifest's ``dataset`` entry of a graph folder (from ``meta.json``)."""
     return {"name": str(folder.meta.get("name") or folder.path.name), "fingerprint": fp,
             "num_nodes": folder.num_nodes, "num_edges": folder.num_edges, "num_features": folder.num_features,
-            "num_classes": folder.num_classes, "format": "graph folder", "path": str(folder.path.resolve())}
+            "num_classes": folder.num_classes, "format": "graph folder", "path": str(folder.path.resolve()),
+            "feature_bytes": int(folder.x.dtype.itemsize)}
 
 
 def method_for_folder(cfg: RunConfig, folder: GraphFolder) -> RunConfig:

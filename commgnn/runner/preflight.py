@@ -268,15 +268,18 @@ def estimate_minibatch_memory(*, num_nodes: int, num_edges: int, num_features: i
                               partitions_built: bool = True, streamed: bool = False,
                               probed_hops: Sequence[Sequence[int]] | None = None, inference: str = "auto",
                               inference_chunk: int = DEFAULT_CHUNK_ROWS,
-                              available: float | None = None) -> MemoryEstimate:
+                              available: float | None = None, feature_bytes: int | None = None) -> MemoryEstimate:
     """The mini-batch memory model (module docstring). Per rank ``r``, with the step's sizes
     from :func:`sampled_per_step` (``S`` input rows, ``o_j`` output rows of layer ``j``,
     ``e`` block edges), ``W = max(H, C)`` and ``F' = 2F`` for VR-GCN (its rows carry their
     exact input aggregate), else ``F``:
 
-    * the partition, as in :func:`estimate_memory` but with the owned rows' features only
-      (a mini-batch rank fetches the others): ``own_r F b + 32 e_r + 16 n_r``;
-    * topology: replicated ``TOPOLOGY_BYTES_PER_EDGE E + 8 N``, partitioned ``16 e_r``
+    * the partition: the owned rows' features (a mini-batch rank fetches the others) at
+      ``feature_bytes`` a value (half-precision features stay as stored; ``b`` when None),
+      its int64 edges and ids: ``own_r F fb + 16 e_r + 16 n_r``;
+    * topology: replicated ``TOPOLOGY_BYTES_PER_EDGE E + 8 N``; partitioned, neighbour
+      sampling keeps ``4 e_r + 8 own_r`` (int32 sources, row pointers) and builds it
+      through ``16 e_r`` (a phase of its own, below); the other samplers ``16 e_r``
       plus, for VR-GCN and GraphSAINT, ``32 N`` (every node's in-degree and list offset at
       its owner, and their gathering; Cluster-GCN ``8 N``, its CSR's row pointer);
       GraphSAINT's pre-sampled normalisation: on a replicated topology it peaks after the
@@ -287,10 +290,10 @@ def estimate_minibatch_memory(*, num_nodes: int, num_edges: int, num_features: i
     * ``GLOBAL_NODE_BYTES N``;
     * the cache (ranks > 1): ``cache_mb``, or ``cache_ratio`` of the other ranks' nodes,
       ``F' b + 16`` bytes per row;
-    * the request trace: ``TRACE_BYTES S`` per step of the epoch (the most training nodes of
-      any rank over ``B`` for neighbour sampling; for subgraph samplers the most nodes of any
-      rank over ``S``, or ``saint.steps``);
-    * the largest of three phases: sampling holds the blocks (``BLOCK_EDGE_BYTES e``); a
+    * with a cache, the request trace its comparisons read: ``TRACE_BYTES S`` per step of
+      the epoch (the most training nodes of any rank over ``B`` for neighbour sampling; for
+      subgraph samplers the most nodes of any rank over ``S``, or ``saint.steps``);
+    * the largest of four phases: the set-up's topology build; sampling holds the blocks (``BLOCK_EDGE_BYTES e``); a
       training step holds the blocks,
       ``BATCH_FEATURE_COPIES S F' b`` and ``ACTIVATION_COPIES["sage"] W b`` per output row of
       every layer (with ``fetch.prefetch`` the next step is sampled and fetched meanwhile:
@@ -312,6 +315,7 @@ def estimate_minibatch_memory(*, num_nodes: int, num_edges: int, num_features: i
     width = max(hidden, num_classes)
     row_f = (2 if vr else 1) * num_features * b
     P = len(report["nodes"])
+    fb = b if feature_bytes is None else min(feature_bytes, b)
     train = report.get("train_nodes") or report["nodes"]
     largest_rows = max(n + h for n, h in zip(report["nodes"], report["halo_in"]))
     mode = choose_inference(SamplerConfig(inference=inference), own=max(report["nodes"]), rows=largest_rows,
@@ -323,17 +327,19 @@ def estimate_minibatch_memory(*, num_nodes: int, num_edges: int, num_features: i
         if mode == "full":
             return full_forward_bytes(own=own, rows=rows, edges=edges, width=width, num_features=num_features,
                                       dtype_bytes=b)
-        return layerwise_bytes(own=own, chunk_rows=inference_chunk, edges=edges, num_nodes=num_nodes, width=width,
-                               num_features=num_features, avg_degree=num_edges / max(num_nodes, 1), dtype_bytes=b)
+        return layerwise_bytes(own=own, chunk_rows=inference_chunk, edges=edges, num_nodes=num_nodes,
+                               dims=[num_features] + [hidden] * (layers - 1) + [num_classes],
+                               avg_degree=num_edges / max(num_nodes, 1), dtype_bytes=b, feature_bytes=fb)
 
     per_rank = []
     for r in range(P):
         own, rows, e_r = report["nodes"][r], report["nodes"][r] + report["halo_in"][r], report["edges"][r]
-        part = _partition_bytes(rows, e_r, num_features, b) - (rows - own) * num_features * b  # owned features
+        part = own * num_features * fb + 16 * e_r + 16 * rows
         st = sampled_per_step(sampler=sampler, batch_size=batch_size, fanout=fanout, layers=layers,
                               num_nodes=num_nodes, num_edges=num_edges, own_nodes=own, num_clusters=num_clusters,
                               clusters_per_batch=clusters_per_batch, budget=budget, walk_length=walk_length,
                               replace=replace, hops=None if probed_hops is None else probed_hops[r])
+        build = 0.0
         if topology == "replicated":
             # GraphSAINT pre-samples once the CSR is built: its normalisation's peak (on top of
             # the CSR's 4-byte indices) comes after the build's, not on top of it
@@ -344,7 +350,10 @@ def estimate_minibatch_memory(*, num_nodes: int, num_edges: int, num_features: i
             # VR-GCN and GraphSAINT every node's in-degree and list offset at its owner (16 N
             # kept, about as much again while they are gathered), and GraphSAINT the ids and
             # counts of the edges its pre-sampled subgraphs met
-            topo = 16 * e_r + (0 if sampler == "neighbor" else 8 if sampler == "cluster" else 32) * num_nodes
+            if sampler == "neighbor":
+                topo, build = 4 * e_r + 8 * own, 16 * e_r
+            else:
+                topo = 16 * e_r + (8 if sampler == "cluster" else 32) * num_nodes
             if sampler.startswith("saint"):
                 topo += 12 * min(presample * st.edges, num_edges)
         if sampler == "saint-edge":  # its draw table: source, target and CDF of every own in-edge
@@ -362,9 +371,10 @@ def estimate_minibatch_memory(*, num_nodes: int, num_edges: int, num_features: i
                       + (2 * st.full_edges_layer * hidden * b if vr else 0))
         step = train_step + sampling + st.nodes * row_f if prefetch else max(train_step, sampling)
         extra = (num_nodes * hidden * (layers - 1) + own * 2 * num_features) * b if vr else 0
+        trace = TRACE_BYTES * steps * st.nodes if cache_rows else 0.0
         per_rank.append(PROCESS_BASE_MB * 2**20 + part + topo + GLOBAL_NODE_BYTES * num_nodes
-                        + cache_rows * (row_f + 16) + TRACE_BYTES * steps * st.nodes
-                        + max(step, eval_bytes(own, rows, e_r)) + extra)
+                        + cache_rows * (row_f + 16) + trace
+                        + max(step, eval_bytes(own, rows, e_r), build) + extra)
     launcher = _launcher_bytes(num_nodes, num_edges, num_features, report, b, partitions_built, streamed)
     return MemoryEstimate(launcher=float(launcher), per_rank=tuple(float(x) for x in per_rank))
 
@@ -420,7 +430,10 @@ def _minibatch_for_config(cfg: Any, graph: dict[str, Any], report: dict[str, Any
         walk_length=mb.saint.walk_length, saint_steps=mb.saint.steps, presample=mb.saint.presample,
         replace=mb.replace, dtype_bytes=b,
         partitions_built=not cfg.partition.dir, streamed=graph.get("format") == "graph folder", probed_hops=hops,
-        inference=mb.inference, inference_chunk=mb.inference_chunk, available=available)
+        inference=mb.inference, inference_chunk=mb.inference_chunk, available=available,
+        # half-precision features stay as stored where the trainer keeps them (MiniBatchTrainer)
+        feature_bytes=graph.get("feature_bytes") if mb.sampler != "vrgcn" and cfg.fetch.bits == 32
+        and not cfg.fetch.sparse else None)
 
 
 def check_memory(est: MemoryEstimate, *, limit_gb: float) -> None:

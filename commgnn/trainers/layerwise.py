@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Sequence
 
 import torch
 from torch import Tensor
@@ -47,18 +48,21 @@ DEFAULT_CHUNK_ROWS = SamplerConfig().inference_chunk
 """Destination rows per chunk when the caller names none (``minibatch.inference_chunk``)."""
 
 
-def layerwise_bytes(*, own: int, chunk_rows: int, edges: int, num_nodes: int, width: int, num_features: int,
-                    avg_degree: float, dtype_bytes: int = 4) -> float:
-    """Peak bytes of :func:`layerwise_forward` on one rank beyond its partition: the input
-    and output of a layer on the owned rows (the input at ``max(F, W)`` wide) and one
+def layerwise_bytes(*, own: int, chunk_rows: int, edges: int, num_nodes: int, dims: Sequence[int],
+                    avg_degree: float, dtype_bytes: int = 4, feature_bytes: int | None = None) -> float:
+    """Peak bytes of :func:`layerwise_forward` on one rank beyond its partition, for layer
+    widths ``dims = [F, d_1, ..., C]``: the largest input plus output of a layer on the owned
+    rows (layer 0's input the features at ``feature_bytes`` a value, as stored), and one
     chunk: its edges (``c * avg_degree``, 40 bytes each with the block's weights and its
-    CSR) and source rows (``c (1 + avg_degree)``, at most ``N``) at ``max(F, W)`` wide,
-    three copies (gathered, fetched, concatenated)."""
-    wide = max(width, num_features)
+    CSR) and source rows (``c (1 + avg_degree)``, at most ``N``) at the widest input, three
+    copies (gathered, fetched, concatenated)."""
+    b = dtype_bytes
+    fb = b if feature_bytes is None else feature_bytes
+    layer = max((dims[i] * (fb if i == 0 else b) + dims[i + 1] * b) for i in range(len(dims) - 1))
+    wide = max(dims[:-1])
     chunk_edges = min(chunk_rows * avg_degree, float(edges))
     chunk_src = min(chunk_rows * (1 + avg_degree), float(num_nodes))
-    return (own * (wide + width) * dtype_bytes + 40 * chunk_edges
-            + 3 * chunk_src * wide * dtype_bytes)
+    return own * layer + 40 * chunk_edges + 3 * chunk_src * wide * b
 
 
 class _InCSR:

@@ -118,7 +118,8 @@ class MiniBatchTrainer(FullGraphTrainer):
             self.cache, self.capacity = self._build_cache(cpu, csr, layers, table)
         self.fetcher = FeatureFetcher(ctx, hooks, table=table, owner=self.owner, row=self.row, cache=self.cache,
                                       bits=fetch_cfg.bits, budget_bytes=fetch_cfg.budget_mb * 1e6,
-                                      seed=stream_seed(train_cfg.seed, ctx.rank, "fetch"), sparse=fetch_cfg.sparse)
+                                      seed=stream_seed(train_cfg.seed, ctx.rank, "fetch"), sparse=fetch_cfg.sparse,
+                                      record_trace=self.capacity > 0)  # the trace feeds the cache comparisons only
         if isinstance(self.cache, StaticCache):  # one set-up fetch of the chosen rows
             self.cache.fill(self.fetcher.fetch(self.cache.ids, kind="fetch_setup", use_cache=False))
             self.fetcher.rows_requested = self.fetcher.rows_fetched = 0
@@ -248,7 +249,8 @@ class MiniBatchTrainer(FullGraphTrainer):
     def epoch_log(self) -> dict[str, Any]:
         """Sampling and cache facts of the epoch, over all ranks (one all-gather)."""
         trace = self.fetcher.take_trace()
-        requests = float(sum(int(t.numel()) for t in trace))
+        requests = float(self.fetcher.remote_requests)
+        self.fetcher.remote_requests = 0
         stats = self.cache.reset_stats() if self.cache is not None else {"requests": 0, "hits": 0}
         opt = belady = 0.0
         if self.capacity and requests:
