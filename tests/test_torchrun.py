@@ -53,6 +53,7 @@ quiet = true
 
 
 @pytest.mark.skipif(shutil.which("torchrun") is None, reason="torchrun not on PATH")
+@pytest.mark.slow  # CI time (11 s): three local ranks equal one process in test_federate_cli
 def test_federate_under_torchrun_equals_one_process(tmp_path):
     """torchrun's 3 ranks: rank 0 serves, the 4 clients live on ranks 1-2; SecAgg's four
     steps cross processes, and the run equals the one-process run."""
@@ -128,6 +129,7 @@ def _torchrun(tmp_path, ranks: int, args: list[str], deny: str, timeout: float =
 
 @pytest.mark.skipif(shutil.which("torchrun") is None, reason="torchrun not on PATH")
 @pytest.mark.timeout(300)
+@pytest.mark.slow  # CI time (10 s): the torchrun entry point runs in CI from a partition directory
 def test_train_under_torchrun_where_only_rank_0_loads_the_graph(tmp_path):
     """The train entry point under torchrun. Rank 0 partitions and sends rank 1 its
     partition: rank 1 runs with graph loading disabled, and the run trains exactly as the
@@ -173,6 +175,7 @@ def test_torchrun_with_a_partition_dir_loads_no_graph_at_all(tmp_path):
 
 @pytest.mark.skipif(shutil.which("torchrun") is None, reason="torchrun not on PATH")
 @pytest.mark.timeout(120)
+@pytest.mark.slow  # CI time (8 s): a failing rank ends the local launcher's job fast in test_lifecycle
 def test_torchrun_bad_graph_on_rank_0_ends_every_rank_with_its_one_line_error(tmp_path):
     """Rank 0 finds the dataset missing while the others wait for their partitions: every
     rank ends at once (not at the collective time-out) with rank 0's one-line error."""
