@@ -40,6 +40,9 @@ RESULTS = Path(__file__).resolve().parent / "results" / "large"
 GB = 1 << 30
 
 PRODUCTS = {"nodes": 2_449_029, "edges": 123_718_280, "features": 100, "classes": 47, "train_fraction": 0.08}
+BIG10M = {"nodes": 10_000_000, "edges": 200_000_000, "features": 128, "classes": 47, "x_dtype": "float16"}
+PAPERS = {"nodes": 100_000_000, "edges": 1_000_000_000, "features": 128, "classes": 172,
+          "train_fraction": 0.01, "valid_fraction": 0.001, "test_fraction": 0.002, "x_dtype": "float16"}
 SETTINGS = {"exact": [], "tf-4bit": ["--transform-first", "--bits", "4"],
             "exact-ckpt": ["--checkpoint-activations"],
             "tf-4bit-ckpt": ["--transform-first", "--bits", "4", "--checkpoint-activations"]}
@@ -88,14 +91,23 @@ def append(path: Path, row: dict[str, Any]) -> None:
     print(json.dumps(row), flush=True)
 
 
+def generate(ns: argparse.Namespace, graph: Path, params: dict[str, Any], logs: Path, record: Path) -> None:
+    """``commgnn datasets synth`` with ``params`` into ``graph`` under the cap (unless it is
+    there and ``--regenerate`` is not given); its row, with the folder's size on disk."""
+    logs.mkdir(parents=True, exist_ok=True)
+    if (graph / "meta.json").exists() and not ns.regenerate:
+        return
+    flags = [f"--{k.replace('_', '-')}={v}" for k, v in params.items()]
+    row = commgnn(["datasets", "synth", *flags, "--out", str(graph), "--quiet"], ns.cap_gb,
+                  logs / f"synth-{graph.name}.log")
+    row["disk_gb"] = round(sum(f.stat().st_size for f in graph.rglob("*") if f.is_file()) / GB, 2)
+    append(record, {"step": "generate", "setting": "", **row})
+
+
 def products(ns: argparse.Namespace, work: Path, csv_path: Path) -> None:
     graph = work / "products"
     logs = work / "logs"
-    logs.mkdir(parents=True, exist_ok=True)
-    if not (graph / "meta.json").exists() or ns.regenerate:
-        flags = [f"--{k.replace('_', '-')}={v}" for k, v in PRODUCTS.items()]
-        row = commgnn(["datasets", "synth", *flags, "--out", str(graph), "--quiet"], ns.cap_gb, logs / "synth.log")
-        append(csv_path, {"step": "generate", "setting": "", **row})
+    generate(ns, graph, PRODUCTS, logs, csv_path)
     if not ns.train_only:
         row = commgnn(["datasets", "check", str(graph)], ns.cap_gb, logs / "check.log")
         append(csv_path, {"step": "check", "setting": "", **row})
@@ -142,12 +154,7 @@ def big10m(ns: argparse.Namespace, work: Path, record: Path) -> None:
     ``predictions.pt``."""
     graph = work / "big10m"
     logs = work / "logs"
-    logs.mkdir(parents=True, exist_ok=True)
-    if not (graph / "meta.json").exists() or ns.regenerate:
-        row = commgnn(["datasets", "synth", "--nodes=10000000", "--edges=200000000", "--features=128",
-                       "--classes=47", "--x-dtype=float16", "--out", str(graph), "--quiet"], ns.cap_gb,
-                      logs / "synth10m.log")
-        append(record, {"step": "generate", "setting": "", **row})
+    generate(ns, graph, BIG10M, logs, record)
     pdir = work / "parts10m"
     if not (pdir / "meta.json").exists():
         row = commgnn(["partition", "--dataset", str(graph), "--parts", "4", "--partitioner", "lp-metis",
@@ -190,22 +197,13 @@ def train10m(ns: argparse.Namespace, graph: Path, pdir: Path, out: Path, logs: P
     append(record, {"step": "train sage minibatch", "setting": "15,10 b1024", **row})
 
 
-PAPERS = {"nodes": 100_000_000, "edges": 1_000_000_000, "features": 128, "classes": 172,
-          "train_fraction": 0.01, "valid_fraction": 0.001, "test_fraction": 0.002, "x_dtype": "float16"}
-
-
 def papers(ns: argparse.Namespace, work: Path, record: Path) -> None:
     """Target 3, its first steps: a papers100M-shaped graph (100M nodes, 1B directed edges,
     128 float16 features, 172 classes, 1% training nodes) generated to disk and checked,
     with the disk it takes. Partitioning it and the 200 mini-batch steps are not run yet."""
     graph = work / "papers"
     logs = work / "logs"
-    logs.mkdir(parents=True, exist_ok=True)
-    if not (graph / "meta.json").exists() or ns.regenerate:
-        flags = [f"--{k.replace('_', '-')}={v}" for k, v in PAPERS.items()]
-        row = commgnn(["datasets", "synth", *flags, "--out", str(graph), "--quiet"], ns.cap_gb, logs / "synth-papers.log")
-        row["disk_gb"] = round(sum(f.stat().st_size for f in graph.rglob("*") if f.is_file()) / GB, 2)
-        append(record, {"step": "generate", "setting": "", **row})
+    generate(ns, graph, PAPERS, logs, record)
     row = commgnn(["datasets", "check", str(graph)], ns.cap_gb, logs / "check-papers.log")
     append(record, {"step": "check", "setting": "", **row})
 
