@@ -149,7 +149,7 @@ def test_every_subset_of_a_node_is_equally_likely():
 
 def test_a_hub_of_a_million_edges_gives_fanout_distinct_slots():
     """A node of a million in-edges, drawn three times in one call: ``fanout`` distinct slots
-    each time, grouped by position (the draw never builds a per-edge array of the hub)."""
+    each time, grouped by position."""
     deg = 1_000_000
     indptr = torch.tensor([0, deg])
     indices = torch.arange(deg, dtype=torch.int64)

@@ -40,7 +40,7 @@ from commgnn.runner.step_probe import PROBE_MARGIN, ProbeGraph, probe_hops
 from commgnn.sampling.config import SamplerConfig
 from commgnn.trainers.layerwise import DEFAULT_CHUNK_ROWS, layerwise_bytes
 from commgnn.trainers.mb_setup import (TOPOLOGY_BUILD_BYTES_PER_EDGE, cache_capacity, choose_inference,
-                                       choose_topology, full_forward_bytes)
+                                       choose_topology, full_forward_bytes, keeps_half_features)
 from commgnn.distributed.memory import available_bytes
 
 MAX_RANKS_PER_CORE = 8
@@ -431,9 +431,7 @@ def _minibatch_for_config(cfg: Any, graph: dict[str, Any], report: dict[str, Any
         replace=mb.replace, dtype_bytes=b,
         partitions_built=not cfg.partition.dir, streamed=graph.get("format") == "graph folder", probed_hops=hops,
         inference=mb.inference, inference_chunk=mb.inference_chunk, available=available,
-        # half-precision features stay as stored where the trainer keeps them (MiniBatchTrainer)
-        feature_bytes=graph.get("feature_bytes") if mb.sampler != "vrgcn" and cfg.fetch.bits == 32
-        and not cfg.fetch.sparse else None)
+        feature_bytes=graph.get("feature_bytes") if keeps_half_features(mb, cfg.fetch) else None)
 
 
 def check_memory(est: MemoryEstimate, *, limit_gb: float) -> None:

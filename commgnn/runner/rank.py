@@ -23,7 +23,6 @@ import torch
 from torch import nn
 
 from commgnn.runner.config import RunConfig
-from commgnn.comm.collectives import counted_all_reduce
 from commgnn.distributed.context import DistContext
 from commgnn.distributed.events import Hooks
 from commgnn.distributed.faults import FaultInjector

@@ -140,6 +140,14 @@ def choose_topology(cfg: SamplerConfig, num_nodes: int, num_edges: int, local_ra
     return "partitioned"
 
 
+def keeps_half_features(cfg: SamplerConfig, fetch: FetchConfig) -> bool:
+    """Whether a mini-batch rank keeps half-precision features as stored (a step converts the
+    rows it reads, fetched rows travel at 2 bytes a value): not for VR-GCN, whose table
+    carries float32 aggregates, nor for quantised or sparse fetches, whose codecs encode
+    float32 rows."""
+    return cfg.sampler != "vrgcn" and fetch.bits == 32 and not fetch.sparse
+
+
 INFERENCE_SHARE = 0.5
 """``minibatch.inference = auto``: the largest fraction of available memory the full-graph
 forward of all local ranks may take before inference runs layer by layer."""

@@ -60,8 +60,8 @@ from commgnn.trainers.fullgraph import FullGraphTrainer, halo_plan
 from commgnn.trainers.nonfinite import guard_step
 from commgnn.trainers.layerwise import LayerwiseInference
 from commgnn.trainers.mb_setup import (available_memory, build_cache, build_sampler, cache_capacity, choose_topology,
-                                       inference_mode, owner_map, remote_candidates, replicated_topology,
-                                       sampler_reach)
+                                       inference_mode, keeps_half_features, owner_map, remote_candidates,
+                                       replicated_topology, sampler_reach)
 
 BELADY_LIMIT = 3_000_000
 """Requests per epoch above which Belady's optimum (a Python-level heap walk) is skipped."""
@@ -78,10 +78,8 @@ class MiniBatchTrainer(FullGraphTrainer):
                               f"training runs {', '.join(SAMPLED_MODELS)} (use --model sage)")
         self.sampler_cfg, self.fetch_cfg = sampler_cfg, fetch_cfg
         self.vr = sampler_cfg.sampler == "vrgcn"
-        # Half-precision features stay as stored: a step converts the rows it reads and fetched
-        # rows travel at 2 bytes a value; VR-GCN's table and quantised or sparse fetches want them converted.
-        half = not self.vr and fetch_cfg.bits == 32 and not fetch_cfg.sparse
-        super().__init__(ctx, part, model_cfg, train_cfg, hooks, comm_cfg=comm_cfg, half_input=half)
+        super().__init__(ctx, part, model_cfg, train_cfg, hooks, comm_cfg=comm_cfg,
+                         half_input=keeps_half_features(sampler_cfg, fetch_cfg))
         # Evaluation's exchanges count their bytes but not their time as comm: in mini-batch
         # logs comm_s is the gradient sync alone, and evaluation is part of compute_s.
         self.eval_halo = AllToAllHalo(ctx, halo_plan(self.part), hooks.bytes_only())
