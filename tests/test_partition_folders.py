@@ -18,6 +18,7 @@ from commgnn.partition import (LocalPartition, PartitionConfig, assign_parts, bu
                                partition_graph_folder, partition_report, write_partition_folders)
 from commgnn.partition import folders as folders_mod
 from commgnn.partition.disk_csr import array_edge_chunks
+from commgnn.partition.folder_rank import SourceRows
 from commgnn.partition.metis import symmetric_csr
 
 N, P, F, C = 3000, 4, 6, 5
@@ -117,6 +118,39 @@ def test_lp_metis_same_on_disk_and_in_memory(graph: tuple[Path, Data], tmp_path:
     assert not any((tmp_path / "work").iterdir())  # the on-disk CSR was removed
 
 
+def test_coarse_graph_spilled_equals_in_memory_and_keeps_the_heaviest(tmp_path: Path) -> None:
+    """The cluster graph accumulated through scratch files (several source-cluster
+    buckets) equals the in-memory one; over ``max_entries`` it keeps exactly the pairs of
+    weight >= the smallest threshold that fits, and stays symmetric."""
+    from commgnn.partition import lp_metis as lpm
+    ei, comm = _community_graph(4)
+    csr = build_symmetric_csr(array_edge_chunks(ei[0], ei[1]), N)
+    cluster = (comm * 7 + np.arange(N) % 7).astype(np.int64)  # 210 clusters, many pairs between them
+    C = 210
+    cw = np.bincount(cluster, minlength=C)
+    ref = lpm._coarse_graph(csr.indptr, csr.indices, cluster, C, None, 997)
+    spilled = lpm._coarse_graph(csr.indptr, csr.indices, cluster, C, None, 997, cw=cw, workdir=tmp_path,
+                                spill_entries=len(csr.indices) // 5)  # 5 buckets
+    for a, b in zip(ref, spilled):
+        assert np.array_equal(a, b)
+    assert not any(tmp_path.iterdir())  # the scratch files are gone
+    # the same pairs by brute force
+    rows = np.repeat(np.arange(N), np.diff(csr.indptr))
+    a, b = cluster[rows], cluster[csr.indices]
+    keys, w = np.unique((a * C + b)[a != b], return_counts=True)
+    xadj, adjncy, ew = ref
+    assert np.array_equal(np.repeat(np.arange(C), np.diff(xadj)) * C + adjncy, keys) and np.array_equal(ew, w)
+    # a budget: keep w >= tau, the smallest tau whose survivors fit
+    budget = len(keys) // 3
+    tau = min(t for t in range(1, int(w.max()) + 2) if (w >= t).sum() <= budget)
+    xadj2, adjncy2, ew2 = lpm._coarse_graph(csr.indptr, csr.indices, cluster, C, None, 997, cw=cw,
+                                            workdir=tmp_path, spill_entries=1000, max_entries=budget)
+    kept = np.repeat(np.arange(C), np.diff(xadj2)) * C + adjncy2
+    assert np.array_equal(kept, keys[w >= tau]) and np.array_equal(ew2, w[w >= tau])
+    assert 0 < len(kept) <= budget
+    assert np.array_equal(np.sort(kept), np.sort((kept % C) * C + kept // C))  # symmetric
+
+
 def test_lp_metis_quality(graph: tuple[Path, Data]) -> None:
     _, data = graph
     cut = {m: partition_report(data.edge_index, assign_parts(data.edge_index, N, P, PartitionConfig(method=m)),
@@ -138,7 +172,20 @@ def test_partition_graph_folder_end_to_end(graph: tuple[Path, Data], tmp_path: P
     for r in range(P):
         lp = load_partition(tmp_path / "parts", r, expected_fingerprint=meta["graph_fingerprint"])
         assert not (tmp_path / "parts" / f"part_{r}" / "x.npy").exists()
-        assert torch.equal(lp.x, data.x[lp.global_ids])  # gathered from the graph's own x.npy
+        # read on use from the graph's own x.npy, by any index the mini-batch path uses
+        x, ref = lp.x, data.x[lp.global_ids]
+        assert isinstance(x, SourceRows) and tuple(x.shape) == tuple(ref.shape) and x.dtype == ref.dtype
+        assert torch.equal(x[:], ref) and torch.equal(x[5:17], ref[5:17]) and torch.equal(x[3], ref[3])
+        pick = torch.tensor([[9, 2], [2, 0]])
+        assert torch.equal(x[pick], ref[pick]) and torch.equal(x[torch.arange(len(ref)) % 3 == 0], ref[::3])
+        assert x.to("cpu") is x and torch.equal(x.to(torch.float64), ref.double())
+        with pytest.raises(TypeError):
+            torch.cat([x, x])
+        # the in-CSR is the folder's; edge_index is expanded only when read, and agrees with it
+        indptr, src = lp.in_csr()
+        assert lp.num_edges == len(src) and lp._edge_index is None
+        assert torch.equal(lp.edge_index[0], src.to(torch.int64))
+        assert torch.equal(lp.edge_index[1], torch.repeat_interleave(torch.arange(lp.num_owned), indptr.diff()))
         owned.append(lp.global_ids)
     assert torch.equal(torch.sort(torch.cat(owned)).values, torch.arange(N))
     assert sorted(p.name for p in (tmp_path / "work").iterdir()) == []

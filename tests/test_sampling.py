@@ -355,3 +355,25 @@ def test_cluster_more_clusters_than_nodes_and_empty_rank(graph):
     batches = list(s.epoch(s.num_batches(), torch.Generator().manual_seed(0)))
     assert all(x.blocks[0].num_edges == 0 for x in batches)
     assert torch.equal(torch.sort(torch.cat([x.nodes[x.target] for x in batches])).values, lonely)
+
+
+@pytest.mark.parametrize("chunk", [1, 7, 1 << 22])
+def test_csr_from_local_rows_equals_from_pairs(chunk: int) -> None:
+    """A rank's own CSR built chunk by chunk from its local in-CSR (the folder's arrays)
+    equals the one sorted from its global (source, target) pairs, dtype included."""
+    gen = torch.Generator().manual_seed(0)
+    n_own, n_halo, E = 50, 30, 600
+    ids = torch.randperm(1000, generator=gen)[: n_own + n_halo]  # global id of each local row
+    dst = torch.sort(torch.randint(0, n_own, (E,), generator=gen)).values
+    dst[:5] = 0  # a heavy first row, and (below) rows without in-edges
+    dst[dst == 7] = 8
+    src = torch.randint(0, n_own + n_halo, (E,), generator=gen)
+    key = dst * (n_own + n_halo) + src  # the local CSR: targets, then local sources ascending
+    order = torch.sort(key).indices
+    src, dst = src[order], dst[order]
+    indptr = torch.zeros(n_own + 1, dtype=torch.int64)
+    torch.cumsum(torch.bincount(dst, minlength=n_own), 0, out=indptr[1:])
+    ref = CSRTopology.from_pairs(ids[src], dst, n_own)
+    got = CSRTopology.from_local_csr(indptr, src.to(torch.int32), ids, chunk_edges=chunk)
+    assert torch.equal(got.indptr, ref.indptr)
+    assert got.indices.dtype == ref.indices.dtype and torch.equal(got.indices, ref.indices)

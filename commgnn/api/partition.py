@@ -48,7 +48,8 @@ def _partition(cfg: RunConfig, out: Path, graph: Any = None) -> PartitionResult:
         cfg = method_for_folder(cfg, folder)
         parts_np = parts_for_folder(cfg, folder, Path(out))
         report = write_folder_partitions(folder, parts_np, cfg.runtime.parts, Path(out),
-                                         {**partition_meta(cfg, fp, {}), "graph": described})
+                                         {**partition_meta(cfg, fp, {}), "graph": described},
+                                         features=cfg.partition.features)
         return PartitionResult(dir=Path(out), parts=cfg.runtime.parts, report=report,
                                text=format_report(PartitionReport.from_dict(report)))
     data = load_dataset(cfg.data, graph)

@@ -165,7 +165,7 @@ def _partition_for_predict(cfg: RunConfig, graph: Any, trained: dict[str, Any], 
         fp, _ = check_folder(cfg, folder)
         cfg = method_for_folder(cfg, folder)
         write_folder_partitions(folder, parts_for_folder(cfg, folder, dest), cfg.runtime.parts, dest,
-                                {"graph_fingerprint": fp})
+                                {"graph_fingerprint": fp}, features=cfg.partition.features)
         return fp
     loaded = load_dataset(cfg.data, graph)
     _check_shape(trained, int(loaded.x.shape[1]), int(loaded.num_classes_total))

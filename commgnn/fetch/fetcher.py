@@ -2,7 +2,7 @@
 fetched from their owners in one request-reply round per step.
 
 Rank r owns the rows ``table: [n_own, F]``; every node v has an owner ``owner[v]`` and a
-row ``row[v]`` on it (both ``[N]``, replicated: 16 bytes a node). For a step's nodes
+row ``row[v]`` on it (both ``[N]`` int32, replicated: 8 bytes a node). For a step's nodes
 ``ids: [n]`` (unique global ids)::
 
     own     = owner[ids] == r          -> table[row[ids[own]]]
@@ -52,7 +52,7 @@ class FeatureFetcher:
             raise ValueError("sparse fetches carry float32 values (bits = 32)")
         self.sparse = sparse
         self.ctx, self.hooks, self.group = ctx, hooks, group
-        self.table, self.owner, self.row = table, owner.to(torch.int16 if ctx.world_size < 2**15 else torch.int32), row
+        self.table, self.owner, self.row = table, owner, row  # shared with the sampler: no second [N] map
         self.cache, self.bits = cache, bits
         self.adaptive = AdaptiveBits(ctx.world_size, int(table.shape[1]), budget_bytes) if bits == "adaptive" else None
         self.gen = torch.Generator().manual_seed(seed)

@@ -25,6 +25,7 @@ REORDER_METHODS: tuple[str, ...] = get_args(ReorderMethod)
 """Node orders inside a partition (:mod:`commgnn.partition.reorder`)."""
 
 Objective = Literal["cut", "vol"]
+FeatureStore = Literal["copy", "source"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -53,6 +54,12 @@ class PartitionConfig:
     dir: str | None = None
     """A saved partition directory (``commgnn partition`` output) to load instead of
     partitioning; ``None`` partitions in memory."""
+    features: FeatureStore = "copy"
+    """Where the rank folders of a graph folder's partition keep the feature rows:
+    ``copy`` (each folder gets its owned rows, ``x.npy``) or ``source`` (no copy: a rank
+    reads its rows from the graph's ``x.npy`` by id, memory-mapped; the file's sha256 is
+    recorded at partitioning and its size, shape and dtype checked at every load). ``source``
+    saves the features' size on disk (25.6 GB for a papers100M-shaped graph)."""
     reorder: ReorderMethod = "none"
     """Renumber each rank's owned nodes for memory locality of the aggregation's gathers,
     once, right after its partition is built or loaded (``partition.reorder``): ``degree``
@@ -79,6 +86,9 @@ class PartitionConfig:
                               f"got {self.memory_limit_gb!r:.40}")
         if self.dir is not None and (not isinstance(self.dir, str) or not self.dir.strip()):
             raise ConfigError(f"dir must be a non-empty path or unset, got {self.dir!r}")
+        if self.features not in get_args(FeatureStore):
+            raise ConfigError(f"features: {self.features!r:.40} is not one of 'copy', 'source' (where rank "
+                              f"folders keep the feature rows)")
         if not isinstance(self.reorder, str) or self.reorder not in REORDER_METHODS:
             raise ConfigError(f"reorder: {self.reorder!r:.40} is not one of "
                               f"{', '.join(repr(m) for m in REORDER_METHODS)} (node order inside a "

@@ -64,6 +64,7 @@ from commgnn.config import one_line_errors
 from commgnn.integrity import replace_dir
 from commgnn.errors import PartitionError
 from commgnn.partition.disk_csr import EDGE_CHUNK, folder_edge_chunks, id_dtype
+from commgnn.partition.folder_rank import FolderPartition, SourceRows
 from commgnn.partition.local import LocalPartition
 from commgnn.partition.report import PartitionReport, _balance
 from commgnn.partition.store import (FORMAT, _RERUN, VERSION_LOADERS, _is_partition_dir, _sha256,
@@ -189,19 +190,25 @@ def _write(folder: Any, parts: np.ndarray, P: int, tmp: Path, scratch: Path, *, 
     # (one rank's edges need not fit in memory at once). In grouped order (rank, local row),
     # a node's bucket is (its rank, edges before it within its rank // rank_edges).
     rank_edges = max(int(rank_edges), folder.num_edges // MAX_BUCKETS + 1)
-    deg_g = in_deg[order]
-    before = np.cumsum(deg_g) - deg_g
+    # in place, one [N] temporary at a time: sub = in-edges before the node within its rank // rank_edges
+    sub = in_deg[order]
+    np.cumsum(sub, out=sub)
+    for r in range(P):  # exclusive prefix within the rank
+        lo_, hi_ = own_start[r], own_start[r + 1]
+        if hi_ > lo_:
+            sub[lo_:hi_] -= sub[lo_] - in_deg[order[lo_]]
+    sub -= in_deg[order]
+    sub //= rank_edges
     rank_g = parts[order]
-    sub = (before - before[own_start[rank_g]]) // rank_edges
-    del before
-    bkey = rank_g * (int(sub.max()) + 1 if N else 1) + sub
-    first_pos = np.flatnonzero(np.concatenate([[True], bkey[1:] != bkey[:-1]]))
+    sub += rank_g * (int(sub.max()) + 1 if N else 1)  # the bucket key (rank, sub), ascending
+    first_pos = np.flatnonzero(np.concatenate([[True], sub[1:] != sub[:-1]]))
+    del sub
     nb = len(first_pos)
     bucket_rank = rank_g[first_pos]
+    del rank_g
     rank_buckets = np.searchsorted(bucket_rank, np.arange(P + 1))
     bucket_of = np.empty(N, dtype=np.int32)
     bucket_of[order] = np.repeat(np.arange(nb, dtype=np.int32), np.diff(np.append(first_pos, N)))
-    del deg_g, rank_g, sub, bkey
 
     # Pass 1: bucket every edge by its target's bucket; count the cut columns.
     cut_directed = 0
@@ -387,19 +394,6 @@ def _tensor(arr: np.ndarray) -> torch.Tensor:
     return torch.from_numpy(arr) if arr.size else torch.from_numpy(np.array(arr))
 
 
-def _expand_csr(indptr: np.ndarray, indices: np.ndarray, rows: int = 1 << 20) -> np.ndarray:
-    """The contract's ``edge_index``, int64 ``[2, E]``: the columns widened, the CSR's rows
-    expanded, written into one array ``rows`` rows at a time (16 bytes an edge and a chunk,
-    where stacking widened copies held 40)."""
-    n_own, E = len(indptr) - 1, len(indices)
-    out = np.empty((2, E), dtype=np.int64)
-    out[0] = indices
-    for a in range(0, n_own, rows):
-        b = min(a + rows, n_own)
-        out[1, indptr[a]:indptr[b]] = np.repeat(np.arange(a, b, dtype=np.int64), np.diff(indptr[a:b + 1]))
-    return out
-
-
 @one_line_errors
 def load_rank_folder(dir: str | Path, rank: int, *, expected_fingerprint: str | None = None,
                      expected_parts: int | None = None) -> LocalPartition:
@@ -453,18 +447,23 @@ def load_rank(path: Path, rank: int, meta: dict[str, Any]) -> LocalPartition:
         if digest != hashes[fname]:
             raise PartitionError(f"{name}/{fname} in {path} is corrupt (sha256 mismatch); {_RERUN}")
         arrays[n] = _npy(rd / fname, f"{name}/{fname}", path)
-    if x_source is not None:
-        arrays["x"] = _source_rows(x_source, arrays["global_ids"], path)
+    x = _source_rows(x_source, arrays["global_ids"], path) if x_source is not None else None
     indptr, indices = arrays["indptr"], arrays["indices"]
     n_own = len(arrays["global_ids"])
+    n_src = n_own + len(arrays["halo_global_ids"])
     if indptr.shape != (n_own + 1,) or indptr.dtype != np.int64 or indices.ndim != 1 \
-            or (n_own and (indptr[0] != 0 or indptr[-1] != len(indices) or (np.diff(indptr) < 0).any())):
+            or not np.issubdtype(indices.dtype, np.integer) \
+            or (n_own and (indptr[0] != 0 or indptr[-1] != len(indices) or (np.diff(indptr) < 0).any())) \
+            or not _within(indices, n_src):
         raise PartitionError(f"{name} in {path} has an inconsistent in-CSR (indptr/indices); {_RERUN}")
-    edge_index = torch.from_numpy(_expand_csr(indptr, indices))
-    tensors = {n: _tensor(arrays[n]) for n in _ARRAYS if n not in ("indptr", "indices")}
-    lp = LocalPartition(**scalars, **counts, edge_index=edge_index, **tensors)
+    tensors = {n: _tensor(arrays[n]) for n in _ARRAYS if n not in ("indptr", "indices", "x")}
+    lp = FolderPartition(**scalars, **counts, csr=(indptr, indices), x=x if x is not None else _tensor(arrays["x"]),
+                         **tensors)
+    # the in-CSR was checked above, without expanding it; rows read from the graph's x.npy
+    # by id are not scanned here (their file's sha256 was checked when it was partitioned)
     problem = check_local_partition(lp, rank=rank, num_parts=meta["num_parts"], num_nodes=meta["num_nodes"],
-                                    num_features=meta.get("num_features"), num_classes=meta.get("num_classes"))
+                                    num_features=meta.get("num_features"), num_classes=meta.get("num_classes"),
+                                    edges=False, values=x is None)
     if problem:
         raise PartitionError(f"{name} in {path} is inconsistent: {problem}; {_RERUN}")
     return lp
@@ -473,9 +472,16 @@ def load_rank(path: Path, rank: int, meta: dict[str, Any]) -> LocalPartition:
 VERSION_LOADERS[VERSION] = load_rank
 
 
-def _source_rows(src: Any, gids: np.ndarray, path: Path) -> np.ndarray:
-    """This rank's feature rows gathered from the graph's ``x.npy`` recorded in ``x_source``
-    (its size, shape and dtype are checked: its sha256 was taken once, at partitioning)."""
+def _within(indices: np.ndarray, n: int, chunk: int = 1 << 24) -> bool:
+    """Every entry of the (memory-mapped) ``indices`` in ``[0, n)``, read by chunks."""
+    return all(int(indices[a:a + chunk].min()) >= 0 and int(indices[a:a + chunk].max()) < n
+               for a in range(0, len(indices), chunk))
+
+
+def _source_rows(src: Any, gids: np.ndarray, path: Path) -> SourceRows:
+    """This rank's feature rows, read on use from the graph's ``x.npy`` recorded in
+    ``x_source`` (its size, shape and dtype are checked: its sha256 was taken once, at
+    partitioning)."""
     try:
         xp = Path(src["path"])
         ok = xp.stat().st_size == src["size"]
@@ -485,11 +491,9 @@ def _source_rows(src: Any, gids: np.ndarray, path: Path) -> np.ndarray:
                              f"which cannot be read ({exc}); {_RERUN}") from None
     if not ok or list(x.shape) != src["shape"] or str(x.dtype) != src["dtype"]:
         raise PartitionError(f"{xp} changed since partition dir {path} was made (size, shape or dtype); {_RERUN}")
-    step = max(1, ROW_BYTES // max(1, x.shape[1] * x.dtype.itemsize))
-    rows = np.empty((len(gids), x.shape[1]), dtype=x.dtype)
-    for s in range(0, len(gids), step):
-        rows[s:s + step] = x[np.asarray(gids[s:s + step])]
-    return rows
+    if len(gids) and int(gids[-1]) >= x.shape[0]:  # ascending ids: the last is the largest
+        raise PartitionError(f"{path} names rows of {xp} beyond its {x.shape[0]} rows; {_RERUN}")
+    return SourceRows(x, gids)
 
 
 def folder_fingerprint(folder: Any) -> str:

@@ -75,6 +75,20 @@ class LocalPartition:
     def num_halo(self) -> int:
         return int(self.halo_global_ids.numel())
 
+    @property
+    def num_edges(self) -> int:
+        """``E_r``: the in-edges of the owned nodes."""
+        return int(self.edge_index.shape[1])
+
+    def in_csr(self) -> tuple[Tensor, Tensor]:
+        """``(indptr [n_own + 1] int64, sources [E_r])``: the in-CSR over the owned rows with
+        local source rows, each row ascending (``edge_index`` is sorted by target, then source).
+        A partition read from its folder returns the folder's arrays as they are."""
+        src, dst = self.edge_index.cpu()
+        indptr = torch.zeros(self.num_owned + 1, dtype=torch.int64)
+        torch.cumsum(torch.bincount(dst, minlength=self.num_owned), 0, out=indptr[1:])
+        return indptr, src
+
     def tensors(self) -> dict[str, Tensor]:
         """The tensor fields by name (for saving and for moving to a device)."""
         names = ("global_ids", "halo_global_ids", "send_index", "edge_index", "in_degree",

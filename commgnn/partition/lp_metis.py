@@ -12,8 +12,15 @@ METIS on the coarse graph, projection back and one boundary refinement pass.
    cluster are admitted in id order until the cap is met.
 2. **Coarse graph**: one vertex per cluster (weight = its size), edge weights = the number
    of CSR entries between two clusters, accumulated range by range with ``np.unique`` on
-   int64 keys and merged. Clusters without an outside edge are packed together up to the
-   cap. While the coarse graph has more than :data:`COARSE_MAX_NODES` vertices and the last
+   int64 keys and merged; on a big graph from disk the ranges' pairs spill to scratch
+   files by source cluster and each file is merged alone. At most
+   :data:`COARSE_MAX_ENTRIES` pairs are kept: beyond, only pairs of weight at least the
+   smallest threshold that meets it (a rule on the weight alone, so the coarse graph stays
+   symmetric). What goes is the pairs joined by one or two stray edges: on a graph with
+   edges "anywhere" (a quarter of the papers100M-shaped generator's) they are nearly all
+   of the distinct pairs (450M of them there) and carry no preference between partitions,
+   as a balanced k-way split cuts ``(k-1)/k`` of uniformly random edges whatever it does.
+   Clusters without an outside edge are packed together up to the cap. While the coarse graph has more than :data:`COARSE_MAX_NODES` vertices and the last
    level shrank it by at least 10%, it is clustered again (multilevel).
 3. **METIS** (pymetis, k-way, vertex and edge weights) partitions the coarsest graph; the
    parts are projected back through the levels.
@@ -23,8 +30,8 @@ METIS on the coarse graph, projection back and one boundary refinement pass.
 
 Memory: the fine graph is read through the CSR arrays (memory maps for a graph folder),
 range by range; besides them the method holds ``O(N)`` per-node arrays (labels, cluster
-sizes, parts) and the coarse graph, whose size the cap bounds from below (at least
-``P * CAP_FACTOR`` clusters) and the cut of the clustering from above. Everything is a
+sizes, parts), one scratch file's pairs, and the coarse graph of at most
+:data:`COARSE_MAX_ENTRIES` entries. Everything is a
 deterministic function of the CSR's rows as multisets and ``seed``, so the in-memory
 registration (CSR built from ``edge_index``) and the on-disk path give identical parts.
 Written by hand because no maintained library offers a multilevel partitioner over a
@@ -34,6 +41,7 @@ memory-mapped graph (METIS and KaHIP need the whole graph in memory).
 from __future__ import annotations
 
 import math
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -43,7 +51,7 @@ from torch import Tensor
 
 from commgnn.errors import PartitionError
 from commgnn.partition.base import PARTITIONERS
-from commgnn.partition.disk_csr import SymmetricCSR, array_edge_chunks, build_symmetric_csr, node_chunks
+from commgnn.partition.disk_csr import SymmetricCSR, array_edge_chunks, build_symmetric_csr, id_dtype, node_chunks
 
 if TYPE_CHECKING:
     from commgnn.partition.config import PartitionConfig
@@ -59,6 +67,15 @@ MAX_LEVELS = 4
 """At most this many clustering levels."""
 EDGE_BUDGET = 1 << 21
 """CSR entries per vectorised node range (about 100 MB of temporaries)."""
+COARSE_MAX_ENTRIES = 1 << 25
+"""At most this many coarse-graph entries (about 33.5M) go on to the next level or METIS:
+beyond, the lightest cluster pairs are dropped (module docstring, step 2)."""
+SPILL_ENTRIES = 1 << 26
+"""With a work directory, a fine graph of more CSR entries than this accumulates its
+cluster pairs in scratch files, one per range of source clusters, of about this many
+entries each."""
+_HIST = 1 << 16
+"""Weights are histogrammed up to this value to pick the threshold."""
 EPS = 0.03
 """Refinement keeps every part within (1 + EPS) * N / P nodes (METIS's default k-way slack)."""
 
@@ -86,14 +103,18 @@ def _range(indptr: np.ndarray, indices: np.ndarray, s: int, e: int) -> tuple[np.
 def label_propagation(indptr: np.ndarray, indices: np.ndarray, *, cap: float, seed: int,
                       vweights: np.ndarray | None = None, eweights: np.ndarray | None = None,
                       iterations: int = ITERATIONS, edge_budget: int = EDGE_BUDGET) -> np.ndarray:
-    """``[N]`` int64 cluster labels (node ids of cluster seeds; see the module docstring).
+    """``[N]`` cluster labels, int32 where ids fit (node ids of cluster seeds; see the module docstring).
 
     ``vweights`` (default 1) are the nodes' weights, ``eweights`` (default 1) the CSR
     entries'; no cluster's weight exceeds ``max(cap, heaviest node)``."""
     N = len(indptr) - 1
-    labels = np.arange(N, dtype=np.int64)
-    vw = np.ones(N, dtype=np.int64) if vweights is None else np.asarray(vweights, dtype=np.int64)
-    size = vw.copy()
+    labels = np.arange(N, dtype=id_dtype(N))
+    if vweights is None:  # unit weights without an [N] array of ones
+        vw = np.broadcast_to(np.int64(1), (N,))
+        size = np.ones(N, dtype=np.int64)
+    else:
+        vw = np.asarray(vweights, dtype=np.int64)
+        size = vw.copy()
     ranges = node_chunks(indptr, edge_budget)
     for _ in range(iterations):
         moved = 0
@@ -143,56 +164,115 @@ def label_propagation(indptr: np.ndarray, indices: np.ndarray, *, cap: float, se
 
 
 def _coarse_graph(indptr: np.ndarray, indices: np.ndarray, cluster: np.ndarray, C: int,
-                  eweights: np.ndarray | None, edge_budget: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """``(xadj [C+1], adjncy, eweights)`` int64 of the cluster graph (no self loops)."""
-    keys: list[np.ndarray] = []
-    wts: list[np.ndarray] = []
-    held = 0
-    merged_len = 0
+                  eweights: np.ndarray | None, edge_budget: int, *, cw: np.ndarray | None = None,
+                  workdir: Path | None = None, max_entries: int = COARSE_MAX_ENTRIES,
+                  spill_entries: int = SPILL_ENTRIES) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(xadj [C+1], adjncy, eweights)`` int64 of the cluster graph (no self loops).
 
-    def merge() -> None:
-        k, inv = np.unique(np.concatenate(keys), return_inverse=True)
-        w = np.bincount(inv, weights=np.concatenate(wts), minlength=len(k))
-        keys[:] = [k]
-        wts[:] = [w]
-
-    for s, e in node_chunks(indptr, edge_budget):
-        row, nbr, lo = _range(indptr, indices, s, e)
-        a, b = cluster[s + row], cluster[nbr]
-        cross = a != b
-        k = a[cross] * C + b[cross]
-        w = (np.ones(len(k)) if eweights is None
-             else np.asarray(eweights[lo:lo + len(nbr)], dtype=np.float64)[cross])
-        uk, inv = np.unique(k, return_inverse=True)
-        keys.append(uk)
-        wts.append(np.bincount(inv, weights=w, minlength=len(uk)))
-        held += len(uk)
-        if held > 2 * merged_len + 4 * edge_budget:
-            merge()
-            merged_len = held = len(keys[0])
-    if keys:
-        merge()
-        k, w = keys[0], wts[0]
+    Pairs are accumulated range by range. With a ``workdir`` and more than
+    ``spill_entries`` CSR entries, each range's distinct pairs spill to one of ``K``
+    scratch files by source-cluster range (``cw`` balances the ranges), and each file is
+    merged alone: memory ``O(nnz / K)``, not ``O(distinct pairs)``. When more than
+    ``max_entries`` distinct pairs remain, only those of weight at least the smallest
+    threshold that keeps ``max_entries`` are kept (module docstring, step 2)."""
+    nnz = int(indptr[-1])
+    K = 1 if workdir is None or nnz <= spill_entries else -(-nnz // spill_entries)
+    # bucket k holds source clusters [cb[k], cb[k+1])
+    if K == 1:
+        cb = np.array([0, C], dtype=np.int64)
     else:
-        k, w = np.zeros(0, np.int64), np.zeros(0)
+        cum = np.cumsum(cw if cw is not None else np.ones(C, dtype=np.int64))
+        cb = np.concatenate([[0], np.searchsorted(cum, cum[-1] * np.arange(1, K) / K, side="right"), [C]])
+    kb = cb * C  # key bounds
+    wdt = np.float32 if eweights is None else np.float64  # per-range counts <= edge_budget: exact in float32
+    mem_keys: list[np.ndarray] = []
+    mem_wts: list[np.ndarray] = []
+    held = merged_len = 0
+    files = ([(open(workdir / f"coarse_{k}.key", "wb"), open(workdir / f"coarse_{k}.w", "wb")) for k in range(K)]
+             if K > 1 else [])
+
+    def merge(keys: list[np.ndarray], wts: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+        if not keys:
+            return np.zeros(0, np.int64), np.zeros(0)
+        k, inv = np.unique(np.concatenate(keys), return_inverse=True)
+        return k, np.bincount(inv.reshape(-1), weights=np.concatenate(wts), minlength=len(k))
+
+    try:
+        for s, e in node_chunks(indptr, edge_budget):
+            row, nbr, lo = _range(indptr, indices, s, e)
+            a, b = cluster[s + row], cluster[nbr]
+            cross = a != b
+            k = a[cross] * C + b[cross]
+            w = (np.ones(len(k)) if eweights is None
+                 else np.asarray(eweights[lo:lo + len(nbr)], dtype=np.float64)[cross])
+            del row, nbr, a, b, cross
+            uk, inv = np.unique(k, return_inverse=True)
+            uw = np.bincount(inv.reshape(-1), weights=w, minlength=len(uk))
+            del k, w, inv
+            if K == 1:
+                mem_keys.append(uk)
+                mem_wts.append(uw)
+                held += len(uk)
+                if held > 2 * merged_len + 4 * edge_budget:
+                    mk, mw = merge(mem_keys, mem_wts)
+                    mem_keys[:], mem_wts[:] = [mk], [mw]
+                    merged_len = held = len(mk)
+                continue
+            cut = np.searchsorted(uk, kb)
+            for j in np.flatnonzero(np.diff(cut)):
+                files[j][0].write(uk[cut[j]:cut[j + 1]].tobytes())
+                files[j][1].write(uw[cut[j]:cut[j + 1]].astype(wdt).tobytes())
+    finally:
+        for fk, fw in files:
+            fk.close()
+            fw.close()
+    # merge each bucket; a histogram of the weights picks the threshold
+    merged: list[tuple[np.ndarray, np.ndarray]] = []
+    hist = np.zeros(_HIST + 1, dtype=np.int64)
+    for j in range(K):
+        if K == 1:
+            mk, mw = merge(mem_keys, mem_wts)
+            mem_keys.clear()
+            mem_wts.clear()
+        else:
+            kf, wf = workdir / f"coarse_{j}.key", workdir / f"coarse_{j}.w"
+            mk, mw = merge([np.fromfile(kf, dtype=np.int64)], [np.fromfile(wf, dtype=wdt).astype(np.float64)])
+            kf.unlink()
+            wf.unlink()
+        mw = np.rint(mw).astype(np.int64)
+        hist += np.bincount(np.minimum(mw, _HIST), minlength=_HIST + 1)
+        merged.append((mk, mw))
+    total = int(hist.sum())
+    tau = 0
+    if total > max_entries:  # the smallest t with #(w >= t) <= max_entries
+        kept = total - np.concatenate([[0], np.cumsum(hist)])  # kept[t] = #(w >= t)
+        tau = int(np.argmax(kept <= max_entries))
+    k = np.concatenate([mk[mw >= tau] for mk, mw in merged]) if merged else np.zeros(0, np.int64)
+    w = np.concatenate([mw[mw >= tau] for mk, mw in merged]) if merged else np.zeros(0, np.int64)
+    del merged
     xadj = np.zeros(C + 1, dtype=np.int64)
     np.cumsum(np.bincount(k // C, minlength=C), out=xadj[1:])
-    return xadj, k % C, np.rint(w).astype(np.int64)
+    return xadj, k % C, w
 
 
 def _coarsen(indptr: np.ndarray, indices: np.ndarray, vweights: np.ndarray | None, eweights: np.ndarray | None,
-             cap: float, seed: int, edge_budget: int
+             cap: float, seed: int, edge_budget: int, workdir: Path | None = None
              ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """One level: ``(cluster [N], xadj, adjncy, eweights, vweights)`` of the coarse graph."""
     N = len(indptr) - 1
     labels = label_propagation(indptr, indices, cap=cap, seed=seed, vweights=vweights, eweights=eweights,
                                edge_budget=edge_budget)
-    _, cluster = np.unique(labels, return_inverse=True)
-    cluster = cluster.astype(np.int64).reshape(-1)
+    # clusters numbered by their seed's id (np.unique's inverse, without its sort of N keys)
+    present = np.zeros(N, dtype=bool)
+    present[labels] = True
+    remap = np.cumsum(present, dtype=np.int64) - 1
+    del present
+    cluster = remap[labels]
+    del remap, labels
     C = int(cluster.max()) + 1 if N else 0
     vw = np.ones(N, dtype=np.int64) if vweights is None else np.asarray(vweights, dtype=np.int64)
     cw = np.bincount(cluster, weights=vw, minlength=C).astype(np.int64)
-    xadj, adjncy, ew = _coarse_graph(indptr, indices, cluster, C, eweights, edge_budget)
+    xadj, adjncy, ew = _coarse_graph(indptr, indices, cluster, C, eweights, edge_budget, cw=cw, workdir=workdir)
     # Pack clusters without outside edges into groups of at most `cap` weight: otherwise a
     # graph of many small components keeps one coarse vertex per component.
     lonely = np.flatnonzero(np.diff(xadj) == 0)
@@ -212,7 +292,8 @@ def _coarsen(indptr: np.ndarray, indices: np.ndarray, vweights: np.ndarray | Non
 
 def lp_metis_csr(csr: SymmetricCSR, num_parts: int, *, seed: int = 0, objective: str = "cut",
                  cap_factor: int = CAP_FACTOR, refine: bool = True, edge_budget: int = EDGE_BUDGET) -> np.ndarray:
-    """``[N]`` int64 part ids in ``[0, num_parts)`` of the graph ``csr`` (module docstring).
+    """``[N]`` int64 part ids in ``[0, num_parts)`` of the graph ``csr`` (module docstring);
+    the first level's cluster pairs spill into ``csr.workdir`` when it has one.
     Raises :class:`PartitionError` when METIS fails or leaves a part empty."""
     N, P = csr.num_nodes, int(num_parts)
     if P == 1:
@@ -224,7 +305,8 @@ def lp_metis_csr(csr: SymmetricCSR, num_parts: int, *, seed: int = 0, objective:
     xadj, adjncy, ew, vw = csr.indptr, csr.indices, None, None
     for level in range(MAX_LEVELS):
         n_before = len(xadj) - 1
-        cluster, xadj, adjncy, ew, vw = _coarsen(xadj, adjncy, vw, ew, cap, seed + level, edge_budget)
+        cluster, xadj, adjncy, ew, vw = _coarsen(xadj, adjncy, vw, ew, cap, seed + level, edge_budget,
+                                                 csr.workdir if level == 0 else None)
         maps.append(cluster)
         n_after = len(xadj) - 1
         if n_after <= COARSE_MAX_NODES or n_after > 0.9 * n_before:

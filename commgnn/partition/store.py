@@ -311,14 +311,17 @@ def _from_payload(payload: Any, name: str, path: Path | str) -> LocalPartition:
 
 
 def check_local_partition(lp: LocalPartition, *, rank: int, num_parts: int, num_nodes: int,
-                          num_features: int | None = None, num_classes: int | None = None) -> str | None:
+                          num_features: int | None = None, num_classes: int | None = None,
+                          edges: bool = True, values: bool = True) -> str | None:
     """First violation of the :class:`LocalPartition` contract's basic shape rules, or ``None``.
 
     Cheap checks only (lengths, dtypes, index ranges, sortedness of ids, finite features,
     labels of split nodes within the classes): enough to catch a file from another run or a
     bug, not a full re-derivation from the graph. ``num_features`` and ``num_classes``
     (recorded in ``meta.json`` since they were added; None = not checked) must be the same
-    on every rank, or the ranks' models would not match.
+    on every rank, or the ranks' models would not match. ``edges = False`` skips
+    ``edge_index`` (a caller that checked the CSR it comes from), ``values = False`` the
+    finiteness of ``x`` (rows read on use from a file whose hash was checked).
     """
     P, n_own, n_halo = num_parts, lp.num_owned, lp.num_halo
     if (lp.rank, lp.num_parts, lp.num_nodes_global) != (rank, P, num_nodes):
@@ -332,7 +335,7 @@ def check_local_partition(lp: LocalPartition, *, rank: int, num_parts: int, num_
         counts = getattr(lp, k)
         if len(counts) != P or min(counts) < 0 or counts[rank] != 0:
             return f"{k} {counts} is not {P} non-negative counts with 0 at its own rank"
-    for k in ("global_ids", "halo_global_ids", "send_index", "edge_index", "in_degree"):
+    for k in ("global_ids", "halo_global_ids", "send_index", *(("edge_index",) if edges else ()), "in_degree"):
         if getattr(lp, k).dtype != torch.int64:
             return f"{k} has dtype {getattr(lp, k).dtype}, expected int64"
     g, h = lp.global_ids, lp.halo_global_ids
@@ -348,10 +351,11 @@ def check_local_partition(lp: LocalPartition, *, rank: int, num_parts: int, num_
         return f"sum(send_counts) = {sum(lp.send_counts)} but send_index has {lp.send_index.numel()} rows"
     if lp.send_index.numel() and (int(lp.send_index.min()) < 0 or int(lp.send_index.max()) >= n_own):
         return f"send_index outside [0, {n_own})"
-    e = lp.edge_index
-    if e.dim() != 2 or e.size(0) != 2:
+    e = lp.edge_index if edges else None
+    if e is not None and (e.dim() != 2 or e.size(0) != 2):
         return f"edge_index has shape {tuple(e.shape)}, expected [2, E]"
-    if e.numel() and (int(e.min()) < 0 or int(e[0].max()) >= n_own + n_halo or int(e[1].max()) >= n_own):
+    if e is not None and e.numel() and (int(e.min()) < 0 or int(e[0].max()) >= n_own + n_halo
+                                        or int(e[1].max()) >= n_own):
         return f"edge_index outside [0, {n_own + n_halo}) x [0, {n_own})"
     if tuple(lp.in_degree.shape) != (n_own + n_halo,):
         return f"in_degree has shape {tuple(lp.in_degree.shape)}, expected ({n_own + n_halo},)"
@@ -363,7 +367,7 @@ def check_local_partition(lp: LocalPartition, *, rank: int, num_parts: int, num_
         return f"x has {lp.x.size(1)} features but meta.json records {num_features}"
     if not lp.x.dtype.is_floating_point:
         return f"x has dtype {lp.x.dtype}, expected floating point"
-    if not all_finite(lp.x):
+    if values and not all_finite(lp.x):
         return "x has NaN/inf values"
     if lp.y.dim() != 1 or lp.y.size(0) != n_own:
         return f"y has shape {tuple(lp.y.shape)}, expected [{n_own}]"

@@ -201,6 +201,8 @@ PARTITION_OPTIONS = (
     opt("partition.memory_limit_gb", "--partition-memory-gb",
         "refuse to partition above this estimated peak, naming a leaner partitioner (0 = available memory)"),
     opt("partition.objective", "--objective", "METIS objective: cut | vol"),
+    opt("partition.features", "--partition-features", "graph folders: copy | source (rank folders read the "
+        "feature rows from the graph's x.npy by id: no copy on disk)", choices=("copy", "source")),
     opt("partition.hosts", "--place-hosts", "place partitions on H hosts of P/H ranks, heaviest halo pairs together"),
 )
 """The options ``commgnn partition`` shares with ``commgnn train``."""

@@ -125,23 +125,27 @@ def parts_for_folder(cfg: RunConfig, folder: GraphFolder, near: Path) -> np.ndar
     return in_child(_parts_job, str(folder.path), cfg, str(near))  # type: ignore[no-any-return]
 
 
-def _write_job(path: str, parts: np.ndarray, num_parts: int, dest: str, meta: dict[str, Any]) -> dict[str, Any]:
+def _write_job(path: str, parts: np.ndarray, num_parts: int, dest: str, meta: dict[str, Any],
+               copy_features: bool) -> dict[str, Any]:
     scratch = scratch_dir(Path(dest))
     try:
-        out = write_partition_folders(open_graph_folder(path), parts, num_parts, dest, meta=meta, workdir=scratch)
+        out = write_partition_folders(open_graph_folder(path), parts, num_parts, dest, meta=meta, workdir=scratch,
+                                      copy_features=copy_features)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     return dict(load_meta(out)["report"])
 
 
 def write_folder_partitions(folder: GraphFolder, parts: np.ndarray, num_parts: int, dest: Path,
-                            meta: dict[str, Any]) -> dict[str, Any]:
+                            meta: dict[str, Any], *, features: str = "copy") -> dict[str, Any]:
     """Write the version-2 partition directory ``dest`` out of core (in a child process:
-    :func:`in_child`); its report."""
-    return in_child(_write_job, str(folder.path), parts, num_parts, str(dest), meta)  # type: ignore[no-any-return]
+    :func:`in_child`); its report. ``features``: ``partition.features``."""
+    return in_child(_write_job, str(folder.path), parts, num_parts, str(dest), meta,  # type: ignore[no-any-return]
+                    features == "copy")
 
 
-def folder_partition_bytes(folder: GraphFolder) -> float:
-    """Disk the partition folders take: every feature row once, plus the halo plan and the
-    in-CSR (at most 8 bytes per edge index) and per-node arrays."""
-    return float(folder.x.nbytes) + 8.0 * folder.num_edges + 64.0 * folder.num_nodes
+def folder_partition_bytes(folder: GraphFolder, features: str = "copy") -> float:
+    """Disk the partition folders take: every feature row once (``features = "copy"``),
+    plus the halo plan and the in-CSR (at most 8 bytes per edge index) and per-node arrays."""
+    x = float(folder.x.nbytes) if features == "copy" else 0.0
+    return x + 8.0 * folder.num_edges + 64.0 * folder.num_nodes

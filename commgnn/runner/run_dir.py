@@ -184,7 +184,7 @@ def write_run_dir(cfg: RunConfig, out: Path, data: Any, graph: dict[str, Any],
     P = cfg.runtime.parts
     part_bytes = 0.0
     if parts is not None and folder is not None:
-        part_bytes = folder_partition_bytes(folder)
+        part_bytes = folder_partition_bytes(folder, cfg.partition.features)
     elif parts is not None:  # features (with halo copies) and edges, saved once per rank
         part_bytes = 1.5 * data.x.numel() * data.x.element_size() + 16.0 * data.edge_index.shape[1]
     params = ((graph.get("num_features", 0) + graph.get("num_classes", 0)) * cfg.model.hidden
@@ -197,7 +197,8 @@ def write_run_dir(cfg: RunConfig, out: Path, data: Any, graph: dict[str, Any],
 
     def write(staging: Path) -> None:
         if parts is not None and folder is not None:
-            done.update(write_folder_partitions(folder, parts, P, staging / "partitions", meta or {}))
+            done.update(write_folder_partitions(folder, parts, P, staging / "partitions", meta or {},
+                                                features=cfg.partition.features))
             if check_report is not None:
                 check_report(done)
         write_header(staging, cfg, graph, done, torchrun=False, own=own)

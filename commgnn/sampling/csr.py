@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -63,6 +64,36 @@ class CSRTopology:
         key.remainder_(span)  # the sources, in target-then-source order
         small = span < 2**31 - 1
         return CSRTopology(indptr=indptr, indices=key.to(torch.int32) if small else key)
+
+    @staticmethod
+    def from_local_csr(indptr: Tensor, local_src: Tensor, ids: Tensor, *, chunk_edges: int = 1 << 22) -> "CSRTopology":
+        """The CSR of :meth:`from_pairs` for a rank's in-edges given as a CSR over its rows
+        whose sources are local rows: ``indptr [n + 1]`` int64, ``local_src [E]`` (any integer
+        dtype, memory-mapped or not) and ``ids``, the global id of every local row. The same
+        arrays as ``from_pairs(ids[local_src], targets, n)``, built ``chunk_edges`` edges of
+        whole rows at a time straight into the result (which is int32 where ids fit): no
+        ``[E]`` int64 temporary (4 GB a rank at 250M in-edges, with the sort's key beside it)."""
+        n, E = int(indptr.numel()) - 1, int(local_src.numel())
+        span = max(n, int(ids.max()) + 1 if ids.numel() else 1)
+        if E:  # from_pairs sizes its ids by the sources used, not by every local row
+            used = torch.zeros(ids.numel(), dtype=torch.bool)
+            for a in range(0, E, chunk_edges):
+                used[local_src[a:a + chunk_edges].to(torch.int64)] = True
+            span = max(n, int(ids[used].max()) + 1)
+        small = span < 2**31 - 1
+        out = torch.empty(E, dtype=torch.int32 if small else torch.int64)
+        ptr = indptr.numpy()
+        a = 0
+        while a < n:  # rows [a, b) holding about chunk_edges edges (at least one row)
+            b = max(a + 1, min(n, int(np.searchsorted(ptr, ptr[a] + chunk_edges, side="right")) - 1))
+            lo, hi = int(ptr[a]), int(ptr[b])
+            if hi > lo:
+                rows = torch.repeat_interleave(torch.arange(b - a), torch.from_numpy(np.diff(ptr[a:b + 1])))
+                key = rows * span + ids[local_src[lo:hi].to(torch.int64)]
+                key = torch.sort(key).values  # rows stay in order; sources ascending within each
+                out[lo:hi] = key.remainder_(span).to(out.dtype)
+            a = b
+        return CSRTopology(indptr=indptr.clone(), indices=out)
 
     def neighbours_of(self, nodes: Tensor) -> tuple[Tensor, Tensor]:
         """All in-edges of ``nodes``: ``(src [e] int64 global ids, pos [e] int64 index into

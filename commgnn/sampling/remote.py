@@ -53,7 +53,7 @@ class RemoteNeighbors:
                 table[pos, torch.arange(pos.numel()) - first] = src
             return table
 
-        table = request_reply(self.ctx, self.hooks, self.owner[nodes], self.row[nodes], serve,
+        table = request_reply(self.ctx, self.hooks, self.owner[nodes], self.row[nodes].to(torch.int64), serve,
                               req_kind="topology", rep_kind="topology", group=self.group)
         pos, slot = (table >= 0).nonzero(as_tuple=True)
         return table[pos, slot], pos

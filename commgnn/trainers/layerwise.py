@@ -104,7 +104,7 @@ def layerwise_forward(ctx: DistContext, hooks: Hooks, model: PartitionGNN, part:
     n_own = part.num_owned
     csr = _InCSR(part)
     halo_ids = part.halo_global_ids.cpu()
-    halo_owner, halo_row = owner[halo_ids], row[halo_ids]
+    halo_owner, halo_row = owner[halo_ids], row[halo_ids].to(torch.int64)
     chunks = math.ceil(n_own / chunk_rows)
     if ctx.is_distributed:  # every rank runs the same number of rounds
         chunks = int(ctx.all_reduce(torch.tensor([float(chunks)], dtype=torch.float64), "max")[0])

@@ -87,7 +87,7 @@ class MiniBatchTrainer(FullGraphTrainer):
             self.eval_halo = SparseSetup(self.eval_halo)
         cpu = self.part.to("cpu")
         self.owner, self.row = owner_map(ctx, hooks, cpu)
-        edges = ctx.all_reduce(torch.tensor([float(cpu.edge_index.shape[1])], dtype=torch.float64))
+        edges = ctx.all_reduce(torch.tensor([float(cpu.num_edges)], dtype=torch.float64))
         self.available = available_memory(ctx)
         self.topology = choose_topology(sampler_cfg, cpu.num_nodes_global, int(edges[0]), ctx.local_world_size,
                                         self.available)
