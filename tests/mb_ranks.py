@@ -343,3 +343,23 @@ def layerwise_against_full(ctx: DistContext, data: Any, parts: torch.Tensor, mod
     return {"full": full, "lw": lw, "full_h": full_h, "lw_h": lw_h, "counts": t.evaluate(),
             "eval_bytes": eval_bytes, "halo": part.num_halo, "own": part.num_owned, "y": part.y,
             "masks": torch.stack([part.train_mask, part.val_mask, part.test_mask])}
+
+
+def sampled_against_exact(ctx: DistContext, data: Any, parts: torch.Tensor, model_cfg: ModelConfig,
+                          train_cfg: TrainConfig, topology: str, fanout: tuple[int, ...]) -> dict[str, Any]:
+    """Two trainers of one config but the inference (exact ``full`` and ``sampled``), each
+    trained 2 epochs: their evaluation counts after each epoch, and their final weights."""
+    part = build_local_partition(data, parts, ctx.world_size, ctx.rank)
+    out: dict[str, Any] = {}
+    for inference in ("full", "sampled"):
+        t = MiniBatchTrainer(ctx, part, model_cfg, train_cfg, Hooks(), fetch_cfg=FetchConfig(),
+                             sampler_cfg=SamplerConfig(fanout=fanout, batch_size=8, topology=topology,
+                                                       inference=inference))
+        counts = []
+        for _ in range(2):
+            t.step()
+            counts.append(t.evaluate())
+        out[inference] = {"counts": torch.stack(counts), "again": t.evaluate(),
+                          "weights": {k: v.clone() for k, v in t.model.state_dict().items()}}
+    out["masks"] = torch.stack([part.train_mask, part.val_mask, part.test_mask]).sum(1)
+    return out

@@ -63,3 +63,29 @@ def test_metis_over_the_cap_partitions_out_of_core_instead(folder, tmp_path, cap
     again = commgnn.partition_graph(tmp_path / "parts2", str(folder), parts=2)  # METIS fits here
     assert json.loads((tmp_path / "parts2" / "meta.json").read_text())["method"] == "metis"
     assert done.report["edge_cut"] <= 1.5 * again.report["edge_cut"]  # lp-metis within 1.5x of METIS
+
+
+@pytest.mark.timeout(240)
+def test_the_papers_path_on_a_small_folder(folder, tmp_path):
+    """What the papers100M-shaped run uses, on a small folder: rank folders that read their
+    features from the graph's x.npy (``partition.features = "source"``), a partitioned
+    topology, evaluation by sampling, no ``predictions.pt``; ``predict`` then scores the
+    run exactly, as a copied-features partition of the same graph and seed does."""
+    src = commgnn.partition_graph(tmp_path / "src", str(folder), parts=2, partitioner="lp-metis",
+                                  partition_features="source")
+    assert not (tmp_path / "src" / "part_0" / "x.npy").exists()
+    copied = commgnn.partition_graph(tmp_path / "copy", str(folder), parts=2, partitioner="lp-metis")
+    assert src.report == copied.report
+    opts = dict(parts=2, epochs=2, quiet=True, hidden=16, energy_track=False, mode="minibatch", fanout=(4, 4),
+                batch_size=64, topology="partitioned")
+    runs = {}
+    for name in ("src", "copy"):
+        runs[name] = commgnn.train(str(folder), out=tmp_path / f"run-{name}", partition_dir=str(tmp_path / name),
+                                   inference="sampled" if name == "src" else "layerwise",
+                                   predictions=name != "src", **opts)
+    assert runs["src"].predictions is None and not (runs["src"].run_dir / "predictions.pt").exists()
+    a, b = runs["src"].model.state_dict(), runs["copy"].model.state_dict()
+    assert all(torch.equal(a[k], b[k]) for k in a)  # the same training, whichever features file
+    assert 0 < runs["src"].summary["test_acc"] <= 1
+    scores = commgnn.predict(runs["src"].run_dir)
+    assert torch.allclose(scores, runs["copy"].predictions, atol=1e-6)

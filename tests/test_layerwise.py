@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from commgnn.errors import ConfigError
 from commgnn.models import ModelConfig
 from commgnn.sampling.config import SamplerConfig
 from commgnn.trainers import TrainConfig
@@ -92,3 +93,37 @@ def test_half_precision_features_train_as_their_float32_values_at_half_the_fetch
             assert torch.equal(half["state"][k], v), k
         assert [r.val_acc for r in half["results"]] == [r.val_acc for r in full["results"]]
         assert 0 < half["sent"]["fetch_rows"] * 2 <= full["sent"]["fetch_rows"] + 8 * 2 * 2
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("P,topology,fanout", [(1, "replicated", (-1, -1)), (2, "replicated", (-1, -1)),
+                                               (2, "partitioned", (2, 2))])
+def test_sampled_evaluation(tmp_path, P, topology, fanout):
+    """``minibatch.inference = "sampled"`` scores each split's nodes by neighbour sampling:
+    with every neighbour drawn (fan-out -1) that is the exact evaluation; with a fan-out it
+    is an estimate that repeats itself for the same weights; either way training is not
+    disturbed (the same weights as with exact evaluation: the shared streams are put back)."""
+    data = small_graph(n=90, m=500)
+    model = ModelConfig(name="sage", hidden=6, layers=2, dropout=0.3)
+    res = run_on_ranks(mb_ranks.sampled_against_exact, P, tmp_path, data, random_parts(90, P, 3), model,
+                       TrainConfig(epochs=2, lr=0.05, seed=2), topology, fanout)
+    for r in res:
+        for k, w in r["full"]["weights"].items():
+            assert torch.equal(w, r["sampled"]["weights"][k]), k
+        counts = r["sampled"]["counts"]
+        assert torch.equal(counts[-1], r["sampled"]["again"])  # a fixed stream: the same estimate
+        assert bool((counts <= r["masks"]).all())
+    if fanout[0] == -1:
+        for r in res:
+            assert torch.equal(r["sampled"]["counts"], r["full"]["counts"])
+    else:  # an estimate, not a copy of the exact counts, over the ranks
+        exact = sum(r["full"]["counts"] for r in res)
+        est = sum(r["sampled"]["counts"] for r in res)
+        assert bool((est - exact).abs().max() <= 0.5 * sum(r["masks"] for r in res).max())
+
+
+def test_sampled_inference_needs_the_neighbor_sampler():
+    with pytest.raises(ConfigError, match="inference = 'sampled' draws neighbours as the neighbor sampler"):
+        SamplerConfig(sampler="cluster", inference="sampled")
+    with pytest.raises(ConfigError, match="minibatch.inference must be one of"):
+        SamplerConfig(inference="exact")

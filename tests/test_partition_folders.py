@@ -89,6 +89,22 @@ def test_symmetric_csr_matches_metis_input() -> None:
     assert csr.nnz == 2 * int((ei[0] != ei[1]).sum())
 
 
+@pytest.mark.parametrize("bucket", [50, 1 << 26])
+def test_symmetric_csr_on_disk_equals_in_memory(tmp_path: Path, bucket: int, monkeypatch) -> None:
+    """The external bucket sort (many buckets, or one) gives the in-memory scatter's arrays,
+    entry for entry, and leaves no scratch file."""
+    from commgnn.partition import disk_csr
+    monkeypatch.setattr(disk_csr, "BUCKET_ENTRIES", bucket)
+    monkeypatch.setattr(disk_csr._fill_by_buckets, "__defaults__", (bucket,))
+    ei, _ = _community_graph(5)
+    ref = build_symmetric_csr(array_edge_chunks(ei[0], ei[1], 777), N)
+    with build_symmetric_csr(array_edge_chunks(ei[0], ei[1], 777), N, workdir=tmp_path) as disk:
+        assert np.array_equal(np.asarray(disk.indptr), ref.indptr)
+        assert np.array_equal(np.asarray(disk.indices), ref.indices)
+        assert sorted(f.name for f in disk.workdir.iterdir()) == ["indices.npy", "indptr.npy"]
+    assert not any(tmp_path.iterdir())
+
+
 def test_rank_folders_equal_the_in_memory_build(graph: tuple[Path, Data], tmp_path: Path) -> None:
     path, data = graph
     folder = open_graph_folder(path)

@@ -186,8 +186,8 @@ def _predict_rank(info: LaunchInfo, cfg: RunConfig, part_dir: str, fp: str, stat
         mode = inference_mode(ctx, cfg.minibatch, part.to("cpu"), cfg.model, 8 if cfg.train.dtype == "float64" else 4,
                               available_memory(ctx))
     trainer = FullGraphTrainer(ctx, part, cfg.model, cfg.train, hooks, comm_cfg=CommConfig(halo=cfg.comm.halo),
-                               module=unpack_model(packed), half_input=mode == "layerwise")
-    if mode == "layerwise":
+                               module=unpack_model(packed), half_input=mode in ("layerwise", "sampled"))
+    if mode in ("layerwise", "sampled"):  # a run evaluated by sampling is still predicted exactly
         owner, row = owner_map(ctx, hooks, trainer.part.to("cpu"))
         trainer.layerwise = LayerwiseInference(ctx, hooks, trainer.model, trainer.part, trainer.x, owner, row,
                                                cfg.minibatch.inference_chunk)

@@ -50,8 +50,9 @@ class TrainResult:
     a plain PyG module (:class:`~commgnn.models.ReferenceGNN` for the built-in names)."""
     summary: dict[str, Any]
     """``summary.json``: accuracies, bytes, times, memory."""
-    predictions: Tensor
-    """``[N, C]`` float32 class scores (logits) of every node, in the graph's node order."""
+    predictions: Tensor | None
+    """``[N, C]`` float32 class scores (logits) of every node, in the graph's node order;
+    None for a run with ``output.predictions = false``."""
     run_dir: Path
     """The run directory (config, manifest, metrics, ``model.pt``, ``predictions.pt``)."""
 
@@ -178,7 +179,8 @@ def load_result(run_dir: str | Path, *, model: nn.Module | type | None = None) -
     load_weights(module, state, run_dir / "model.pt")
     module.eval()
     return TrainResult(model=module, summary=read_json(run_dir / "summary.json"),
-                       predictions=load_run_file(run_dir, "predictions.pt"),
+                       predictions=load_run_file(run_dir, "predictions.pt")
+                       if (run_dir / "predictions.pt").exists() or cfg.output.predictions else None,
                        run_dir=run_dir)
 
 

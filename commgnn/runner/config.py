@@ -52,6 +52,10 @@ class OutputConfig:
     embeddings_layer: int | None = None
     """Also write ``embeddings.pt``: the ``[N, d]`` output of this layer (0-based, after its
     activation) for every node, from the best validation epoch's weights; None = no."""
+    predictions: bool = True
+    """Write ``predictions.pt``, the ``[N, C]`` float32 class scores of every node (rank 0
+    holds them all while it writes: 69 GB at papers100M's shape, so such a run sets it
+    false; ``commgnn predict`` scores a finished run later)."""
 
     def __post_init__(self) -> None:
         if self.embeddings_layer is not None and self.embeddings_layer < 0:
@@ -246,6 +250,8 @@ RUN_OPTIONS = OptionSet("run", lambda: RunConfig, (
     opt("output.out", "--out", "run directory (default: runs/<date>-<dataset>-<model>-p<P>)"),
     opt("output.embeddings_layer", "--embeddings-layer",
         "also write embeddings.pt: every node's output of this layer (0-based)"),
+    opt("output.predictions", "--no-predictions", "do not write predictions.pt (the [N, C] scores of every node, "
+        "held on rank 0)", dest="predictions", const=False),
     opt("output.quiet", "--quiet", "no progress bar or table", const=True, resume=True),
     opt("comm.halo.precompute", "--precompute", "aggregate the input features once (no per-epoch input exchange)",
         const=True),
@@ -279,6 +285,9 @@ RUN_OPTIONS = OptionSet("run", lambda: RunConfig, (
     opt("minibatch.batch_size", "--batch-size", "seed nodes per batch (largest rank)"),
     opt("minibatch.replace", "--replace", "sample neighbours with replacement", const=True),
     opt("minibatch.topology", "--topology", "auto | replicated | partitioned (owners sample their own nodes)"),
+    opt("minibatch.inference", "--inference", "evaluation and predict: auto | full | layerwise (exact, by chunks) | "
+        "sampled (evaluation scores the splits' nodes by neighbour sampling; predictions stay exact)",
+        choices=("auto", "full", "layerwise", "sampled")),
     opt("fetch.cache_mb", "--cache-mb", "remote-row cache per rank in MB"),
     opt("fetch.cache_ratio", "--cache-ratio", "remote-row cache per rank as a fraction of its remote rows"),
     opt("fetch.cache_policy", "--cache-policy", "degree | presample | lru"),

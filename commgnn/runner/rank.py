@@ -151,7 +151,7 @@ def run_rank(ctx: DistContext, cfg: RunConfig, part: LocalPartition, out: Path, 
     alone = None
     if cfg.runtime.compute_alone and not isinstance(trainer, MiniBatchTrainer):
         alone = compute_alone(trainer)
-    _export(ctx, trainer, hooks, part, out, best["state"], cfg.output.embeddings_layer)
+    _export(ctx, trainer, hooks, part, out, best["state"], cfg.output.embeddings_layer, cfg.output.predictions)
     totals = meter.totals()
     if log:
         name = type(module).__name__ if module is not None else cfg.model.name
@@ -191,17 +191,20 @@ def _gather_energy(ctx: DistContext, mine: dict[str, Any] | None) -> list[dict[s
 
 
 def _export(ctx: DistContext, trainer: FullGraphTrainer, hooks: Hooks, part: LocalPartition, out: Path,
-            state: dict[str, Any], embeddings_layer: int | None) -> None:
+            state: dict[str, Any], embeddings_layer: int | None, predictions: bool = True) -> None:
     """Rank 0 writes ``model.pt`` (the weights of the best validation epoch, the state dict
     of the same model in plain PyG), ``predictions.pt`` (``[N, C]`` float32 class scores,
-    logits of an exact eval-mode pass, in the graph's own node order) and, if asked,
-    ``embeddings.pt`` (``[N, d]``, the output of one layer)."""
-    scores = gather_rows(ctx, hooks, trainer, part, trainer.predict(state))
+    logits of an exact eval-mode pass, in the graph's own node order; unless
+    ``output.predictions`` is false) and, if asked, ``embeddings.pt`` (``[N, d]``, the
+    output of one layer)."""
+    if predictions:
+        scores = gather_rows(ctx, hooks, trainer, part, trainer.predict(state))
     if embeddings_layer is not None:
         emb = gather_rows(ctx, hooks, trainer, part, trainer.predict(state, layer=embeddings_layer))
     if ctx.is_main:
         save_run_file(state, out, "model.pt")  # each hashed into hashes.json (commgnn.integrity)
-        save_run_file(scores, out, "predictions.pt")
+        if predictions:
+            save_run_file(scores, out, "predictions.pt")
         if embeddings_layer is not None:
             save_run_file(emb, out, "embeddings.pt")
 

@@ -86,13 +86,17 @@ class SamplerConfig:
     topology_share: float = 0.25
     """auto: the largest fraction of available memory the replicated CSRs of all local
     ranks together may take while they are built."""
-    inference: Literal["auto", "full", "layerwise"] = "auto"
+    inference: Literal["auto", "full", "layerwise", "sampled"] = "auto"
     """How evaluation (each epoch) and ``predict`` run the model over every node: ``full``,
     the full-graph forward (all halo rows of a layer exchanged at once); ``layerwise``,
     layer by layer in chunks of ``inference_chunk`` owned rows, each chunk's halo rows
     fetched from their owners (bounded memory, more bytes: a row several chunks need travels
     several times); ``auto`` = layerwise when the full forward of this host's ranks would
-    take over half of available memory. Both give the same scores."""
+    take over half of available memory. Both give the same scores. ``sampled`` (neighbour
+    sampler only): evaluation scores only each split's nodes, their neighbours drawn with
+    ``fanout`` as in training, in eval mode (estimates, as the peers evaluate papers100M;
+    :mod:`commgnn.trainers.sampled_eval`), while ``predict`` and the run's
+    ``predictions.pt`` stay exact (layer-wise)."""
     inference_chunk: int = 8192
     """layerwise: destination rows per chunk. A chunk holds its sources' rows, about
     ``chunk (1 + average degree)`` of them, three times over; fewer rows cost more rounds
@@ -113,6 +117,13 @@ class SamplerConfig:
             if isinstance(k, bool) or not isinstance(k, int) or (k <= 0 and k != -1):
                 raise ConfigError(f"minibatch.fanout entries must be positive integers or -1 (all), got {k!r}")
         fraction("minibatch.topology_share", self.topology_share, open_low=True)
+        if self.inference not in ("auto", "full", "layerwise", "sampled"):
+            raise ConfigError(f"minibatch.inference must be one of auto, full, layerwise, sampled, "
+                              f"got {self.inference!r:.40}")
+        if self.inference == "sampled" and self.sampler != "neighbor":
+            raise ConfigError(f"minibatch.inference = 'sampled' draws neighbours as the neighbor sampler does; "
+                              f"sampler {self.sampler!r} evaluates exactly: use inference = 'auto' or "
+                              f"'layerwise'")
         used = self.fanout[:-1] if self.sampler == "vrgcn" else self.fanout  # VR-GCN's last one is unused
         if self.topology == "partitioned" and self.sampler in ("neighbor", "vrgcn") and -1 in used:
             raise ConfigError("minibatch.topology = 'partitioned' needs a positive fan-out per sampled layer "

@@ -59,6 +59,7 @@ from commgnn.trainers.config import TrainConfig, stream_seed
 from commgnn.trainers.fullgraph import FullGraphTrainer, halo_plan
 from commgnn.trainers.nonfinite import guard_step
 from commgnn.trainers.layerwise import LayerwiseInference
+from commgnn.trainers.sampled_eval import SampledInference
 from commgnn.trainers.mb_setup import (available_memory, build_cache, build_sampler, cache_capacity, choose_topology,
                                        inference_mode, keeps_half_features, owner_map, remote_candidates,
                                        replicated_topology, sampler_reach)
@@ -94,7 +95,7 @@ class MiniBatchTrainer(FullGraphTrainer):
         csr = replicated_topology(ctx, hooks, cpu) if self.topology == "replicated" else None
         self.inference = inference_mode(ctx, sampler_cfg, cpu, model_cfg, self.dtype.itemsize, self.available)
         """``full`` or ``layerwise``: how :meth:`evaluate` and :meth:`predict` run (``minibatch.inference``)."""
-        if self.inference == "layerwise":
+        if self.inference in ("layerwise", "sampled"):  # sampled: predict and embeddings stay exact
             self.layerwise = LayerwiseInference(ctx, hooks.bytes_only(), self.model, self.part, self.x, self.owner,
                                                 self.row, sampler_cfg.inference_chunk)
         layers = len(self.model.convs)
@@ -126,6 +127,33 @@ class MiniBatchTrainer(FullGraphTrainer):
             # Background fetches get their own communicator (created in the same order on every rank).
             self.prefetch_group = ctx.new_group()
         self._stats = torch.zeros(4, dtype=torch.float64)  # sampled nodes, edges, batches, train seconds
+        self.sampled: SampledInference | None = None
+        """Evaluation by neighbour sampling (``minibatch.inference = "sampled"``)."""
+        if self.inference == "sampled":
+            remote = _remote_source(self.sampler)
+            self.sampled = SampledInference(
+                ctx, source=self.sampler.source, fanout=sampler_cfg.fanout, batch_size=sampler_cfg.batch_size,
+                global_ids=cpu.global_ids, row=self.row, seed=stream_seed(train_cfg.seed, ctx.rank, "eval"),
+                streams=[remote.gen] if remote is not None else [],
+                fetch=lambda ids: self.fetcher.fetch(ids, kind="halo_eval", use_cache=False),
+                forward=lambda rows, batch: self.net(rows.to(self.dtype), batch, _graphs(batch, self.graph.kernel)))
+
+    def evaluate(self) -> Tensor:
+        """Correct counts ``[train, val, test]``: the exact pass of the base class, or with
+        ``minibatch.inference = "sampled"`` each split's nodes scored by neighbour sampling
+        (:mod:`commgnn.trainers.sampled_eval`)."""
+        if self.sampled is None:
+            return super().evaluate()
+        self.model.eval()
+        self.net.eval()
+        counts = []
+        for mask in (self.part.train_mask, self.part.val_mask, self.part.test_mask):
+            rows = mask.cpu().nonzero().flatten()
+            scores = self.sampled.scores(rows)
+            hit = (scores.argmax(dim=1) == self.part.y[rows]).sum() if rows.numel() else torch.zeros(())
+            counts.append(hit)
+        self._evaluated = None
+        return torch.stack(counts).to(torch.float64)
 
     def _forward_module(self) -> nn.Module:
         if self.vr:
