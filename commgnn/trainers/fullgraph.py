@@ -109,7 +109,7 @@ class FullGraphTrainer:
         """The model's floating dtype (``train.dtype``)."""
         self.x = self._input_features(dtype)
         """``[n_own, F]`` the owned feature rows: ``dtype``, or (mini-batch) their stored dtype."""
-        self.graph = local_graph(self.part, train_cfg.resolved_kernel)
+        self._graph: LocalGraph | None = None  # built on first use (the property graph)
         plan = halo_plan(self.part)
         byo = None
         if module is None and model_cfg.residual != "none":
@@ -175,6 +175,15 @@ class FullGraphTrainer:
         """Called as ``(phase, epoch)`` with ``train`` / ``eval`` at the start of each epoch's
         step and evaluation (1-based epoch): for profilers and fault injection."""
 
+    @property
+    def graph(self) -> LocalGraph:
+        """The rank's :class:`LocalGraph`, built from ``part.edge_index`` on first use: a
+        mini-batch rank that never runs the full-graph forward never expands a rank
+        folder's in-CSR into ``edge_index`` (16 bytes an edge)."""
+        if self._graph is None:
+            self._graph = local_graph(self.part, self.cfg.resolved_kernel)
+        return self._graph
+
     def _input_features(self, dtype: torch.dtype) -> torch.Tensor:
         """The owned feature rows as training holds them: converted to ``dtype``, or half
         precision kept as stored with ``half_input``."""
@@ -199,6 +208,8 @@ class FullGraphTrainer:
         """Same answer on every rank (the decision changes which collectives run)."""
         if mode != "auto":
             return mode == "on"
+        if not isinstance(self.x, torch.Tensor):  # rows read on use from a graph's x.npy: not scanned
+            return False  # (a scan would read every row of the file; sparse_input = "on" forces it)
         nnz = torch.tensor([float(count_nonzero(self.x)), float(self.x.numel())], dtype=torch.float64)
         nnz = self.ctx.all_reduce(nnz)
         return bool(nnz[0] < 0.1 * nnz[1])

@@ -136,7 +136,7 @@ class MiniBatchTrainer(FullGraphTrainer):
                 global_ids=cpu.global_ids, row=self.row, seed=stream_seed(train_cfg.seed, ctx.rank, "eval"),
                 streams=[remote.gen] if remote is not None else [],
                 fetch=lambda ids: self.fetcher.fetch(ids, kind="halo_eval", use_cache=False),
-                forward=lambda rows, batch: self.net(rows.to(self.dtype), batch, _graphs(batch, self.graph.kernel)))
+                forward=lambda rows, batch: self.net(rows.to(self.dtype), batch, _graphs(batch, self.cfg.resolved_kernel)))
 
     def evaluate(self) -> Tensor:
         """Correct counts ``[train, val, test]``: the exact pass of the base class, or with
@@ -246,7 +246,7 @@ class MiniBatchTrainer(FullGraphTrainer):
         for batch, rows in self._batches():
             self.optimizer.zero_grad(set_to_none=True)
             rows = rows.to(self.dtype)  # half-precision rows are converted here, a step's worth
-            out = self.net(rows, batch) if self.vr else self.net(rows, batch, _graphs(batch, self.graph.kernel))
+            out = self.net(rows, batch) if self.vr else self.net(rows, batch, _graphs(batch, self.cfg.resolved_kernel))
             tgt = batch.target
             labels = self.part.y[self.row[batch.output_nodes[tgt]]]
             ce = F.cross_entropy(out[tgt], labels, reduction="none")
