@@ -63,7 +63,7 @@ import torch
 from commgnn.config import one_line_errors
 from commgnn.integrity import replace_dir
 from commgnn.errors import PartitionError
-from commgnn.partition.disk_csr import EDGE_CHUNK, folder_edge_chunks, id_dtype
+from commgnn.partition.disk_csr import EDGE_CHUNK, DegreeCounter, folder_edge_chunks, id_dtype
 from commgnn.partition.folder_rank import FolderPartition, SourceRows
 from commgnn.partition.local import LocalPartition
 from commgnn.partition.report import PartitionReport, _balance
@@ -177,6 +177,7 @@ def _write(folder: Any, parts: np.ndarray, P: int, tmp: Path, scratch: Path, *, 
 
     # Pass 0 over the edges: in-degrees (they size the buckets and the in-CSR's rows).
     in_deg = np.zeros(N, dtype=np.int64)
+    count = DegreeCounter(in_deg)
     for src, dst in folder_edge_chunks(folder, chunk)():
         if len(src) == 0:
             continue
@@ -184,8 +185,8 @@ def _write(folder: Any, parts: np.ndarray, P: int, tmp: Path, scratch: Path, *, 
         if lo < 0 or hi >= N:
             raise PartitionError(f"{folder.path / 'edge_index.npy'} refers to node {lo if lo < 0 else hi}, "
                                  f"outside [0, {N})")
-        b = np.bincount(dst)
-        in_deg[:len(b)] += b
+        count.add(dst)
+    count.flush()
     # Buckets: runs of consecutive owned rows of one rank holding about `rank_edges` in-edges
     # (one rank's edges need not fit in memory at once). In grouped order (rank, local row),
     # a node's bucket is (its rank, edges before it within its rank // rank_edges).
