@@ -260,6 +260,39 @@ def papers(ns: argparse.Namespace, work: Path, record: Path) -> None:
             row["halo_rows"] = rep["comm_volume"]
             row["node_balance"] = round(rep["node_balance"], 3)
         append(record, {"step": "partition lp-metis", "setting": "features from source", **row})
+    if (pdir / "meta.json").exists():
+        train_papers(ns, graph, pdir, work / "run-papers-sage-minibatch", logs, record)
+
+
+def train_papers(ns: argparse.Namespace, graph: Path, pdir: Path, out: Path, logs: Path, record: Path) -> None:
+    """Target 3's training: one epoch of mini-batch GraphSAGE 2 x 128 (15,10, batch 1024;
+    about 245 steps a rank) on 4 ranks from the partition directory, the owners sampling
+    their own nodes, evaluation by sampling the splits' nodes, no ``predictions.pt``
+    (``[N, C]`` float32 would be 69 GB on rank 0); each step's wall time is in the run's
+    ``metrics.jsonl`` (``step_s``)."""
+    shutil.rmtree(out, ignore_errors=True)
+    args = ["train", "--dataset", str(graph), "--partition-dir", str(pdir), "--parts", "4", "--mode", "minibatch",
+            "--model", "sage", "--layers", "2", "--hidden", "128", "--sampler", "neighbor", "--fanout", "15,10",
+            "--batch-size", "1024", "--topology", "partitioned", "--inference", "sampled", "--no-predictions",
+            "--epochs", "1", "--patience", "0", "--no-energy", "--timeout", "1800", "--quiet", "--out", str(out),
+            "--memory-limit-gb", str(ns.preflight_gb or ns.cap_gb)]
+    with DiskPeak(out.parent) as disk:
+        row = commgnn(args, ns.cap_gb, logs / "train-papers.log")
+    row["disk_added_peak_gb"] = disk.added_gb
+    if (out / "summary.json").exists():
+        s = json.loads((out / "summary.json").read_text())
+        m = json.loads((out / "metrics.jsonl").read_text().splitlines()[-1])
+        steps = m["step_s"]
+        row["epoch_s"] = round(s["epoch_time_s"], 1)
+        row["train_loop_s"] = round(m["train_loop_s"], 1)
+        row["steps_per_rank"] = m["steps"]
+        row["step_s_median"] = round(sorted(steps)[len(steps) // 2], 3)
+        row["step_s_max"] = round(max(steps), 3)
+        row["sampled_edges_per_s"] = round(m["sampled_edges_per_step"] * m["steps"] * 4 / m["train_loop_s"])
+        row["rank_peak_gb"] = round(s["peak_rss_mb"] / 1024, 2)
+        row["test_acc_sampled"] = round(s["test_acc"], 4)
+        row["run_disk_gb"] = du_gb(out)
+    append(record, {"step": "train sage minibatch", "setting": "15,10 b1024, sampled evaluation", **row})
 
 
 def report(record: Path, title: str, notes: list[str], parts_meta: Path | None = None) -> None:

@@ -126,3 +126,51 @@ def test_no_op_in_evaluation_at_p_zero_and_below_the_lane_resolution():
     assert dropout(x, 0.5, False) is x
     assert dropout(x, 0.0, True) is x
     assert dropout(x, 2.0 ** -18, True) is x  # rounds to p' = 0: nothing to draw
+
+
+@pytest.mark.parametrize("needs_input_grad", [True, False])
+def test_a_projection_of_the_dropout_keeps_its_input_and_mask_only(needs_input_grad):
+    """``dropout_projector``'s ``proj(dropped, W)`` equals ``F.linear(dropout(x), W)`` in value
+    and gradient (the same mask), and keeps for backward only ``x`` and the bool mask (and
+    the weight), not the dropped ``[n, d]`` float copy ``F.linear`` would keep."""
+    from commgnn.models.dropout import dropout_projector
+    x0 = torch.randn(600, 32)
+    w = torch.randn(8, 32, requires_grad=True)
+    outs, grads = [], []
+    for fused in (True, False):
+        x = x0.clone().requires_grad_(needs_input_grad)
+        torch.manual_seed(3)
+        if fused:
+            h, proj = dropout_projector(x, 0.4, True)
+        else:
+            h, proj = dropout(x, 0.4, True), F.linear
+        y = proj(h, w) + F.linear(h, w.detach() * 2)  # a second use of h through plain linear
+        y.square().sum().backward()
+        outs.append(y.detach())
+        grads.append((w.grad.clone(), x.grad.clone() if needs_input_grad else None))
+        w.grad = None
+    torch.testing.assert_close(outs[0], outs[1], rtol=0, atol=0)  # same mask, same arithmetic
+    torch.testing.assert_close(grads[0][0], grads[1][0], rtol=1e-6, atol=1e-5)
+    if needs_input_grad:
+        torch.testing.assert_close(grads[0][1], grads[1][1], rtol=1e-6, atol=1e-5)
+
+    def kept(fused: bool) -> int:
+        x = x0.clone().requires_grad_(True)
+        seen: dict[int, int] = {}
+        skip = {x.untyped_storage().data_ptr(), w.untyped_storage().data_ptr()}
+
+        def pack(t: torch.Tensor) -> torch.Tensor:
+            if t.untyped_storage().data_ptr() not in skip:
+                seen[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+            return t
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            if fused:
+                h, proj = dropout_projector(x, 0.4, True)
+                proj(h, w)
+            else:
+                F.linear(dropout(x, 0.4, True), w)
+        return sum(seen.values())
+    assert kept(True) == x0.numel()  # the bool mask alone
+    assert kept(False) == x0.numel() + 4 * x0.numel()  # the mask and the dropped float32 copy
+    h, proj = dropout_projector(x0, 0.4, False)  # eval mode: no dropout, plain linear
+    assert h is x0 and proj is F.linear

@@ -87,5 +87,9 @@ def test_the_papers_path_on_a_small_folder(folder, tmp_path):
     a, b = runs["src"].model.state_dict(), runs["copy"].model.state_dict()
     assert all(torch.equal(a[k], b[k]) for k in a)  # the same training, whichever features file
     assert 0 < runs["src"].summary["test_acc"] <= 1
+    for line in (runs["src"].run_dir / "metrics.jsonl").read_text().splitlines():
+        m = json.loads(line)  # each step's wall time (the slowest rank's), in order: about the loop's
+        assert len(m["step_s"]) == m["steps"] and min(m["step_s"]) > 0
+        assert 0.8 * m["train_loop_s"] <= sum(m["step_s"]) <= 1.5 * m["train_loop_s"]
     scores = commgnn.predict(runs["src"].run_dir)
     assert torch.allclose(scores, runs["copy"].predictions, atol=1e-6)

@@ -24,7 +24,7 @@ from torch import Tensor, nn
 from commgnn.comm.halo.protocol import HaloExchange
 from commgnn.errors import ConfigError
 from commgnn.models.config import ModelConfig
-from commgnn.models.dropout import dropout
+from commgnn.models.dropout import dropout, dropout_projector
 from commgnn.models.gat import GATLayer
 from commgnn.models.gcn import GCNLayer
 from commgnn.models.graph import LocalGraph, spmm
@@ -152,8 +152,9 @@ class PartitionGNN(nn.Module):
                            else matched_dropout(self.pre, self.pre_sigma, p, self.training))
                     h = conv.from_precomputed(pre, dropout(x, p, self.training), graph)
             else:
-                h = dropout(h, p=p, training=self.training)
-                own = SparseProj(sp["own"]) if i == 0 and sp else dense_proj
+                # `dropped` projects the dropout's output keeping only h and the mask for backward
+                h, dropped = dropout_projector(h, p, self.training)
+                own = SparseProj(sp["own"]) if i == 0 and sp else dropped
                 src = SparseProj(sp["src"]) if i == 0 and "src" in sp else dense_proj
                 m = conv.message(h, own)
                 # Always through the exchange's output, even with no halo rows here: its

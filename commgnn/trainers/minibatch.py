@@ -127,6 +127,7 @@ class MiniBatchTrainer(FullGraphTrainer):
             # Background fetches get their own communicator (created in the same order on every rank).
             self.prefetch_group = ctx.new_group()
         self._stats = torch.zeros(4, dtype=torch.float64)  # sampled nodes, edges, batches, train seconds
+        self._step_s = torch.zeros(0, dtype=torch.float64)  # the last epoch's step wall times
         self.sampled: SampledInference | None = None
         """Evaluation by neighbour sampling (``minibatch.inference = "sampled"``)."""
         if self.inference == "sampled":
@@ -243,6 +244,7 @@ class MiniBatchTrainer(FullGraphTrainer):
         total = torch.zeros((), dtype=torch.float64)
         t0 = time.perf_counter()
         params = list(self.model.parameters())
+        ends = []  # each step's end: its wall time counts its sampling and fetch too
         for batch, rows in self._batches():
             self.optimizer.zero_grad(set_to_none=True)
             rows = rows.to(self.dtype)  # half-precision rows are converted here, a step's worth
@@ -266,6 +268,8 @@ class MiniBatchTrainer(FullGraphTrainer):
             total += loss.detach().to(torch.float64)
             self._stats[:3] += torch.tensor([batch.num_sampled_nodes, batch.num_sampled_edges, 1.0],
                                             dtype=torch.float64)
+            ends.append(time.perf_counter())
+        self._step_s = torch.diff(torch.tensor([t0, *ends], dtype=torch.float64))
         self._stats[3] += time.perf_counter() - t0
         self.fetcher.end_epoch()  # an adaptive codec re-solves its widths
         if self.scheduler is not None:
@@ -287,6 +291,7 @@ class MiniBatchTrainer(FullGraphTrainer):
         self._stats.zero_()
         self.fetcher.rows_fetched = self.fetcher.bytes_saved = 0
         rows = self.ctx.all_gather(mine)
+        step_s = self.ctx.all_gather(self._step_s).max(0).values if self._step_s.numel() else self._step_s
         s = rows.sum(0)
         batches = max(float(s[2]), 1.0)
         log: dict[str, Any] = {
@@ -294,6 +299,7 @@ class MiniBatchTrainer(FullGraphTrainer):
             "sampled_edges_per_step": float(s[1]) / batches, "train_loop_s": float(rows[:, 3].max()),
             "remote_requests": int(s[4]), "rows_fetched": int(s[8]), "cache_hits": int(s[5]),
             "inference": self.inference,
+            "step_s": [round(float(t), 4) for t in step_s],
         }
         if self.capacity or self.cache is not None:
             log["cache_rows"] = self.capacity
