@@ -134,8 +134,11 @@ def test_minibatch_estimate_terms():
     # With a cache the epoch's request trace is kept for its comparisons: 32 steps of up to
     # 32 x 6 x 6 = 1152 sampled rows, 24 bytes each.
     trace = pf.TRACE_BYTES * 32 * 1152
-    assert est(cache_mb=1.0)[0] - base[0] == pytest.approx(1e6 / 256 * (256 + 16) + trace)
-    assert est(cache_ratio=0.5)[0] - base[0] == pytest.approx(0.5 * 1000 * (256 + 16) + trace)
+    # (and the arrays over every node a cache adds: its slot map, degrees, request counts)
+    assert est(cache_mb=1.0)[0] - base[0] == pytest.approx(1e6 / 256 * (256 + 16) + trace
+                                                           + pf.CACHE_NODE_BYTES * 2000)
+    assert est(cache_ratio=0.5)[0] - base[0] == pytest.approx(0.5 * 1000 * (256 + 16) + trace
+                                                              + pf.CACHE_NODE_BYTES * 2000)
     # Small batches: evaluation over the partition's 4000 rows is the larger transient
     # (halo rows: 16 bytes of ids each, no features; the forward holds them twice at
     # max(F, H) = 128 wide, in the layer's input and the block received).

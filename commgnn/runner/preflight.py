@@ -91,9 +91,16 @@ a CSR (:data:`~commgnn.trainers.mb_setup.TOPOLOGY_BUILD_BYTES_PER_EDGE`)."""
 SAINT_EDGE_BYTES = 36.0
 """GraphSAINT: per edge of the whole graph, the pre-sampled edge weights (float64) and counts
 (int32) it keeps, and the float64 transients that compute them."""
-GLOBAL_NODE_BYTES = 48.0
-"""Mini-batch: arrays over every node of the graph on each rank (owner and row maps, the
-cache's slot map, degrees, request counts, the reach mask)."""
+GLOBAL_NODE_BYTES = 12.0
+"""Mini-batch: arrays over every node of the graph on each rank: the int32 owner and row
+maps, and the int32 ids gathered to build them."""
+CACHE_NODE_BYTES = 36.0
+"""Mini-batch with a cache: more arrays over every node (the cache's slot map, degrees,
+request counts, the reach mask)."""
+OWN_CSR_BUILD_EDGE_BYTES = 32.0
+"""Partitioned neighbour sampling: the own CSR's build besides 5 bytes a local row (the
+int32 id table and a bool mask), per edge of one chunk (at most 4M edges: keys, rows and
+gathers)."""
 METIS_CLUSTER_SLACK = 1.05
 """Cluster-GCN: METIS's clusters exceed ``n / k`` nodes by up to its imbalance (3% by default)."""
 
@@ -268,7 +275,8 @@ def estimate_minibatch_memory(*, num_nodes: int, num_edges: int, num_features: i
                               partitions_built: bool = True, streamed: bool = False,
                               probed_hops: Sequence[Sequence[int]] | None = None, inference: str = "auto",
                               inference_chunk: int = DEFAULT_CHUNK_ROWS,
-                              available: float | None = None, feature_bytes: int | None = None) -> MemoryEstimate:
+                              available: float | None = None, feature_bytes: int | None = None,
+                              folders: bool = False, features_in_place: bool = False) -> MemoryEstimate:
     """The mini-batch memory model (module docstring). Per rank ``r``, with the step's sizes
     from :func:`sampled_per_step` (``S`` input rows, ``o_j`` output rows of layer ``j``,
     ``e`` block edges), ``W = max(H, C)`` and ``F' = 2F`` for VR-GCN (its rows carry their
@@ -276,10 +284,12 @@ def estimate_minibatch_memory(*, num_nodes: int, num_edges: int, num_features: i
 
     * the partition: the owned rows' features (a mini-batch rank fetches the others) at
       ``feature_bytes`` a value (half-precision features stay as stored; ``b`` when None),
-      its int64 edges and ids: ``own_r F fb + 16 e_r + 16 n_r``;
+      its int64 edges and ids: ``own_r F fb + 16 e_r + 16 n_r``; rank folders read in place
+      (``folders``) hold none of it but the features (none either when read as stored),
+      and an exact evaluation expands their edges (``16 e_r``);
     * topology: replicated ``TOPOLOGY_BYTES_PER_EDGE E + 8 N``; partitioned, neighbour
       sampling keeps ``4 e_r + 8 own_r`` (int32 sources, row pointers) and builds it
-      through ``16 e_r`` (a phase of its own, below); the other samplers ``16 e_r``
+      through ``5 n_r`` and :data:`OWN_CSR_BUILD_EDGE_BYTES` a chunk's edge (a phase of its own, below); the other samplers ``16 e_r``
       plus, for VR-GCN and GraphSAINT, ``32 N`` (every node's in-degree and list offset at
       its owner, and their gathering; Cluster-GCN ``8 N``, its CSR's row pointer);
       GraphSAINT's pre-sampled normalisation: on a replicated topology it peaks after the
@@ -287,7 +297,7 @@ def estimate_minibatch_memory(*, num_nodes: int, num_edges: int, num_features: i
       partitioned, ``12 min(presample e, E)`` (the edges
       met); saint-edge ``24 e_r``
       (its draw table);
-    * ``GLOBAL_NODE_BYTES N``;
+    * ``GLOBAL_NODE_BYTES N``, and ``CACHE_NODE_BYTES N`` more with a cache;
     * the cache (ranks > 1): ``cache_mb``, or ``cache_ratio`` of the other ranks' nodes,
       ``F' b + 16`` bytes per row;
     * with a cache, the request trace its comparisons read: ``TRACE_BYTES S`` per step of
@@ -307,7 +317,10 @@ def estimate_minibatch_memory(*, num_nodes: int, num_edges: int, num_features: i
 
     ``probed_hops`` (neighbour sampling and VR-GCN): per rank, the hop node counts a sampled
     probe measured (:mod:`commgnn.runner.step_probe`), in place of the overlap-free bound.
-    ``inference`` / ``inference_chunk``: ``minibatch.inference`` and its chunk;
+    ``folders``: the ranks read rank folders in place (a graph folder's partitions);
+    ``features_in_place``: their feature rows are read as stored (no converted copy).
+    ``inference`` / ``inference_chunk``: ``minibatch.inference`` and its chunk (``sampled``:
+    evaluation is a sampled step's worth, inside the step's term);
     ``available``: the bytes ``auto`` decides against (this host's available memory when None).
     """
     b = dtype_bytes
@@ -334,7 +347,10 @@ def estimate_minibatch_memory(*, num_nodes: int, num_edges: int, num_features: i
     per_rank = []
     for r in range(P):
         own, rows, e_r = report["nodes"][r], report["nodes"][r] + report["halo_in"][r], report["edges"][r]
-        part = own * num_features * fb + 16 * e_r + 16 * rows
+        # rank folders (a graph folder's partitions) stay memory maps: ids and the in-CSR are
+        # file-backed, the features too where they are read as stored; edge_index is
+        # expanded (16 bytes an edge) only by an exact evaluation
+        part = (0 if folders and features_in_place else own * num_features * fb) + (0 if folders else 16 * e_r + 16 * rows)
         st = sampled_per_step(sampler=sampler, batch_size=batch_size, fanout=fanout, layers=layers,
                               num_nodes=num_nodes, num_edges=num_edges, own_nodes=own, num_clusters=num_clusters,
                               clusters_per_batch=clusters_per_batch, budget=budget, walk_length=walk_length,
@@ -351,7 +367,7 @@ def estimate_minibatch_memory(*, num_nodes: int, num_edges: int, num_features: i
             # kept, about as much again while they are gathered), and GraphSAINT the ids and
             # counts of the edges its pre-sampled subgraphs met
             if sampler == "neighbor":
-                topo, build = 4 * e_r + 8 * own, 16 * e_r
+                topo, build = 4 * e_r + 8 * own, 5 * rows + OWN_CSR_BUILD_EDGE_BYTES * min(e_r, 2**22)
             else:
                 topo = 16 * e_r + (8 if sampler == "cluster" else 32) * num_nodes
             if sampler.startswith("saint"):
@@ -372,9 +388,10 @@ def estimate_minibatch_memory(*, num_nodes: int, num_edges: int, num_features: i
         step = train_step + sampling + st.nodes * row_f if prefetch else max(train_step, sampling)
         extra = (num_nodes * hidden * (layers - 1) + own * 2 * num_features) * b if vr else 0
         trace = TRACE_BYTES * steps * st.nodes if cache_rows else 0.0
+        evaluation = 0.0 if mode == "sampled" else eval_bytes(own, rows, e_r) + (16 * e_r if folders else 0)
         per_rank.append(PROCESS_BASE_MB * 2**20 + part + topo + GLOBAL_NODE_BYTES * num_nodes
-                        + cache_rows * (row_f + 16) + trace
-                        + max(step, eval_bytes(own, rows, e_r), build) + extra)
+                        + (CACHE_NODE_BYTES * num_nodes if cache_rows else 0.0) + cache_rows * (row_f + 16) + trace
+                        + max(step, evaluation, build) + extra)
     launcher = _launcher_bytes(num_nodes, num_edges, num_features, report, b, partitions_built, streamed)
     return MemoryEstimate(launcher=float(launcher), per_rank=tuple(float(x) for x in per_rank))
 
@@ -431,7 +448,10 @@ def _minibatch_for_config(cfg: Any, graph: dict[str, Any], report: dict[str, Any
         replace=mb.replace, dtype_bytes=b,
         partitions_built=not cfg.partition.dir, streamed=graph.get("format") == "graph folder", probed_hops=hops,
         inference=mb.inference, inference_chunk=mb.inference_chunk, available=available,
-        feature_bytes=graph.get("feature_bytes") if keeps_half_features(mb, cfg.fetch) else None)
+        feature_bytes=graph.get("feature_bytes") if keeps_half_features(mb, cfg.fetch) else None,
+        folders=graph.get("format") == "graph folder",
+        features_in_place=graph.get("feature_bytes") == b or (keeps_half_features(mb, cfg.fetch)
+                                                             and graph.get("feature_bytes") is not None))
 
 
 def check_memory(est: MemoryEstimate, *, limit_gb: float) -> None:
