@@ -82,9 +82,13 @@ class LocalPartition:
 
     def in_csr(self) -> tuple[Tensor, Tensor]:
         """``(indptr [n_own + 1] int64, sources [E_r])``: the in-CSR over the owned rows with
-        local source rows, each row ascending (``edge_index`` is sorted by target, then source).
-        A partition read from its folder returns the folder's arrays as they are."""
+        local source rows, in ``edge_index``'s order within a row (a view of its sources when
+        it is sorted by target, as partitions are built; sorted here otherwise). A partition
+        read from its folder returns the folder's arrays as they are."""
         src, dst = self.edge_index.cpu()
+        if dst.numel() > 1 and not bool((dst[1:] >= dst[:-1]).all()):
+            order = torch.sort(dst, stable=True).indices
+            src, dst = src[order], dst[order]
         indptr = torch.zeros(self.num_owned + 1, dtype=torch.int64)
         torch.cumsum(torch.bincount(dst, minlength=self.num_owned), 0, out=indptr[1:])
         return indptr, src

@@ -70,16 +70,9 @@ class _InCSR:
     otherwise): chunk ``[a, b)``'s in-edges are the slice ``src[ptr[a]:ptr[b]]``."""
 
     def __init__(self, part: LocalPartition) -> None:
-        src, dst = part.edge_index.cpu()
-        if dst.numel() < 2 or bool((dst[1:] >= dst[:-1]).all()):
-            self.src = src  # a partition's edges come sorted by target: a view, no copy
-        else:
-            order = torch.sort(dst, stable=True).indices
-            small = part.num_owned + part.num_halo < 2**31 - 1
-            self.src = src[order].to(torch.int32 if small else torch.int64)
-        counts = torch.bincount(dst, minlength=part.num_owned)
-        self.ptr = torch.zeros(part.num_owned + 1, dtype=torch.int64)
-        torch.cumsum(counts, 0, out=self.ptr[1:])
+        # a rank folder's own arrays (its edges are never expanded), else a view of the
+        # partition's sources (sorted by target as built; sorted here otherwise)
+        self.ptr, self.src = part.in_csr()
 
     def chunk(self, a: int, b: int) -> tuple[Tensor, Tensor]:
         """``(src [e] int64 local ids, pos [e] int64 in [0, b - a))`` of chunk ``[a, b)``'s
