@@ -241,15 +241,34 @@ def _coarse_graph(indptr: np.ndarray, indices: np.ndarray, cluster: np.ndarray, 
             wf.unlink()
         mw = np.rint(mw).astype(np.int64)
         hist += np.bincount(np.minimum(mw, _HIST), minlength=_HIST + 1)
-        merged.append((mk, mw))
+        if K == 1:
+            merged.append((mk, mw))
+        else:  # back to disk merged: one bucket's pairs in memory at a time
+            mk.tofile(workdir / f"merged_{j}.key")
+            mw.tofile(workdir / f"merged_{j}.w")
+        del mk, mw
     total = int(hist.sum())
     tau = 0
     if total > max_entries:  # the smallest t with #(w >= t) <= max_entries
         kept = total - np.concatenate([[0], np.cumsum(hist)])  # kept[t] = #(w >= t)
         tau = int(np.argmax(kept <= max_entries))
-    k = np.concatenate([mk[mw >= tau] for mk, mw in merged]) if merged else np.zeros(0, np.int64)
-    w = np.concatenate([mw[mw >= tau] for mk, mw in merged]) if merged else np.zeros(0, np.int64)
-    del merged
+    keys: list[np.ndarray] = []
+    wts: list[np.ndarray] = []
+    for j in range(K):
+        if K == 1:
+            mk, mw = merged.pop() if merged else (np.zeros(0, np.int64), np.zeros(0, np.int64))
+        else:
+            kf, wf = workdir / f"merged_{j}.key", workdir / f"merged_{j}.w"
+            mk, mw = np.fromfile(kf, dtype=np.int64), np.fromfile(wf, dtype=np.int64)
+            kf.unlink()
+            wf.unlink()
+        sel = mw >= tau
+        keys.append(mk[sel])
+        wts.append(mw[sel])
+        del mk, mw, sel
+    k = np.concatenate(keys) if keys else np.zeros(0, np.int64)
+    w = np.concatenate(wts) if wts else np.zeros(0, np.int64)
+    del keys, wts
     xadj = np.zeros(C + 1, dtype=np.int64)
     np.cumsum(np.bincount(k // C, minlength=C), out=xadj[1:])
     return xadj, k % C, w
