@@ -14,6 +14,7 @@ arrays stay the folder's memory maps, and whose two large fields are made on fir
 
 from __future__ import annotations
 
+import mmap
 from typing import Any
 
 import numpy as np
@@ -37,6 +38,12 @@ class SourceRows:
 
     def __init__(self, x: np.ndarray, ids: np.ndarray) -> None:
         self._x, self._ids = x, ids
+        # Rows are read a few hundred bytes at a time at scattered offsets: the kernel's
+        # read-ahead for a faulting page (128 KB and more) read each rank's share of the
+        # papers100M-shaped graph's x.npy at 350 MB/s for steps that used 30 MB of it.
+        raw = getattr(x, "_mmap", None)
+        if raw is not None and hasattr(raw, "madvise") and hasattr(mmap, "MADV_RANDOM"):
+            raw.madvise(mmap.MADV_RANDOM)
         self.shape = torch.Size((len(ids), int(x.shape[1])))
         self.dtype = torch.from_numpy(np.empty(0, dtype=x.dtype)).dtype
         self.device = torch.device("cpu")
