@@ -187,11 +187,7 @@ def build_symmetric_csr(chunks: EdgeChunks, num_nodes: int, *, workdir: str | Pa
         cursor = deg  # reused: cursor[v] = next free slot of row v
         cursor[:] = indptr[:-1]
         for src, dst in chunks():
-            keep = src != dst
-            s, d = src[keep].astype(dt, copy=False), dst[keep].astype(dt, copy=False)
-            rows = np.concatenate([s, d])
-            cols = np.concatenate([d, s])
-            del s, d
+            rows, cols = _entries(src, dst, dt)
             order = np.argsort(rows, kind="stable")
             rows, cols = rows[order], cols[order]
             del order
@@ -215,6 +211,14 @@ def build_symmetric_csr(chunks: EdgeChunks, num_nodes: int, *, workdir: str | Pa
         raise
 
 
+def _entries(src: np.ndarray, dst: np.ndarray, dt: Any) -> tuple[np.ndarray, np.ndarray]:
+    """A chunk's CSR entries ``(rows, cols)`` in ``dt``: both directions of every edge but
+    self loops, ``[s; d]`` then ``[d; s]`` (the order both filling paths keep)."""
+    keep = src != dst
+    s, d = src[keep].astype(dt, copy=False), dst[keep].astype(dt, copy=False)
+    return np.concatenate([s, d]), np.concatenate([d, s])
+
+
 def _fill_by_buckets(chunks: EdgeChunks, indptr: np.ndarray, indices: np.ndarray, workdir: Path, dt: Any,
                      bucket_entries: int = BUCKET_ENTRIES) -> None:
     """The filling pass on disk, as an external bucket sort: every chunk's entries are
@@ -234,11 +238,7 @@ def _fill_by_buckets(chunks: EdgeChunks, indptr: np.ndarray, indices: np.ndarray
     files = [(open(workdir / f"bucket_{b}.row", "wb"), open(workdir / f"bucket_{b}.col", "wb")) for b in range(nb)]
     try:
         for src, dst in chunks():
-            keep = src != dst
-            s, d = src[keep].astype(dt, copy=False), dst[keep].astype(dt, copy=False)
-            rows = np.concatenate([s, d])
-            cols = np.concatenate([d, s])
-            del s, d
+            rows, cols = _entries(src, dst, dt)
             if len(rows) == 0:
                 continue
             b = np.searchsorted(lo, rows, side="right") - 1
