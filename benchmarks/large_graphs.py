@@ -14,6 +14,12 @@ checked, partitioned into 4 parts (lp-metis out of core, against random: METIS d
 here), then trained full-graph with exact GCN 3 x 128 and GraphSAGE 3 x 128, and with
 transform-first + 4-bit halos, for ``--epochs`` epochs on 4 ranks.
 
+Target 3 (``--target papers``): a papers100M-shaped graph (100M nodes, 1B directed edges,
+128 float16 features) generated and checked, partitioned by lp-metis out of core with the
+features left in the graph's ``x.npy`` (with the disk's peak, scratch included), then one
+epoch of mini-batch GraphSAGE (15,10, batch 1024) with sampled evaluation (``--train-only``
+reuses the graph and the partition directory).
+
 For training rows the *floor* is the bytes that must be resident, summed over ranks
 (:func:`floor_bytes`): owned and halo feature rows, one int32 CSR per direction, what
 backward needs of each layer (its aggregated input and the masks), the largest halo block
