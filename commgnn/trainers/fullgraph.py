@@ -266,14 +266,18 @@ class FullGraphTrainer:
             self.consensus, mean = self.grad_sync.consensus(self.model.parameters())
             local = [p.detach().clone() for p in self.model.parameters()]
             vector_to_parameters(mean, self.model.parameters())
-        pred = self._inference().argmax(dim=1)
+        counts = self._correct_counts()
         self._evaluated = None
         if local is not None:
             self._evaluated = self.export_module.state_dict()  # the averaged model just evaluated
             self._evaluated = {k: v.detach().clone() for k, v in self._evaluated.items()}
             for p, v in zip(self.model.parameters(), local):
                 p.copy_(v)
-        correct = pred == self.part.y
+        return counts
+
+    def _correct_counts(self) -> torch.Tensor:
+        """``[train, val, test]`` float64 correct counts of the eval-mode model on this rank."""
+        correct = self._inference().argmax(dim=1) == self.part.y
         masks = (self.part.train_mask, self.part.val_mask, self.part.test_mask)
         return torch.stack([(correct & m).sum() for m in masks]).to(torch.float64)
 

@@ -94,7 +94,7 @@ class MiniBatchTrainer(FullGraphTrainer):
                                         self.available)
         csr = replicated_topology(ctx, hooks, cpu) if self.topology == "replicated" else None
         self.inference = inference_mode(ctx, sampler_cfg, cpu, model_cfg, self.dtype.itemsize, self.available)
-        """``full`` or ``layerwise``: how :meth:`evaluate` and :meth:`predict` run (``minibatch.inference``)."""
+        """``full``, ``layerwise`` or ``sampled``: how :meth:`evaluate` and :meth:`predict` run (``minibatch.inference``)."""
         if self.inference in ("layerwise", "sampled"):  # sampled: predict and embeddings stay exact
             self.layerwise = LayerwiseInference(ctx, hooks.bytes_only(), self.model, self.part, self.x, self.owner,
                                                 self.row, sampler_cfg.inference_chunk)
@@ -139,13 +139,11 @@ class MiniBatchTrainer(FullGraphTrainer):
                 fetch=lambda ids: self.fetcher.fetch(ids, kind="halo_eval", use_cache=False),
                 forward=lambda rows, batch: self.net(rows.to(self.dtype), batch, _graphs(batch, self.cfg.resolved_kernel)))
 
-    def evaluate(self) -> Tensor:
-        """Correct counts ``[train, val, test]``: the exact pass of the base class, or with
-        ``minibatch.inference = "sampled"`` each split's nodes scored by neighbour sampling
-        (:mod:`commgnn.trainers.sampled_eval`)."""
+    def _correct_counts(self) -> Tensor:
+        """The exact pass of the base class, or with ``minibatch.inference = "sampled"`` each
+        split's nodes scored by neighbour sampling (:mod:`commgnn.trainers.sampled_eval`)."""
         if self.sampled is None:
-            return super().evaluate()
-        self.model.eval()
+            return super()._correct_counts()
         self.net.eval()
         counts = []
         for mask in (self.part.train_mask, self.part.val_mask, self.part.test_mask):
@@ -153,7 +151,6 @@ class MiniBatchTrainer(FullGraphTrainer):
             scores = self.sampled.scores(rows)
             hit = (scores.argmax(dim=1) == self.part.y[rows]).sum() if rows.numel() else torch.zeros(())
             counts.append(hit)
-        self._evaluated = None
         return torch.stack(counts).to(torch.float64)
 
     def _forward_module(self) -> nn.Module:
