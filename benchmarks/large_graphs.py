@@ -110,13 +110,18 @@ def generate(ns: argparse.Namespace, graph: Path, params: dict[str, Any], logs: 
     append(record, {"step": "generate", "setting": "", **row})
 
 
+def check(ns: argparse.Namespace, graph: Path, log: Path, record: Path) -> None:
+    """``commgnn datasets check`` (streamed validation and hashes) under the cap; its row."""
+    row = commgnn(["datasets", "check", str(graph)], ns.cap_gb, log)
+    append(record, {"step": "check", "setting": "", **row})
+
+
 def products(ns: argparse.Namespace, work: Path, csv_path: Path) -> None:
     graph = work / "products"
     logs = work / "logs"
     generate(ns, graph, PRODUCTS, logs, csv_path)
     if not ns.train_only:
-        row = commgnn(["datasets", "check", str(graph)], ns.cap_gb, logs / "check.log")
-        append(csv_path, {"step": "check", "setting": "", **row})
+        check(ns, graph, logs / "check.log", csv_path)
     for method in ([] if ns.train_only else ns.partitioners):
         pdir = work / f"parts-{method}"
         row = commgnn(["partition", "--dataset", str(graph), "--parts", "4", "--partitioner", method,
@@ -248,8 +253,7 @@ def papers(ns: argparse.Namespace, work: Path, record: Path) -> None:
     logs = work / "logs"
     generate(ns, graph, PAPERS, logs, record)
     if not ns.train_only:
-        row = commgnn(["datasets", "check", str(graph)], ns.cap_gb, logs / "check-papers.log")
-        append(record, {"step": "check", "setting": "", **row})
+        check(ns, graph, logs / "check-papers.log", record)
     pdir = work / "parts-papers"
     if not (pdir / "meta.json").exists():
         with DiskPeak(work) as disk:
