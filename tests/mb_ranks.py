@@ -363,3 +363,19 @@ def sampled_against_exact(ctx: DistContext, data: Any, parts: torch.Tensor, mode
                           "weights": {k: v.clone() for k, v in t.model.state_dict().items()}}
     out["masks"] = torch.stack([part.train_mask, part.val_mask, part.test_mask]).sum(1)
     return out
+
+
+def sampled_subset(ctx: DistContext, data: Any, parts: torch.Tensor, model_cfg: ModelConfig,
+                   train_cfg: TrainConfig, eval_nodes: int) -> dict[str, Any]:
+    """A trainer evaluating by sampling every neighbour (fan-out -1) on ``eval_nodes`` of
+    each split, trained one epoch: its counts, the rows it scored, and the exact predictions."""
+    part = build_local_partition(data, parts, ctx.world_size, ctx.rank)
+    t = MiniBatchTrainer(ctx, part, model_cfg, train_cfg, Hooks(), fetch_cfg=FetchConfig(),
+                         sampler_cfg=SamplerConfig(fanout=(-1, -1), batch_size=8, inference="sampled",
+                                                   eval_nodes=eval_nodes))
+    t.step()
+    counts = t.evaluate()
+    return {"counts": counts, "again": t.evaluate(), "rows": t._eval_rows, "scored": t.eval_scored,
+            "pred": t.predict().argmax(1), "y": part.y.clone(),
+            "masks": torch.stack([part.train_mask, part.val_mask, part.test_mask]).sum(1),
+            "log": t.epoch_log()}

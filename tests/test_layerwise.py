@@ -3,6 +3,8 @@ scores and embeddings, on one rank and across ranks, with chunks smaller than a 
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -120,6 +122,38 @@ def test_sampled_evaluation(tmp_path, P, topology, fanout):
         exact = sum(r["full"]["counts"] for r in res)
         est = sum(r["sampled"]["counts"] for r in res)
         assert bool((est - exact).abs().max() <= 0.5 * sum(r["masks"] for r in res).max())
+
+
+@pytest.mark.timeout(120)
+def test_sampled_evaluation_of_a_subset(tmp_path):
+    """``minibatch.eval_nodes = k`` scores a fixed ``ceil(k n_r / n)`` of each rank's ``n_r``
+    nodes of a split larger than k and scales the correct ones up to the split: with every
+    neighbour drawn, each count is the exact hits on those rows times ``n_r / m_r``."""
+    data = small_graph(n=90, m=500)
+    model = ModelConfig(name="sage", hidden=6, layers=2)
+    res = run_on_ranks(mb_ranks.sampled_subset, 2, tmp_path, data, random_parts(90, 2, 3), model,
+                       TrainConfig(epochs=1, lr=0.05, seed=3), 10)
+    totals = sum(r["masks"] for r in res)
+    for r in res:
+        assert torch.equal(r["counts"], r["again"])  # the same rows every evaluation
+        for s, rows in enumerate(r["rows"]):
+            owned = int(r["masks"][s])
+            if totals[s] > 10:
+                assert rows.numel() == min(owned, math.ceil(10 * owned / float(totals[s])))
+            else:
+                assert rows.numel() == owned
+            hits = float((r["pred"][rows] == r["y"][rows]).sum())
+            assert float(r["counts"][s]) == pytest.approx(hits * owned / max(rows.numel(), 1))
+        assert r["log"]["eval_scored_nodes"] == [int(v) for v in r["scored"]]
+    scored = res[0]["scored"]
+    assert all(10 <= scored[s] <= 11 if totals[s] > 10 else scored[s] == totals[s] for s in range(3))
+
+
+def test_eval_nodes_needs_sampled_inference():
+    with pytest.raises(ConfigError, match="eval_nodes = 5 subsamples the splits of a sampled evaluation"):
+        SamplerConfig(eval_nodes=5)
+    with pytest.raises(ConfigError, match="minibatch.eval_nodes must be >= 0"):
+        SamplerConfig(eval_nodes=-1, inference="sampled")
 
 
 def test_sampled_inference_needs_the_neighbor_sampler():

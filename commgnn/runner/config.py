@@ -288,6 +288,8 @@ RUN_OPTIONS = OptionSet("run", lambda: RunConfig, (
     opt("minibatch.inference", "--inference", "evaluation and predict: auto | full | layerwise (exact, by chunks) | "
         "sampled (evaluation scores the splits' nodes by neighbour sampling; predictions stay exact)",
         choices=("auto", "full", "layerwise", "sampled")),
+    opt("minibatch.eval_nodes", "--eval-nodes",
+        "with --inference sampled: score at most this many nodes of each split (0 = all)"),
     opt("fetch.cache_mb", "--cache-mb", "remote-row cache per rank in MB"),
     opt("fetch.cache_ratio", "--cache-ratio", "remote-row cache per rank as a fraction of its remote rows"),
     opt("fetch.cache_policy", "--cache-policy", "degree | presample | lru"),

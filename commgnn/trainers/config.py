@@ -16,7 +16,7 @@ SEED_LIMIT = 2**32
 """``train.seed`` lies in ``[0, SEED_LIMIT)``: derived seeds (per rank, per lever: ``seed *
 1_000_003 + rank``) must stay inside the 64-bit range ``torch.manual_seed`` takes."""
 
-STREAMS = {"train": 1, "fetch": 2, "owner": 3, "presample": 4, "eval": 5}
+STREAMS = {"train": 1, "fetch": 2, "owner": 3, "presample": 4, "eval": 5, "eval_pick": 6}
 """The random streams of one rank in mini-batch training, by purpose."""
 
 

@@ -28,6 +28,7 @@ optimum), rows fetched, and the training-loop time.
 
 from __future__ import annotations
 
+import math
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Iterator
@@ -129,6 +130,9 @@ class MiniBatchTrainer(FullGraphTrainer):
         self._stats = torch.zeros(4, dtype=torch.float64)  # sampled nodes, edges, batches, train seconds
         self._step_s = torch.zeros(0, dtype=torch.float64)  # the last epoch's step wall times
         self.sampled: SampledInference | None = None
+        self._eval_rows: list[Tensor] | None = None  # the rows sampled evaluation scores (drawn once)
+        self.eval_scored: Tensor | None = None
+        """``[3]`` nodes of (train, val, test) that sampled evaluation scores, over all ranks."""
         """Evaluation by neighbour sampling (``minibatch.inference = "sampled"``)."""
         if self.inference == "sampled":
             remote = _remote_source(self.sampler)
@@ -141,17 +145,39 @@ class MiniBatchTrainer(FullGraphTrainer):
 
     def _correct_counts(self) -> Tensor:
         """The exact pass of the base class, or with ``minibatch.inference = "sampled"`` each
-        split's nodes scored by neighbour sampling (:mod:`commgnn.trainers.sampled_eval`)."""
+        split's nodes scored by neighbour sampling (:mod:`commgnn.trainers.sampled_eval`);
+        with ``minibatch.eval_nodes`` a fixed subset of each, its count scaled to the split."""
         if self.sampled is None:
             return super()._correct_counts()
         self.net.eval()
+        if self._eval_rows is None:
+            self._eval_rows = self._pick_eval_rows()
         counts = []
-        for mask in (self.part.train_mask, self.part.val_mask, self.part.test_mask):
-            rows = mask.cpu().nonzero().flatten()
+        for mask, rows in zip((self.part.train_mask, self.part.val_mask, self.part.test_mask), self._eval_rows):
             scores = self.sampled.scores(rows)
-            hit = (scores.argmax(dim=1) == self.part.y[rows]).sum() if rows.numel() else torch.zeros(())
-            counts.append(hit)
-        return torch.stack(counts).to(torch.float64)
+            hit = (scores.argmax(dim=1) == self.part.y[rows]).sum().to(torch.float64) if rows.numel() \
+                else torch.zeros((), dtype=torch.float64)
+            owned = float(mask.sum())
+            counts.append(hit * (owned / rows.numel()) if rows.numel() else hit)  # the split's estimate
+        return torch.stack(counts)
+
+    def _pick_eval_rows(self) -> list[Tensor]:
+        """Each split's owned rows that sampled evaluation scores: all of them, or with
+        ``minibatch.eval_nodes = k`` a fixed random ``ceil(k n_r / n)`` of this rank's ``n_r``
+        (``n`` over all ranks), drawn once from the ``eval_pick`` stream."""
+        k = self.sampler_cfg.eval_nodes
+        gen = torch.Generator().manual_seed(stream_seed(self.cfg.seed, self.ctx.rank, "eval_pick"))
+        picked = []
+        for mask, total in zip((self.part.train_mask, self.part.val_mask, self.part.test_mask),
+                               self.split_sizes.tolist()):
+            rows = mask.cpu().nonzero().flatten()
+            if k and total > k:
+                share = min(rows.numel(), math.ceil(k * rows.numel() / total))
+                rows = rows[torch.randperm(rows.numel(), generator=gen)[:share]].sort().values
+            picked.append(rows)
+        scored = torch.tensor([float(r.numel()) for r in picked], dtype=torch.float64)
+        self.eval_scored = self._reduce(scored) if self.ctx.is_distributed else scored
+        return picked
 
     def _forward_module(self) -> nn.Module:
         if self.vr:
@@ -298,6 +324,8 @@ class MiniBatchTrainer(FullGraphTrainer):
             "inference": self.inference,
             "step_s": [round(float(t), 4) for t in step_s],
         }
+        if self.eval_scored is not None:
+            log["eval_scored_nodes"] = [int(v) for v in self.eval_scored.tolist()]
         if self.capacity or self.cache is not None:
             log["cache_rows"] = self.capacity
             log["cache_hit_rate"] = float(s[5]) / float(s[4]) if s[4] else 0.0
