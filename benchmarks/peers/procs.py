@@ -83,7 +83,7 @@ class HostProcesses:
         while time.monotonic() < deadline and any(p.poll() is None for _, p in chosen):
             if any(p.returncode not in (None, 0) for _, p in chosen):
                 break
-            time.sleep(0.2)
+            time.sleep(min(0.05, max(deadline - time.monotonic(), 0.0)))
         return {j.name: p.poll() for j, p in chosen}
 
     def stop(self) -> None:
