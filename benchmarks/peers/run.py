@@ -55,6 +55,18 @@ LEVERS = {
 ``commgnn plan``'s to make, not yet wired into this bench)."""
 
 
+SYNTHETIC = {"synthetic-1m": {"num_nodes": 1_000_000, "avg_degree": 20.0}}
+"""Named synthetic graphs: commgnn's generator (CSBM) at the issue's 1M nodes / 20M edges."""
+
+
+def dataset_args(dataset: str) -> list[str]:
+    """commgnn's flags for ``dataset`` (a name its loader knows, or one of :data:`SYNTHETIC`)."""
+    if dataset in SYNTHETIC:
+        return ["--dataset", "synthetic", *[a for k, v in SYNTHETIC[dataset].items()
+                                            for a in (f"--synthetic-{k.replace('_', '-')}", str(v))]]
+    return ["--dataset", dataset]
+
+
 def default_cache() -> Path:
     return Path(os.environ.get("COMMGNN_PEERS_CACHE", Path.home() / ".cache" / "commgnn-peers"))
 
@@ -65,9 +77,12 @@ def export_graph(dataset: str, root: str | None, dest: Path) -> dict[str, Any]:
     import numpy as np
 
     from commgnn.data import load_dataset
-    from commgnn.data.config import DataConfig
+    from commgnn.data.config import DataConfig, SyntheticConfig
 
-    cfg = DataConfig(dataset=dataset, **({"root": root} if root else {}))
+    extra: dict[str, Any] = {"root": root} if root else {}
+    if dataset in SYNTHETIC:
+        dataset, extra["synthetic"] = "synthetic", SyntheticConfig(**SYNTHETIC[dataset])
+    cfg = DataConfig(dataset=dataset, **extra)
     d = load_dataset(cfg)
     arrays = {"x": d.x.numpy(), "edge_index": d.edge_index.numpy(), "y": d.y.numpy(),
               "train_mask": d.train_mask.numpy(), "val_mask": d.val_mask.numpy(), "test_mask": d.test_mask.numpy()}
@@ -86,7 +101,7 @@ def commgnn_jobs(system: str, ns: argparse.Namespace, cfg: ClusterConfig, out: P
     else:
         p = FULL
         model = ["--mode", "fullgraph"]
-    args = ["train", "--dataset", ns.dataset, "--parts", str(cfg.world_size), "--model", "sage",
+    args = ["train", *dataset_args(ns.dataset), "--parts", str(cfg.world_size), "--model", "sage",
             "--layers", str(p["layers"]), "--hidden", str(p["hidden"]), "--lr", str(p["lr"]),
             "--dropout", str(p["dropout"]), "--epochs", str(ns.epochs), "--patience", "0", "--seed", str(ns.seed),
             "--no-energy", "--quiet", "--no-predictions", "--out", str(out / "run"), *model,
