@@ -38,7 +38,7 @@ def entry_dir(work: Path, dataset: str, hosts: int, rate: str, system: str, seed
 
 def run_entry(ns: argparse.Namespace, dataset: str, hosts: int, rate: str, system: str, seed: int) -> None:
     out = entry_dir(Path(ns.work), dataset, hosts, rate, system, seed)
-    if (out / "result.json").exists():
+    if (out / "result.json").exists() and _ok(json.loads((out / "result.json").read_text())):
         return
     name, _, p = system.partition(":")
     cmd = [sys.executable, str(HERE / "run.py"), "--system", name, "--dataset", dataset, "--hosts", str(hosts),
@@ -50,6 +50,10 @@ def run_entry(ns: argparse.Namespace, dataset: str, hosts: int, rate: str, syste
     res = subprocess.run(cmd, capture_output=True, text=True)
     if res.returncode != 0:
         print(f"  failed ({res.returncode}): {(res.stderr or res.stdout).strip().splitlines()[-1:]}", flush=True)
+
+
+def _ok(r: dict[str, Any]) -> bool:
+    return all(c == 0 for c in r.get("exit_codes", {"?": 1}).values())
 
 
 def load(work: Path) -> list[dict[str, Any]]:
@@ -114,7 +118,7 @@ def _fmt(v: Any) -> str:
     return str(v)
 
 
-def write(rows: list[dict[str, Any]], summary: list[dict[str, Any]]) -> Path:
+def write(rows: list[dict[str, Any]], summary: list[dict[str, Any]], failed: list[str]) -> Path:
     RESULTS.mkdir(parents=True, exist_ok=True)
     stem = RESULTS / f"{datetime.date.today()}-peers"
     keys = list(summary[0]) if summary else []
@@ -134,6 +138,8 @@ def write(rows: list[dict[str, Any]], summary: list[dict[str, Any]]) -> Path:
     lines += ["", "Commands: " + "; ".join(sorted({f"python benchmarks/peers/run.py --system {r['system']} "
                                                    f"--dataset {r['dataset']} --hosts {r['hosts']} --rate {r['rate']}"
                                                    f" --epochs {r['epochs']} --seed {r['seed']}" for r in rows}))]
+    if failed:
+        lines += ["", "Entries that failed (their logs are beside their result.json):", *[f"- {f}" for f in failed]]
     stem.with_suffix(".md").write_text("\n".join(lines) + "\n")
     plot(rows, stem)
     return stem.with_suffix(".md")
@@ -183,7 +189,9 @@ def main() -> None:
                         for s in ns.systems:
                             run_entry(ns, d, h, rate, s, seed)
     rows = load(Path(ns.work))
-    print("wrote", write(rows, summarise(rows)))
+    good = [r for r in rows if _ok(r)]
+    failed = [f"{r['path']} (exit codes {r.get('exit_codes')})" for r in rows if not _ok(r)]
+    print("wrote", write(good, summarise(good), failed))
 
 
 if __name__ == "__main__":

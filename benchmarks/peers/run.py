@@ -4,7 +4,7 @@
         --epochs 10 --seed 0 --out /tmp/peers/cs-mb
 
 Systems: ``commgnn-mb`` (mini-batch, exact fetch: fp32, no cache), ``commgnn-mb-plan``
-(mini-batch with its levers: see :data:`LEVERS`), ``commgnn-full`` (full-graph, exact),
+(mini-batch with its levers: see :data:`LEVERS`), ``commgnn-full`` (full-graph, exact, the input aggregated once as BNS-GCN's ``--use-pp``),
 ``commgnn-full-levers``, ``distdgl`` (DGL 2.1.0's distributed GraphSAGE example, its own
 servers and trainers, one of each a host) and ``bnsgcn`` (BNS-GCN, ``--p-rate``). The
 peers run from the environment ``setup.sh`` builds (``--cache``).
@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -47,9 +48,10 @@ from commgnn.cluster.agents import torchrun_command  # noqa: E402
 SYSTEMS = ("commgnn-mb", "commgnn-mb-plan", "commgnn-full", "commgnn-full-levers", "distdgl", "bnsgcn")
 MB = {"layers": 2, "hidden": 256, "fanout_hop1_first": (25, 10), "batch": 1000, "lr": 0.003, "dropout": 0.5}
 FULL = {"layers": 3, "hidden": 256, "lr": 0.01, "dropout": 0.5}
-LEVERS = {
+LEVERS = {  # full-graph: the first layer's aggregation once, as BNS-GCN's --use-pp (exact)
     "commgnn-mb-plan": ["--cache-ratio", "0.25", "--fetch-bits", "8"],
-    "commgnn-full-levers": ["--bits", "4", "--transform-first"],
+    "commgnn-full": ["--precompute"],
+    "commgnn-full-levers": ["--precompute", "--bits", "4"],
 }
 """The levers of the ``-plan`` / ``-levers`` entries (fixed here; the planner's choice is
 ``commgnn plan``'s to make, not yet wired into this bench)."""
@@ -143,22 +145,24 @@ def run(ns: argparse.Namespace) -> dict[str, Any]:
         accs: dict[int, tuple[float, float]] = {}
         meter_bytes: dict[int, float] = {}
         with WireMeter(links) as wire, PssSampler(net.namespaces, extra=[os.getpid()]) as pss:
-            t0 = time.monotonic()
-            if ns.system.startswith("commgnn"):
-                for job in commgnn_jobs(ns.system, ns, cfg, out):
-                    hp.start(job)
-                names = [f"host{h}" for h in range(cfg.hosts)]
-                deadline = time.monotonic() + ns.timeout
-                codes = hp.wait(names, 0.0)
-                while time.monotonic() < deadline and any(c is None for c in codes.values()):
+            try:
+                t0 = time.monotonic()
+                if ns.system.startswith("commgnn"):
+                    for job in commgnn_jobs(ns.system, ns, cfg, out):
+                        hp.start(job)
+                    names = [f"host{h}" for h in range(cfg.hosts)]
+                    deadline = time.monotonic() + ns.timeout
+                    codes = hp.wait(names, 0.0)
+                    while time.monotonic() < deadline and any(c is None for c in codes.values()):
+                        commgnn_epochs(out, epochs)
+                        codes = hp.wait(names, 0.05)
                     commgnn_epochs(out, epochs)
-                    codes = hp.wait(names, 0.05)
-                commgnn_epochs(out, epochs)
-            else:
-                import peers  # the peers' adapters, run from the peers' environment
-                codes = peers.run_peer(ns, cfg, net, hp, out, epochs, accs)
-            t_end = time.monotonic()
-            hp.stop()
+                else:
+                    import peers  # the peers' adapters, run from the peers' environment
+                    codes = peers.run_peer(ns, cfg, net, hp, out, epochs, accs)
+                t_end = time.monotonic()
+            finally:  # every process in the namespaces, also on an error or a stop
+                hp.stop()
         result["exit_codes"] = codes
         if ns.system.startswith("commgnn"):
             path = out / "run" / "metrics.jsonl"
@@ -216,7 +220,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--system", choices=SYSTEMS, required=True)
     ap.add_argument("--dataset", required=True, help="any graph commgnn's loader knows (name or folder)")
-    ap.add_argument("--data-root", default=None)
+    shared = HERE.parents[2] / "shared" / "datasets"
+    ap.add_argument("--data-root", default=os.environ.get("COMMGNN_DATA_ROOT", str(shared) if shared.is_dir() else None),
+                    help="folder of staged datasets (default: $COMMGNN_DATA_ROOT or ../shared/datasets)")
     ap.add_argument("--hosts", type=int, default=2)
     ap.add_argument("--rate", default="1gbit", help="each host's link rate per direction (tc units)")
     ap.add_argument("--delay", default="0ms")
@@ -229,6 +235,8 @@ def main() -> None:
     ap.add_argument("--cache", default=str(default_cache()), help="the peers' environments (setup.sh)")
     ap.add_argument("--out", required=True)
     ns = ap.parse_args()
+    # SIGTERM (a grid stopped) unwinds like Ctrl-C: the namespaces and links are removed
+    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
     res = run(ns)
     print(json.dumps({k: v for k, v in res.items() if k not in ("curve",)}, indent=1))
     sys.exit(0 if all(c == 0 for c in res["exit_codes"].values()) else 1)
