@@ -49,9 +49,12 @@ SYSTEMS = ("commgnn-mb", "commgnn-mb-plan", "commgnn-full", "commgnn-full-levers
 MB = {"layers": 2, "hidden": 256, "fanout_hop1_first": (25, 10), "batch": 1000, "lr": 0.003, "dropout": 0.5}
 FULL = {"layers": 3, "hidden": 256, "lr": 0.01, "dropout": 0.5}
 LEVERS = {  # full-graph: the first layer's aggregation once, as BNS-GCN's --use-pp (exact)
-    "commgnn-mb-plan": ["--cache-ratio", "0.25", "--fetch-bits", "8"],
+    # lossless: a degree cache of a quarter of the remote rows, fetched rows as index lists or
+    # bitmaps where that is smaller (bag-of-words features), the next batch fetched during this one
+    # and PowerSGD (rank 2, error feedback) for the gradients
+    "commgnn-mb-plan": ["--cache-ratio", "0.25", "--fetch-sparse", "--prefetch", "--grad", "powersgd"],
     "commgnn-full": ["--precompute"],
-    "commgnn-full-levers": ["--precompute", "--bits", "4"],
+    "commgnn-full-levers": ["--precompute", "--bits", "4", "--grad", "powersgd"],
 }
 """The levers of the ``-plan`` / ``-levers`` entries (fixed here; the planner's choice is
 ``commgnn plan``'s to make, not yet wired into this bench)."""
