@@ -19,6 +19,7 @@ import argparse
 import datetime
 import json
 import platform
+import re
 import statistics
 import subprocess
 import sys
@@ -60,7 +61,9 @@ def load(work: Path) -> list[dict[str, Any]]:
     rows = []
     for path in sorted(work.glob("*/*/result.json")):
         r = json.loads(path.read_text())
-        r["entry"] = path.parent.name.rsplit("-s", 1)[0].replace("-p", ":")
+        name = path.parent.name.rsplit("-s", 1)[0]
+        m = re.fullmatch(r"bnsgcn-p([\d.]+)", name)
+        r["entry"] = f"bnsgcn:{m.group(1)}" if m else name
         r["path"] = str(path.parent)
         rows.append(r)
     return rows
@@ -137,7 +140,9 @@ def write(rows: list[dict[str, Any]], summary: list[dict[str, Any]], failed: lis
     lines += ["| " + " | ".join(_fmt(s[k]) for k in keys) + " |" for s in summary]
     lines += ["", "Commands: " + "; ".join(sorted({f"python benchmarks/peers/run.py --system {r['system']} "
                                                    f"--dataset {r['dataset']} --hosts {r['hosts']} --rate {r['rate']}"
-                                                   f" --epochs {r['epochs']} --seed {r['seed']}" for r in rows}))]
+                                                   f" --epochs {r['epochs']} --seed {r['seed']}"
+                                                   + (f" --p-rate {r['entry'].split(':')[1]}" if ":" in r["entry"] else "")
+                                                   for r in rows}))]
     if failed:
         lines += ["", "Entries that failed (their logs are beside their result.json):", *[f"- {f}" for f in failed]]
     stem.with_suffix(".md").write_text("\n".join(lines) + "\n")

@@ -138,7 +138,8 @@ def run(ns: argparse.Namespace) -> dict[str, Any]:
     t_start = time.monotonic()
     info = export_graph(ns.dataset, ns.data_root, out / "graph.npz") if not ns.system.startswith("commgnn") else {}
     result: dict[str, Any] = {"system": ns.system, "dataset": ns.dataset, "hosts": ns.hosts, "rate": ns.rate,
-                              "delay": ns.delay, "epochs": ns.epochs, "seed": ns.seed, "graph": info}
+                              "delay": ns.delay, "epochs": ns.epochs, "seed": ns.seed, "graph": info,
+                              **({"p_rate": ns.p_rate} if ns.system == "bnsgcn" else {})}
     with EmulatedNetwork(cfg) as net:
         links = net.host_links
         if ns.framing:
