@@ -154,6 +154,7 @@ def plot(rows: list[dict[str, Any]], stem: Path) -> None:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    import matplotlib.ticker
 
     cells = sorted({(Path(r["dataset"]).name, r["hosts"], r["rate"]) for r in rows})
     for d, h, rate in cells:
@@ -166,6 +167,7 @@ def plot(rows: list[dict[str, Any]], stem: Path) -> None:
             b.plot([x["wire_bytes"] / 1e6 for x in c], [x["val_acc"] for x in c], label=r["entry"])
         a.set_xlabel("seconds from start"), b.set_xlabel("wire MB (cumulative)")
         a.set_ylabel("validation accuracy"), b.set_xscale("log")
+        b.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
         a.legend(fontsize=7)
         fig.suptitle(f"{d}, {h} hosts, {rate}")
         fig.tight_layout()
