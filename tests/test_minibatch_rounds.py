@@ -96,9 +96,10 @@ def test_prefetch_over_many_steps_trains_exactly_as_without(tmp_path, sampler, t
 @pytest.mark.parametrize("bits", [32, 4])
 def test_a_step_fetches_its_remote_rows_in_one_round_whatever_their_number(tmp_path, bits):
     """Per training step, whatever the batch and however many remote rows it needs: one
-    request-reply round of three ``all_to_all_single`` (the P counts, the ids, the rows),
-    one all-reduce of the gradient bucket, and no other collective, no per-node or
-    per-peer message."""
+    request-reply round of three all-to-all exchanges (the P counts, the ids, the rows; over
+    gloo each is one ``batch_isend_irecv``, and the ids' and rows' are skipped when no rank
+    has any for another), one all-reduce of the gradient bucket, and no other collective,
+    no per-node message."""
     data = small_graph(n=120, m=500)
     parts = _parts(120, 2, 5)
     model, train = _cfgs()
@@ -108,7 +109,9 @@ def test_a_step_fetches_its_remote_rows_in_one_round_whatever_their_number(tmp_p
         res = run_on_ranks(mb_ranks.count_collectives, 2, _mk(tmp_path / f"b{batch}"), data, parts, model, train,
                            sampler, FetchConfig(bits=bits))
         for r in res:
-            assert r["counts"] == {"all_to_all_single": 3 * r["steps"], "all_reduce": r["steps"]}, (batch, r)
+            assert set(r["counts"]) == {"batch_isend_irecv", "all_reduce"}, (batch, r)
+            assert r["counts"]["all_reduce"] == r["steps"], (batch, r)
+            assert r["steps"] <= r["counts"]["batch_isend_irecv"] <= 3 * r["steps"], (batch, r)
         remote.append(res[0]["remote"] / res[0]["steps"])
     assert remote[1] > 2 * remote[0]  # the large batch needs many more remote rows a step
 
