@@ -381,3 +381,15 @@ def sampled_subset(ctx: DistContext, data: Any, parts: torch.Tensor, model_cfg: 
             "pred": t.predict().argmax(1), "y": part.y.clone(),
             "masks": torch.stack([part.train_mask, part.val_mask, part.test_mask]).sum(1),
             "log": t.epoch_log()}
+
+
+def exchange(ctx: DistContext, width: int) -> dict[str, Any]:
+    """``commgnn.distributed.request.all_to_all`` of rows ``width`` floats wide, with uneven
+    counts (rank r sends ``r + q + 1`` rows to rank q, none to itself on rank 0)."""
+    from commgnn.distributed.request import all_to_all
+
+    P, r = ctx.world_size, ctx.rank
+    out_counts = [0 if (r == 0 and q == 0) else r + q + 1 for q in range(P)]
+    in_counts = [0 if (r == 0 and q == 0) else q + r + 1 for q in range(P)]
+    rows = [torch.full((out_counts[q], width), float(100 * r + q)) for q in range(P)]
+    return {"got": all_to_all(ctx, None, torch.cat(rows), out_counts, in_counts), "in_counts": in_counts}

@@ -40,20 +40,28 @@ def _row_bytes(t: Tensor) -> int:
     return width
 
 
+P2P_ROW_BYTES = 256
+"""gloo: rows at least this wide go point to point (:func:`all_to_all`)."""
+
+
 def all_to_all(ctx: DistContext, group: dist.ProcessGroup | None, send: Tensor, out_counts: list[int],
                in_counts: list[int]) -> Tensor:
     """``out_counts[q]`` consecutive rows of ``send`` to rank q, and ``[sum(in_counts), ...]``
     back, ``in_counts[q]`` rows from rank q, in rank order (uncounted).
 
-    NCCL runs one ``all_to_all_single``. Over gloo every pair's rows go as point-to-point
-    messages posted together (``batch_isend_irecv``): gloo's ``all_to_all_single`` sends
-    and receives one after the other, so on a full-duplex link it took twice as long
-    (50 MB each way between two hosts at 100 Mbit/s: 8.81 s, against 4.57 s this way;
-    ``docs/results/peers.md``). A rank's rows to itself are copied."""
+    NCCL, and gloo for rows narrower than :data:`P2P_ROW_BYTES` (counts, ids, byte
+    payloads), run one ``all_to_all_single``. Over gloo, wider rows (feature rows) go as
+    point-to-point messages posted together (``batch_isend_irecv``): gloo's
+    ``all_to_all_single`` sends and receives one after the other, so on a full-duplex link
+    it took twice as long (50 MB each way between two hosts at 100 Mbit/s: 8.81 s, against
+    4.57 s this way, rows of 1,024 float32; ``benchmarks/peers/alltoall_duplex.py``), while for small messages the
+    point-to-point path costs about twice the latency (740 against 370 us on loopback). The
+    choice depends on the row shape only, which every rank shares, so all ranks take the
+    same path. A rank's rows to itself are copied."""
     recv = send.new_empty((sum(in_counts), *send.shape[1:]))
     send = send.contiguous()
     g = group if group is not None else ctx.group
-    if ctx.backend == "nccl":
+    if ctx.backend == "nccl" or _row_bytes(send) < P2P_ROW_BYTES:
         dist.all_to_all_single(recv, send, output_split_sizes=in_counts, input_split_sizes=out_counts, group=g)
         return recv
     out_at = [0, *torch.tensor(out_counts, dtype=torch.int64).cumsum(0).tolist()]
