@@ -1,5 +1,5 @@
 """Smoke test of the peers' bench (``benchmarks/peers/run.py``): commgnn's mini-batch entry
-on 2 emulated hosts (the 20,000-node synthetic graph, about 30 s), its bytes counted by the hosts' interface counters and by its own
+on 2 emulated hosts (the 20,000-node synthetic graph, about 15 s), its bytes counted by the hosts' interface counters and by its own
 meter. The peers' own runs (DistDGL, BNS-GCN) need ``setup.sh``'s 5 GB environment and stay
 outside CI."""
 

@@ -53,9 +53,10 @@ def all_to_all(ctx: DistContext, group: dist.ProcessGroup | None, send: Tensor, 
     payloads), run one ``all_to_all_single``. Over gloo, wider rows (feature rows) go as
     point-to-point messages posted together (``batch_isend_irecv``): gloo's
     ``all_to_all_single`` sends and receives one after the other, so on a full-duplex link
-    it took twice as long (50 MB each way between two hosts at 100 Mbit/s: 8.81 s, against
-    4.57 s this way, rows of 1,024 float32; ``benchmarks/peers/alltoall_duplex.py``), while for small messages the
-    point-to-point path costs about twice the latency (740 against 370 us on loopback). The
+    it took twice as long (50 MB each way between two hosts at 100 Mbit/s, rows of 1,024
+    float32: 8.77 s, against 4.57 s this way; ``benchmarks/peers/alltoall_duplex.py``), while
+    for small messages the point-to-point path costs about twice the latency (740 against
+    370 us on loopback). The
     choice depends on the row shape only, which every rank shares, so all ranks take the
     same path. A rank's rows to itself are copied."""
     recv = send.new_empty((sum(in_counts), *send.shape[1:]))
