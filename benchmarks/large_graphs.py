@@ -270,8 +270,31 @@ def papers(ns: argparse.Namespace, work: Path, record: Path) -> None:
             row["halo_rows"] = rep["comm_volume"]
             row["node_balance"] = round(rep["node_balance"], 3)
         append(record, {"step": "partition lp-metis", "setting": "features from source", **row})
-    if (pdir / "meta.json").exists():
-        train_papers(ns, graph, pdir, work / "run-papers-sage-minibatch", logs, record)
+    out = work / "run-papers-sage-minibatch"
+    if (pdir / "meta.json").exists() and not ns.predict_only:
+        train_papers(ns, graph, pdir, out, logs, record)
+    if (out / "model.pt").exists():
+        predict_papers(ns, graph, out, logs, record)
+
+
+def predict_papers(ns: argparse.Namespace, graph: Path, out: Path, logs: Path, record: Path) -> None:
+    """Target 4 on the papers run: ``commgnn predict --nodes test``, exact layer-wise scores
+    of the 200,000 test nodes computed on their receptive field alone (every node's
+    ``[N, C]`` scores would be 69 GB), and the exact test accuracy they give."""
+    import numpy as np
+    import torch
+
+    scores = out.parent / "scores-papers-test.pt"
+    row = commgnn(["predict", str(out), "--nodes", "test", "--out", str(scores)], ns.cap_gb,
+                  logs / "predict-papers.log")
+    if scores.exists() and "error" not in row:
+        got = torch.load(scores, weights_only=True)
+        y = np.load(graph / "y.npy", mmap_mode="r")
+        nodes = got["nodes"].numpy()
+        row["nodes_scored"] = int(nodes.size)
+        row["test_acc_exact"] = round(float((got["scores"].argmax(1).numpy() == y[nodes]).mean()), 4)
+        scores.unlink()
+    append(record, {"step": "predict --nodes test (layer-wise, receptive field)", "setting": "", **row})
 
 
 def train_papers(ns: argparse.Namespace, graph: Path, pdir: Path, out: Path, logs: Path, record: Path) -> None:
@@ -337,7 +360,8 @@ def main() -> None:
     ap.add_argument("--preflight-gb", type=float, default=None,
                     help="train's --memory-limit-gb (default: the cap); larger measures past the estimate")
     ap.add_argument("--report-only", action="store_true")
-    ap.add_argument("--predict-only", action="store_true", help="big10m: predict with the run already in --work")
+    ap.add_argument("--predict-only", action="store_true",
+                    help="big10m, papers: predict with the run already in --work")
     ns = ap.parse_args()
     RESULTS.mkdir(parents=True, exist_ok=True)
     csv_path = RESULTS / f"{datetime.date.today()}-{ns.target}.jsonl"  # the .csv and .md are made from it

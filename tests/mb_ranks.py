@@ -342,7 +342,12 @@ def layerwise_against_full(ctx: DistContext, data: Any, parts: torch.Tensor, mod
     lw = t.predict()
     eval_bytes = sum(e.nbytes for e in events if e.kind == "halo_eval")
     lw_h = t.predict(layer=0)
+    # chosen rows (none on rank 0 of several): their receptive field alone, the same values
+    pick = (torch.arange(part.num_owned) if ctx.world_size == 1 or ctx.rank else torch.empty(0, dtype=torch.int64))
+    pick = pick[part.global_ids.cpu()[pick] % 3 == 1] if ctx.world_size > 1 else pick[::4]
     return {"full": full, "lw": lw, "full_h": full_h, "lw_h": lw_h, "counts": t.evaluate(),
+            "pick": pick, "lw_pick": t.predict(rows=pick), "lw_pick_h": t.predict(layer=1, rows=pick),
+            "lw_1": t.predict(layer=1),
             "eval_bytes": eval_bytes, "halo": part.num_halo, "own": part.num_owned, "y": part.y,
             "masks": torch.stack([part.train_mask, part.val_mask, part.test_mask])}
 

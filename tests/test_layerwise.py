@@ -3,15 +3,20 @@ scores and embeddings, on one rank and across ranks, with chunks smaller than a 
 
 from __future__ import annotations
 
+import importlib
 import math
 
+import numpy as np
 import pytest
 import torch
 
+from commgnn.data import load_dataset
 from commgnn.errors import ConfigError
+from commgnn.runner.config import resolve_config
 from commgnn.models import ModelConfig
 from commgnn.sampling.config import SamplerConfig
 from commgnn.trainers import TrainConfig
+from commgnn.trainers.layerwise import chunk_bounds
 from commgnn.trainers.mb_setup import choose_inference
 from helpers import run_on_ranks, small_graph
 import mb_ranks
@@ -22,7 +27,8 @@ from mb_ranks import random_parts
 @pytest.mark.parametrize("P,chunk,transform_first", [(1, 7, False), (3, 5, False), (2, 1000, True)])
 def test_layerwise_scores_equal_the_full_graph_forward(tmp_path, P, chunk, transform_first):
     data = small_graph(n=90, m=500)
-    model = ModelConfig(name="sage", hidden=6, layers=3, dropout=0.3)  # dropout: eval mode must drop nothing
+    # dropout: eval mode must drop nothing; one case with LayerNorm between layers
+    model = ModelConfig(name="sage", hidden=6, layers=3, dropout=0.3, norm="layer" if transform_first else "none")
     if transform_first:  # the message is h W^T when narrower: 16 features -> 6 hidden
         data.x = torch.randn(90, 16, generator=torch.Generator().manual_seed(1))
     res = run_on_ranks(mb_ranks.layerwise_against_full, P, tmp_path, data, random_parts(90, P, 3), model,
@@ -31,6 +37,11 @@ def test_layerwise_scores_equal_the_full_graph_forward(tmp_path, P, chunk, trans
         assert r["full"].shape == r["lw"].shape and r["full"].shape[1] == int(data.y.max()) + 1
         torch.testing.assert_close(r["lw"], r["full"], rtol=1e-5, atol=1e-6)
         torch.testing.assert_close(r["lw_h"], r["full_h"], rtol=1e-5, atol=1e-6)
+        # the chosen rows alone (rank 0 of several chose none): their scores and embeddings
+        assert r["lw_pick"].shape == (r["pick"].numel(), r["full"].shape[1])
+        torch.testing.assert_close(r["lw_pick"], r["full"][r["pick"]], rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(r["lw_pick_h"], r["lw_1"][r["pick"]], rtol=1e-5, atol=1e-6)
+    assert sum(r["pick"].numel() for r in res) > 0
     if P > 1:
         # Every halo row is the source of an owned node's in-edge, so each layer sends it
         # (an id out, float32 values back) at least once; one chunk a rank sends it once.
@@ -43,6 +54,23 @@ def test_layerwise_scores_equal_the_full_graph_forward(tmp_path, P, chunk, trans
     for r in res:  # evaluation (layer-wise here) counts what the scores say
         correct = r["lw"].argmax(1) == r["y"]
         assert torch.equal(r["counts"], (r["masks"] & correct).sum(1).to(torch.float64))
+
+
+def test_chunks_end_at_their_rows_or_their_edges():
+    deg = torch.tensor([0, 5, 1, 1, 10, 0, 2, 2])
+    ptr = torch.cat([torch.zeros(1, dtype=torch.int64), torch.cumsum(deg, 0)])
+    for dst in (None, torch.tensor([7, 4, 1, 2, 3])):
+        rows = torch.arange(8) if dst is None else dst
+        bounds = chunk_bounds(ptr, dst, rows.numel(), 3, 4)
+        assert bounds[0][0] == 0 and bounds[-1][1] == rows.numel()
+        assert all(b0[1] == b1[0] for b0, b1 in zip(bounds, bounds[1:]))  # contiguous, in order
+        for a, b in bounds:
+            edges = int(deg[rows[a:b]].sum())
+            assert 0 < b - a <= 3 and (edges <= 4 + int(deg[rows[a:b]].max()))
+    # rows 0..7, in-edges before each [0, 0, 5, 6, 7, 17, 17, 19]: i // 3 + E_i // 4 =
+    # [0, 0, 1, 2, 2, 5, 6, 6]
+    assert chunk_bounds(ptr, None, 8, 3, 4) == [(0, 2), (2, 3), (3, 5), (5, 6), (6, 8)]
+    assert chunk_bounds(ptr, None, 8, 3, 1000) == [(0, 3), (3, 6), (6, 8)]
 
 
 def test_auto_picks_layerwise_only_when_the_full_forward_would_crowd_memory():
@@ -72,7 +100,59 @@ def test_a_layerwise_minibatch_run_predicts_its_own_scores_on_other_rank_counts(
     assert 'inference = "layerwise"' in (run / "config.toml").read_text()
     out = tmp_path / "p3.pt"
     assert main(["predict", str(run), "--parts", "3", "--out", str(out)]) == 0
-    torch.testing.assert_close(torch.load(out), torch.load(run / "predictions.pt"), rtol=1e-5, atol=1e-5)
+    every = torch.load(run / "predictions.pt")
+    torch.testing.assert_close(torch.load(out), every, rtol=1e-5, atol=1e-5)
+    # one split, on the run's own partitions: the receptive field of its nodes alone
+    test_ids = load_dataset(resolve_config(str(run / "config.toml"), {}, {}).data).test_mask.nonzero().flatten()
+    assert main(["predict", str(run), "--nodes", "test"]) == 0
+    got = torch.load(run / "predictions-run-test.pt", weights_only=True)
+    assert test_ids.numel() > 0 and torch.equal(got["nodes"], test_ids)
+    reach = got["receptive_rows"].tolist()  # rows each layer computed, the features' first
+    assert reach[-1] == test_ids.numel() and reach == sorted(reach, reverse=True) and reach[0] <= 400
+    torch.testing.assert_close(got["scores"], every[got["nodes"]], rtol=1e-5, atol=1e-5)
+    # ids as given (unordered, repeated), on new partitions for 1 rank
+    ids = np.array([399, 5, 17, 5], dtype=np.int32)
+    np.save(tmp_path / "ids.npy", ids)
+    assert main(["predict", str(run), "--parts", "1", "--nodes", str(tmp_path / "ids.npy"), "--out", str(out)]) == 0
+    got = torch.load(out, weights_only=True)
+    assert torch.equal(got["nodes"], torch.from_numpy(ids).long())
+    torch.testing.assert_close(got["scores"], every[ids], rtol=1e-5, atol=1e-5)
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory):
+    """A finished one-rank run on a 10-node graph of 2 classes."""
+    from commgnn.cli.main import main
+
+    root = tmp_path_factory.mktemp("tiny")
+    (root / "tiny.toml").write_text("[data.synthetic]\nnum_nodes = 10\nnum_classes = 2\nfeature_dim = 4\navg_degree = 2.0\n")
+    assert main(["train", "--parts", "1", "--epochs", "1", "--hidden", "4", "--quiet", "--no-energy",
+                 "--out", str(root / "run"), "--config", str(root / "tiny.toml")]) == 0
+    return root / "run"
+
+
+@pytest.mark.parametrize("nodes,message", [("7,8", "a split (train, val, test) or a .npy file"),
+                                           ("ids2d.npy", "1-D array of integer node ids"),
+                                           ("far.npy", "id 10 (entry 1) is outside the graph's 10 nodes"),
+                                           (None, "predict chosen nodes: --nodes test")])
+def test_predict_refuses_bad_nodes_and_scores_that_cannot_fit(tmp_path, tiny_run, monkeypatch, capsys, nodes,
+                                                               message):
+    """Each bad ``--nodes``, and all of a graph's scores beyond this host's memory, end in
+    exit 2 and one line before any rank starts, and write nothing."""
+    from commgnn.cli.main import main
+
+    api_predict = importlib.import_module("commgnn.api.predict")
+
+    run = tiny_run
+    np.save(tmp_path / "ids2d.npy", np.zeros((2, 2), dtype=np.int64))
+    np.save(tmp_path / "far.npy", np.array([0, 10]))
+    monkeypatch.setattr(api_predict, "available_bytes", lambda: 50.0)  # 10 x 2 x 4 bytes do not fit in 40
+    monkeypatch.setattr(api_predict, "_predict_rank", None)  # no rank may start
+    args = ["predict", str(run), "--out", str(tmp_path / "p.pt")]
+    assert main(args + (["--nodes", str(tmp_path / nodes) if nodes.endswith(".npy") else nodes] if nodes else [])) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and len(err.splitlines()) == 1
+    assert not (tmp_path / "p.pt").exists()
 
 
 @pytest.mark.timeout(120)

@@ -5,6 +5,8 @@ sync are in ``test_minibatch_rounds.py``, the topologies in ``test_minibatch_top
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import copy
 
 import pytest
@@ -32,10 +34,12 @@ def test_all_neighbours_in_one_batch_equals_full_graph_training(tmp_path):
     when owners sample a partitioned topology) and one batch holding all training nodes:
     the sampled step is the full-graph step, so two mini-batch ranks match full-graph
     training, with and without prefetch and with a 4-bit-free cache in the way, and so does
-    VR-GCN on two ranks (its precomputed first layer and history-corrected upper ones)."""
+    VR-GCN on two ranks (its precomputed first layer and history-corrected upper ones);
+    the model has a LayerNorm between its layers (``model.norm``)."""
     data = small_graph(n=90, m=360)
     parts = _parts(90, 2, 3)
     model, train = _cfgs()
+    model = replace(model, norm="layer")  # LayerNorm between layers: blocks and VR-GCN's streams too
     fg = run_on_ranks(mb_ranks.train_fullgraph, 2, _mk(tmp_path / "fg"), data, parts, model, train, 3)
     settings = {
         "replicated": (SamplerConfig(sampler="neighbor", fanout=(-1, -1), batch_size=1000), FetchConfig()),

@@ -1,6 +1,6 @@
 """Exactness: the partition-parallel model equals single-process PyG on the whole graph.
 
-For P = 1, 2, 4 ranks and GCN, GraphSAGE and GAT with the same initial weights: logits,
+For P = 1, 2, 4 ranks and GCN, GraphSAGE (also with LayerNorm) and GAT with the same initial weights: logits,
 loss and parameter gradients match PyG's GCNConv / SAGEConv / GATConv to 1e-5 (float64 is
 used so that the comparison measures the algorithm, not summation order), and so do the
 weights after three Adam steps. A random partition makes most nodes boundary nodes.
@@ -22,13 +22,14 @@ from commgnn.partition import PartitionConfig, assign_parts, build_local_partiti
 from commgnn.trainers import FullGraphTrainer, TrainConfig
 from helpers import pyg_reference, run_on_ranks, small_graph, trainer_steps
 
-MODELS = ("gcn", "sage", "gat")
+MODELS = ("gcn", "sage", "gat", "sage-norm")  # sage-norm: LayerNorm between layers (model.norm)
 STEPS = 3
 TOL = 1e-5
 
 
 def _cfgs(name: str) -> tuple[ModelConfig, TrainConfig]:
-    return (ModelConfig(name=name, layers=3, hidden=8, heads=2, dropout=0.0),
+    norm = "layer" if name.endswith("-norm") else "none"
+    return (ModelConfig(name=name.removesuffix("-norm"), layers=3, hidden=8, heads=2, dropout=0.0, norm=norm),
             TrainConfig(dtype="float64", lr=0.01, epochs=STEPS))
 
 

@@ -6,6 +6,7 @@
     scores = commgnn.predict("runs/my-run")                  # the run's own graph
     scores = commgnn.predict("runs/my-run", data)            # a graph given in Python
     scores = commgnn.predict("runs/my-run", model=MyModel)   # your model, defined in __main__
+    scores = commgnn.predict("runs/my-run", nodes="test")    # [k, C]: one split's nodes only
 
 The run's own graph is predicted on from the run's own partition directory when it is
 there for the same rank count (no graph is loaded: a graph folder's run predicts as it
@@ -29,6 +30,13 @@ Every run that ``train`` can produce predicts:
 * **a graph given in Python**: no file holds it, so ``data`` must be given again (refused in
   one line otherwise, never silently replaced by another graph).
 
+``nodes`` scores chosen nodes only: a split's name or global ids. A run predicted layer by
+layer then computes each layer only on the rows the next one needs (the targets' receptive
+field, :func:`~commgnn.trainers.layerwise.receptive_rows`), so a graph whose ``[N, C]``
+scores would not fit in memory, or whose every row's layer outputs would take hours,
+still predicts its test split; without ``nodes`` such a job is refused in one line before
+any rank starts.
+
 A rank that fails leaves its log where the error says: the logs' folder is removed only
 after a successful prediction.
 """
@@ -41,6 +49,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -49,6 +58,7 @@ from commgnn.data import GIVEN_GRAPH, fingerprint, load_dataset
 from commgnn.distributed.context import LaunchInfo, free_port, init_distributed, shutdown
 from commgnn.distributed.events import Hooks
 from commgnn.distributed.forkserver import prestart
+from commgnn.distributed.memory import available_bytes
 from commgnn.distributed.spawn import spawn_ranks
 from commgnn.integrity import load_run_file, save_tensors
 from commgnn.errors import DataError, UserError
@@ -59,17 +69,22 @@ from commgnn.runner.folder_graph import check_folder, graph_folder, method_for_f
     write_folder_partitions
 from commgnn.runner.own_model import carry_model, load_own_model, load_weights, unpack_model
 from commgnn.runner.preflight import check_rank_count
-from commgnn.runner.rank import gather_rows
+from commgnn.runner.rank import gather_chosen, gather_rows
 from commgnn.runner.run_dir import is_given_graph
 from commgnn.trainers import FullGraphTrainer
 from commgnn.trainers.layerwise import LayerwiseInference
 from commgnn.trainers.mb_setup import available_memory, inference_mode, owner_map
 
 
+SPLITS = {"train": "train_mask", "val": "val_mask", "valid": "val_mask", "test": "test_mask"}
+"""The split names ``nodes`` takes and the partition mask each reads."""
+
+
 def predict(run_dir: str | Path, data: Any = None, *, model: nn.Module | type | None = None,
             parts: int | None = None, out: str | Path | None = None,
-            data_root: str | None = None) -> torch.Tensor:
-    """``[N, C]`` float32 class scores of every node of the run's graph (or of ``data``).
+            data_root: str | None = None, nodes: Any = None) -> torch.Tensor:
+    """``[N, C]`` float32 class scores of every node of the run's graph (or of ``data``);
+    with ``nodes``, ``[k, C]`` those of the k nodes chosen.
 
     Args:
         run_dir: a finished run directory (``model.pt``, ``config.toml``, ``manifest.json``).
@@ -80,8 +95,15 @@ def predict(run_dir: str | Path, data: Any = None, *, model: nn.Module | type | 
             built from recorded arguments: the class, or an instance (its weights are
             replaced by ``model.pt``).
         parts: ranks P (default: the run's).
-        out: also save the scores there (``torch.save``; written whole, then renamed).
+        out: also save the scores there (``torch.save``; written whole, then renamed); with
+            ``nodes``, the dict ``{"nodes": [k] int64 ids, "scores": [k, C], "receptive_rows":
+            [L + 1]}``, the last the rows each layer computed (layer 0: the feature rows
+            read), summed over the ranks.
         data_root: folder with staged datasets, for a dataset ``data`` names.
+        nodes: None for every node; a split's name (``"train"``, ``"val"``, ``"test"``: its
+            nodes in ascending id order); or global node ids (a sequence, a 1-D integer
+            tensor or array, or the path of a ``.npy`` file holding one), scored in the
+            order given.
 
     Raises :class:`~commgnn.errors.UserError` (one line) for bad input and
     :class:`~commgnn.errors.RankFailure` naming an existing log when a rank fails.
@@ -111,6 +133,7 @@ def predict(run_dir: str | Path, data: Any = None, *, model: nn.Module | type | 
     cfg = replace(cfg, partition=replace(cfg.partition, dir=None))
     P = cfg.runtime.parts
     check_rank_count(P, force=cfg.runtime.force)
+    chosen = _chosen(nodes)
     if module is not None:  # the weights must fit before any rank starts
         load_weights(module, state, run_dir / "model.pt")
     work = Path(tempfile.mkdtemp(prefix="commgnn-predict-"))
@@ -122,7 +145,14 @@ def predict(run_dir: str | Path, data: Any = None, *, model: nn.Module | type | 
             part_dir, fp = own_parts, str(trained.get("fingerprint"))
         else:
             part_dir, fp = str(work / "partitions"), _partition_for_predict(cfg, graph, trained, work / "partitions")
-        args = (cfg, part_dir, fp, state, str(target), carry_model(module, P))
+        N, C = (json_field(Path(part_dir) / "meta.json", key, kind=int) for key in ("num_nodes", "num_classes"))
+        if isinstance(chosen, torch.Tensor):
+            _check_ids(chosen, N)
+        if chosen is None:
+            _check_scores_fit(N, C)
+        ids, back = (torch.unique(chosen, return_inverse=True) if isinstance(chosen, torch.Tensor)
+                     else (chosen, None))
+        args = (cfg, part_dir, fp, state, str(target), carry_model(module, P), ids)
         if P == 1:
             _predict_rank(LaunchInfo(rank=0, world_size=1, local_rank=0, local_world_size=1,
                                      master_addr=cfg.runtime.master_addr, port=0), *args)
@@ -133,12 +163,65 @@ def predict(run_dir: str | Path, data: Any = None, *, model: nn.Module | type | 
                         port=free_port(cfg.runtime.master_addr), log_dir=str(logs),
                         heartbeat_s=cfg.runtime.heartbeat_timeout_s, cuda=cuda)
         scores = torch.load(target, map_location="cpu", weights_only=True)
+        if back is not None:  # the order given, repeats included
+            scores = {**scores, "nodes": chosen, "scores": scores["scores"][back]}
+            if out is not None:
+                save_tensors(scores, target)
+        if isinstance(scores, dict):
+            scores = scores["scores"]
         ok = True
     finally:
         shutil.rmtree(work, ignore_errors=True)
         if ok:  # a failed rank's log stays where its error points
             shutil.rmtree(logs, ignore_errors=True)
     return scores
+
+
+def _chosen(nodes: Any) -> str | torch.Tensor | None:
+    """``nodes`` as a split's name or a 1-D int64 tensor of ids (unchecked against N yet)."""
+    if nodes is None:
+        return None
+    if isinstance(nodes, str) and nodes in SPLITS:
+        return "val" if nodes == "valid" else nodes
+    if isinstance(nodes, (str, Path)):
+        path = Path(nodes)
+        if path.suffix != ".npy":
+            raise UserError(f"nodes = {str(nodes)!r}: give a split (train, val, test) or a .npy file of node ids")
+        try:
+            nodes = np.load(path, allow_pickle=False)  # an array, never an object
+        except (OSError, ValueError) as e:
+            raise DataError(f"{path}: not a readable .npy array of node ids ({e})") from None
+    try:
+        ids = torch.as_tensor(np.asarray(nodes))
+    except (TypeError, ValueError, RuntimeError) as e:
+        raise UserError(f"nodes: not a sequence of node ids ({e})") from None
+    if ids.dim() != 1 or ids.dtype.is_floating_point or ids.dtype.is_complex or ids.dtype == torch.bool:
+        raise DataError(f"nodes: expected a 1-D array of integer node ids, got shape {tuple(ids.shape)} "
+                        f"of {ids.dtype}")
+    if ids.numel() == 0:
+        raise UserError("nodes: no node ids given")
+    return ids.to(torch.int64)
+
+
+def _check_ids(ids: torch.Tensor, num_nodes: int) -> None:
+    bad = ((ids < 0) | (ids >= num_nodes)).nonzero()
+    if bad.numel():
+        i = int(bad[0, 0])
+        raise DataError(f"nodes: id {int(ids[i])} (entry {i}) is outside the graph's {num_nodes} nodes")
+
+
+SCORES_SHARE = 0.8
+"""The largest fraction of available memory the ``[N, C]`` float32 scores of every node may
+take on the launching host (rank 0 assembles them there) before ``predict`` without
+``nodes`` is refused."""
+
+
+def _check_scores_fit(num_nodes: int, classes: int) -> None:
+    need, avail = 4.0 * num_nodes * classes, available_bytes()
+    if need > SCORES_SHARE * avail:
+        raise UserError(f"the scores of all {num_nodes:,} nodes x {classes} classes take {need / 1e9:.1f} GB, more "
+                        f"than this host can hold ({avail / 1e9:.1f} GB available); predict chosen nodes: "
+                        f"--nodes test (or train, val, or a .npy file of node ids)")
 
 
 def _own_partitions(run_dir: Path, cfg: RunConfig, parts: int | None) -> str | None:
@@ -176,7 +259,7 @@ def _partition_for_predict(cfg: RunConfig, graph: Any, trained: dict[str, Any], 
 
 
 def _predict_rank(info: LaunchInfo, cfg: RunConfig, part_dir: str, fp: str, state: dict[str, Any],
-                  out: str, packed: bytes | nn.Module | None) -> None:
+                  out: str, packed: bytes | nn.Module | None, chosen: str | torch.Tensor | None = None) -> None:
     ctx = init_distributed(info, cfg.runtime)
     part = load_partition(part_dir, ctx.rank, expected_fingerprint=fp, expected_parts=ctx.world_size)
     hooks = Hooks()
@@ -191,7 +274,20 @@ def _predict_rank(info: LaunchInfo, cfg: RunConfig, part_dir: str, fp: str, stat
         owner, row = owner_map(ctx, hooks, trainer.part.to("cpu"))
         trainer.layerwise = LayerwiseInference(ctx, hooks, trainer.model, trainer.part, trainer.x, owner, row,
                                                cfg.minibatch.inference_chunk)
-    scores = gather_rows(ctx, hooks, trainer, part, trainer.predict(state))
-    if ctx.is_main:
-        save_tensors(scores.cpu(), out)  # written whole (fsync), then renamed into place
+    if chosen is None:
+        scores = gather_rows(ctx, hooks, trainer, part, trainer.predict(state))
+        if ctx.is_main:
+            save_tensors(scores.cpu(), out)  # written whole (fsync), then renamed into place
+        shutdown(ctx)
+        return
+    own = part.global_ids.cpu()
+    rows = (getattr(part, SPLITS[chosen]).cpu() if isinstance(chosen, str) else torch.isin(own, chosen)).nonzero().flatten()
+    ids, scores = gather_chosen(ctx, hooks, own[rows], trainer.predict(state, rows=rows))
+    field = trainer.layerwise.stats.get("receptive_rows") if isinstance(trainer.layerwise, LayerwiseInference) else None
+    reach = torch.tensor(field if field is not None else [part.num_owned] * (cfg.model.layers + 1),
+                         dtype=torch.float64)
+    reach = ctx.all_reduce(reach) if ctx.is_distributed else reach  # every layer's rows, summed over ranks
+    if ctx.is_main:  # a split in ascending id order; given ids in the order of ``chosen`` (sorted, unique)
+        order = torch.sort(ids).indices
+        save_tensors({"nodes": ids[order], "scores": scores[order], "receptive_rows": reach.to(torch.int64)}, out)
     shutdown(ctx)

@@ -31,7 +31,7 @@ COMMANDS = {"cluster": "commgnn.cli.cluster", "calibrate": "commgnn.cli.calibrat
 HELP = {"train": "train a GNN partition-parallel (default: synthetic graph)",
         "partition": "partition a graph, print its quality report, save it",
         "bench": "run a grid of configurations and compare them",
-        "predict": "class scores of every node from a trained run (exact exchange)",
+        "predict": "class scores of every node, or of chosen ones, from a trained run (exact exchange)",
         "datasets": "list the dataset names commgnn knows; make, check or convert graph folders",
         "report": "write one self-contained HTML page for runs and bench grids",
         "cluster": "run `train` on H emulated hosts (network namespaces, shaped links)",
@@ -74,6 +74,8 @@ def _add_own(sub: Any, name: str) -> argparse.ArgumentParser:
         p.add_argument("--data-root", dest="data_root", help="folder with staged datasets")
         p.add_argument("--parts", type=int, help="ranks P (default: the run's)")
         p.add_argument("--out", help="output file (default: RUN_DIR/predictions-<dataset>.pt)")
+        p.add_argument("--nodes", help="score only these nodes: a split (train, val, test) or a .npy file of node "
+                       "ids; the output then holds {'nodes': ids, 'scores': [k, C]}")
     elif name == "report":
         p.add_argument("run_dirs", nargs="+", metavar="RUN_DIR",
                        help="run directories (`commgnn train --out`) or `commgnn bench` output folders")
@@ -141,8 +143,10 @@ def cmd_predict(ns: argparse.Namespace) -> int:
     from commgnn.api.predict import predict
 
     name = Path(ns.dataset).stem if ns.dataset else "run"
+    if ns.nodes:
+        name += f"-{Path(ns.nodes).stem}"
     out = Path(ns.out) if ns.out else Path(ns.run_dir) / f"predictions-{name}.pt"
-    scores = predict(Path(ns.run_dir), ns.dataset, out=out, data_root=ns.data_root, parts=ns.parts)
+    scores = predict(Path(ns.run_dir), ns.dataset, out=out, data_root=ns.data_root, parts=ns.parts, nodes=ns.nodes)
     print(f"{scores.shape[0]} nodes x {scores.shape[1]} classes -> {out}")
     return 0
 

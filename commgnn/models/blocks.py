@@ -22,7 +22,7 @@ from torch import Tensor, nn
 
 from commgnn.models.dropout import dropout
 from commgnn.models.graph import CSRPair, spmm
-from commgnn.models.net import PartitionGNN, activation
+from commgnn.models.net import PartitionGNN
 from commgnn.models.sparse import SparseRows
 from commgnn.sampling.base import Block, MiniBatch
 
@@ -89,5 +89,5 @@ class BlockGNN(nn.Module):
                 h = dropout(h, p=gnn.cfg.dropout, training=self.training)
                 h = conv.combine(conv.message(h), h[: block.num_dst], graph)
             if i < last:
-                h = activation(gnn.cfg, h)
+                h = gnn.post(i, h)
         return h

@@ -41,6 +41,11 @@ class ModelConfig:
     encoder ``F -> hidden``, ``layers`` blocks ``h = h + conv(dropout(act(norm(h))))`` of
     hidden width (GCN or SAGE, LayerNorm) and a linear decoder ``hidden -> C``; ``layers``
     still counts graph convolutions, hence halo exchanges."""
+    norm: Literal["none", "layer"] = "none"
+    """Between layers of the plain stack: ``layer`` normalises each node's hidden row
+    (``LayerNorm`` with its affine weights, as BNS-GCN's default ``--norm layer``) before the
+    activation. Row-local: it adds parameters, not traffic. (``res+`` blocks always carry
+    their own LayerNorm.)"""
     checkpoint: bool = False
     """``res+``: activation checkpointing of every residual block (``torch.utils.checkpoint``,
     non-reentrant): a block keeps only its input and its received halo rows, and is
@@ -71,6 +76,11 @@ class ModelConfig:
         if self.name == "gat" and self.hidden % self.heads:
             raise ConfigError(f"model.hidden ({self.hidden}) must be divisible by model.heads "
                               f"({self.heads}) for GAT")
+        if self.norm not in ("none", "layer"):
+            raise ConfigError(f"model.norm must be 'none' or 'layer', got {self.norm!r}")
+        if self.norm != "none" and self.residual != "none":
+            raise ConfigError("model.norm is for the plain stack; res+ blocks carry their own LayerNorm: "
+                              "drop model.norm or set model.residual = 'none'")
         if self.residual not in ("none", "res+"):
             raise ConfigError(f"model.residual must be 'none' or 'res+', got {self.residual!r}")
         if self.residual == "res+" and self.name == "gat":

@@ -5,7 +5,9 @@ For layer l on rank r (``n_own`` owned rows, ``n_halo`` halo rows)::
     h      = dropout(h)                                   # [n_own, d_l], the owner draws the mask
     m      = conv_l.message(h)                            # h, or h W^T when narrower (transform first)
     m_src  = cat(m, halo.exchange(m, l))                  # [n_own + n_halo, d_msg]
-    h      = act(conv_l.combine(m_src, h, graph))         # [n_own, d_{l+1}]  (no act after the last)
+    h      = act(norm_l(conv_l.combine(m_src, h, graph))) # [n_own, d_{l+1}]  (neither after the last)
+
+``norm_l`` is the identity, or with ``model.norm = "layer"`` a LayerNorm of each row.
 
 With ``precompute`` the first layer's aggregation of the constant input is computed once
 (:meth:`PartitionGNN.precompute`, one exchange before training) and input dropout acts on
@@ -58,6 +60,19 @@ def activation(cfg: ModelConfig, h: Tensor) -> Tensor:
     return F.elu(h) if act == "elu" else F.relu(h)
 
 
+def hidden_norms(cfg: ModelConfig, in_dim: int, num_classes: int) -> nn.ModuleList:
+    """One ``LayerNorm`` per hidden layer's output (``model.norm = "layer"``), else none."""
+    if cfg.norm != "layer":
+        return nn.ModuleList()
+    return nn.ModuleList(nn.LayerNorm(d_out) for _, d_out in layer_dims(cfg, in_dim, num_classes)[:-1])
+
+
+def post_layer(model: nn.Module, i: int, h: Tensor) -> Tensor:
+    """``act(norm_i(h))`` after hidden layer ``i`` of a plain stack (its ``cfg`` and ``norms``)."""
+    norms = model.norms
+    return activation(model.cfg, norms[i](h) if len(norms) else h)
+
+
 def maxk_message_layers(cfg: ModelConfig, in_dim: int, num_classes: int, transform_first: bool) -> set[int]:
     """Layers whose halo message is a MaxK output (hence k-sparse): every layer after the
     first, unless transform-first sends its narrower product instead (GAT always does).
@@ -95,11 +110,16 @@ class PartitionGNN(nn.Module):
             else:
                 self.convs.append(GATLayer(d_in, d_out, heads, concat=concat, attn_dropout=cfg.attn_dropout,
                                            transform_first=transform_first))
+        self.norms = hidden_norms(cfg, in_dim, num_classes)
         self.pre: Tensor | None = None
         self.pre_sigma: Tensor | None = None
         """``"matched"`` precompute dropout: ``sqrt((A o A)(X o X))``, ``[n_own, d_in]``."""
         self.sparse: dict[str, SparseRows] = {}  # input patterns: "own", "src" or "pre"
         self.sparse_sigma: Tensor | None = None  # pre_sigma's values on the "pre" pattern
+
+    def post(self, i: int, h: Tensor) -> Tensor:
+        """What follows hidden layer ``i``'s convolution: ``act(norm_i(h))``, row by row."""
+        return post_layer(self, i, h)
 
     @torch.no_grad()
     def precompute(self, x: Tensor, graph: LocalGraph, halo: HaloExchange, *,
@@ -161,7 +181,7 @@ class PartitionGNN(nn.Module):
                 # backward is a collective that every rank must enter.
                 h = conv.combine(torch.cat([m, halo.exchange(m, i)]), h, graph, src, own)
             if i < len(self.convs) - 1:
-                h = activation(self.cfg, h)
+                h = self.post(i, h)
             if i == upto:
                 break
         return h

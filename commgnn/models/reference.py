@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from commgnn.models.config import ModelConfig
-from commgnn.models.net import activation, layer_specs
+from commgnn.models.net import activation, hidden_norms, layer_specs, post_layer
 
 
 class ReferenceGNN(nn.Module):
@@ -51,6 +51,7 @@ class ReferenceGNN(nn.Module):
                 self.convs.append(SAGEConv(d_in, d_out, aggr="mean"))
             else:
                 self.convs.append(GATConv(d_in, d_out, heads=heads, concat=concat, dropout=cfg.attn_dropout))
+        self.norms = hidden_norms(cfg, in_dim, num_classes)
 
     def forward(self, x: Tensor, edge_index: Tensor) -> Tensor:
         """Logits ``[N, C]`` of every node."""
@@ -65,5 +66,5 @@ class ReferenceGNN(nn.Module):
             h = F.dropout(h, p=p, training=self.training)
             h = conv(h, edge_index)
             if i < len(self.convs) - 1:
-                h = activation(self.cfg, h)
+                h = post_layer(self, i, h)
         return h

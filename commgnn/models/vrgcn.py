@@ -53,7 +53,7 @@ from torch import Tensor, nn
 from commgnn.models.blocks import BlockGraph
 from commgnn.models.dropout import dropout
 from commgnn.models.graph import CSRPair, spmm
-from commgnn.models.net import PartitionGNN, activation
+from commgnn.models.net import PartitionGNN
 from commgnn.sampling.base import Block
 from commgnn.sampling.vrgcn import HistoryEdges, VRBatch
 
@@ -97,8 +97,8 @@ class VRGCN(nn.Module):
         mu = conv0.from_precomputed(pre[:n1], x[:n1], None) if noisy else h
         last = len(gnn.convs) - 1
         if last > 0:
-            h = activation(gnn.cfg, h)
-            mu = activation(gnn.cfg, mu) if noisy else h
+            h = gnn.post(0, h)
+            mu = gnn.post(0, mu) if noisy else h
         updates: list[tuple[Tensor, Tensor, Tensor]] = []
         for i in range(1, last + 1):
             conv, block, full = gnn.convs[i], batch.blocks[i], batch.history_edges[i]
@@ -112,8 +112,8 @@ class VRGCN(nn.Module):
             agg = c + dropout_noise(mean, block, full, hd, mu, self.replace) if noisy else c
             h = _sage_out(conv, agg, hd[: block.num_dst])
             if i < last:
-                h = activation(gnn.cfg, h)
-                mu = activation(gnn.cfg, _sage_out(conv, c, mu[: block.num_dst])) if noisy else h
+                h = gnn.post(i, h)
+                mu = gnn.post(i, _sage_out(conv, c, mu[: block.num_dst])) if noisy else h
         if training:
             for table, ids, value in updates:  # hbar_i <- mu_i for the rows this step computed
                 table[ids] = value.to(table.dtype)

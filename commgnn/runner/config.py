@@ -226,6 +226,8 @@ RUN_OPTIONS = OptionSet("run", lambda: RunConfig, (
     opt("model.maxk_k", "--maxk-k", "maxk: entries kept per row"),
     opt("model.residual", "--residual", "none | res+ (DeeperGCN pre-activation residual blocks, LayerNorm; "
         "--layers counts the blocks)", choices=("none", "res+")),
+    opt("model.norm", "--norm", "none | layer (LayerNorm of each hidden row before the activation, as "
+        "BNS-GCN's default)", choices=("none", "layer")),
     opt("model.checkpoint", "--checkpoint-activations",
         "res+: recompute each block in the backward pass (less memory, same numbers)", const=True),
     opt("train.epochs", "--epochs", "maximum epochs", resume=True),

@@ -236,6 +236,29 @@ def gather_rows(ctx: DistContext, hooks: Hooks, trainer: FullGraphTrainer, part:
     return full
 
 
+def gather_chosen(ctx: DistContext, hooks: Hooks, ids: torch.Tensor,
+                  rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Every rank's chosen nodes ``ids [m_r]`` and their ``rows [m_r, d]`` on rank 0,
+    concatenated in rank order (float32; empty on the other ranks), sent point to point as
+    :func:`gather_rows` does. Counted as control traffic."""
+    d = int(rows.shape[1])
+    rows, ids = rows.detach().float().cpu(), ids.to(torch.int64).cpu()
+    if not ctx.is_main:
+        ctx.send(torch.tensor([ids.numel()], dtype=torch.int64), 0)
+        if ids.numel():  # a rank that chose none sends its count alone
+            ctx.send(ids, 0)
+            ctx.send(rows, 0)
+        hooks.sent("control", -1, 0, 8 + ids.numel() * 8 + rows.numel() * 4)
+        return ids[:0], rows[:0]
+    all_ids, all_rows = [ids], [rows]
+    for r in range(1, ctx.world_size):
+        n = int(ctx.recv(torch.zeros(1, dtype=torch.int64), r)[0])
+        if n:
+            all_ids.append(ctx.recv(torch.empty(n, dtype=torch.int64), r))
+            all_rows.append(ctx.recv(torch.empty(n, d, dtype=torch.float32), r))
+    return torch.cat(all_ids), torch.cat(all_rows)
+
+
 def _checkpoint(ctx: DistContext, trainer: FullGraphTrainer, meter: Meter, out: Path, fingerprint: str,
                 best: dict[str, Any] | None) -> None:
     """Every rank saves, a barrier confirms all did, then rank 0 commits the set."""

@@ -281,12 +281,15 @@ class FullGraphTrainer:
         masks = (self.part.train_mask, self.part.val_mask, self.part.test_mask)
         return torch.stack([(correct & m).sum() for m in masks]).to(torch.float64)
 
-    def _inference(self, upto: int | None = None) -> torch.Tensor:
+    def _inference(self, upto: int | None = None, rows: torch.Tensor | None = None) -> torch.Tensor:
         """The eval-mode forward over every owned node (``upto = k``: layer k's output),
-        with the exact exchange (or :attr:`layerwise`); all ranks call it together."""
+        with the exact exchange (or :attr:`layerwise`); all ranks call it together.
+        ``rows``: only those owned rows' outputs (layer-wise computes their receptive field
+        alone; the full-graph forward is indexed)."""
         if self.layerwise is not None:
-            return self.layerwise(upto)
-        return self.model(self.x.to(self.dtype), self.graph, self.eval_halo, **({} if upto is None else {"upto": upto}))
+            return self.layerwise(upto, rows)
+        out = self.model(self.x.to(self.dtype), self.graph, self.eval_halo, **({} if upto is None else {"upto": upto}))
+        return out if rows is None else out[rows]
 
     def evaluated_state(self) -> dict[str, torch.Tensor]:
         """A CPU copy of the weights the last :meth:`evaluate` scored: the ranks' average
@@ -295,16 +298,18 @@ class FullGraphTrainer:
         return {k: v.detach().to("cpu", copy=True) for k, v in state.items()}
 
     @torch.no_grad()
-    def predict(self, state: dict[str, torch.Tensor] | None = None, *, layer: int | None = None) -> torch.Tensor:
+    def predict(self, state: dict[str, torch.Tensor] | None = None, *, layer: int | None = None,
+                rows: torch.Tensor | None = None) -> torch.Tensor:
         """``[n_own, C]`` class scores (logits) of this rank's nodes, exact exchange, eval
         mode, with ``state`` loaded for the pass (the current weights when None); with
-        ``layer = k`` the output of layer k instead (embeddings). All ranks call it together."""
+        ``layer = k`` the output of layer k instead (embeddings); with ``rows [m]`` (sorted
+        owned rows) ``[m, C]``, those rows' alone. All ranks call it together."""
         saved = None
         if state is not None:
             saved = {k: v.detach().clone() for k, v in self.export_module.state_dict().items()}
             self.export_module.load_state_dict(state)
         self.model.eval()
-        logits = self._inference(layer)
+        logits = self._inference(layer, rows)
         if saved is not None:
             self.export_module.load_state_dict(saved)
         return logits
