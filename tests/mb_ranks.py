@@ -345,8 +345,15 @@ def layerwise_against_full(ctx: DistContext, data: Any, parts: torch.Tensor, mod
     # chosen rows (none on rank 0 of several): their receptive field alone, the same values
     pick = (torch.arange(part.num_owned) if ctx.world_size == 1 or ctx.rank else torch.empty(0, dtype=torch.int64))
     pick = pick[part.global_ids.cpu()[pick] % 3 == 1] if ctx.world_size > 1 else pick[::4]
+    # the features of the receptive field read into memory (share 1), or summed by their owners (share 0)
+    from commgnn.trainers import layerwise as lw_module
+    picked = {}
+    for share in (1.0, 0.0):
+        lw_module.COMPACT_SHARE = share
+        picked[share] = (t.predict(rows=pick), t.predict(layer=1, rows=pick), t.predict(layer=0, rows=pick))
+    lw_module.COMPACT_SHARE = 0.25
     return {"full": full, "lw": lw, "full_h": full_h, "lw_h": lw_h, "counts": t.evaluate(),
-            "pick": pick, "lw_pick": t.predict(rows=pick), "lw_pick_h": t.predict(layer=1, rows=pick),
+            "pick": pick, "picked": picked,
             "lw_1": t.predict(layer=1),
             "eval_bytes": eval_bytes, "halo": part.num_halo, "own": part.num_owned, "y": part.y,
             "masks": torch.stack([part.train_mask, part.val_mask, part.test_mask])}

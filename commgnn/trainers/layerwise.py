@@ -41,6 +41,7 @@ from commgnn.models.blocks import BlockGraph
 from commgnn.models.net import PartitionGNN
 from commgnn.partition.local import LocalPartition
 from commgnn.sampling.base import Block
+from commgnn.trainers.pushed_mean import pushed_mean
 from commgnn.sampling.config import SamplerConfig
 
 DEFAULT_CHUNK_ROWS = SamplerConfig().inference_chunk
@@ -164,8 +165,9 @@ def receptive_rows(ctx: DistContext, hooks: Hooks, part: LocalPartition, owner: 
 
 COMPACT_SHARE = 0.25
 """Targets' layer-wise pass: the receptive field's feature rows are read once into memory
-when they are at most this share of the owned rows; a wider field is read per chunk from
-where the features lie (a copy of most of them would not fit where they are memory-mapped)."""
+when they are at most this share of the owned rows; for a wider field (a copy of most of
+them would not fit beside the memory map) their owners sum them where they lie
+(:func:`~commgnn.trainers.pushed_mean.pushed_mean`)."""
 
 
 @torch.no_grad()
@@ -201,13 +203,20 @@ def layerwise_forward(ctx: DistContext, hooks: Hooks, model: PartitionGNN, part:
         need = list(receptive_rows(ctx, hooks, part, owner, row, targets.to(torch.int64), depth, chunk_rows))
         if stats is not None:
             stats["receptive_rows"] = [int(t.numel()) for t in need]
-        if need[0] is not None and need[0].numel() > COMPACT_SHARE * n_own:
-            need[0] = None  # read per chunk where the features lie
+    pushed = targets is not None and need[0] is not None and need[0].numel() > COMPACT_SHARE * n_own
     wdtype = next(model.parameters()).dtype
     h = x
-    if need[0] is not None:  # the receptive field's feature rows, read once in file order (a few spans)
+    if need[0] is not None and not pushed:  # the receptive field's feature rows, read once in file order
         h = x[need[0]]
     for i, conv in enumerate(model.convs[:depth]):
+        if i == 0 and pushed:  # a wide field: its owners sum the rows where they lie, each read once
+            dst = need[1]
+            assert dst is not None
+            mean = pushed_mean(ctx, hooks, csr.ptr, csr.rows, x, dst, halo_owner, halo_row, n_own, wdtype)
+            y = conv.from_precomputed(mean, x[dst].to(wdtype), None)
+            del mean
+            h = model.post(0, y) if i < last else y
+            continue
         dst_rows, held = need[i + 1], need[i]  # where this layer's output is needed; where h is held
         n_dst = n_own if dst_rows is None else int(dst_rows.numel())
         bounds = chunk_bounds(csr.ptr, dst_rows, n_dst, chunk_rows)
