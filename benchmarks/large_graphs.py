@@ -280,7 +280,8 @@ def papers(ns: argparse.Namespace, work: Path, record: Path) -> None:
 def predict_papers(ns: argparse.Namespace, graph: Path, out: Path, logs: Path, record: Path) -> None:
     """Target 4 on the papers run: ``commgnn predict --nodes test``, exact layer-wise scores
     of the 200,000 test nodes computed on their receptive field alone (every node's
-    ``[N, C]`` scores would be 69 GB), and the exact test accuracy they give."""
+    ``[N, C]`` scores would be 69 GB), the rows each layer computed, and the exact test
+    accuracy they give."""
     import numpy as np
     import torch
 
@@ -293,6 +294,7 @@ def predict_papers(ns: argparse.Namespace, graph: Path, out: Path, logs: Path, r
         nodes = got["nodes"].numpy()
         row["nodes_scored"] = int(nodes.size)
         row["test_acc_exact"] = round(float((got["scores"].argmax(1).numpy() == y[nodes]).mean()), 4)
+        row["receptive_rows"] = "/".join(str(int(v)) for v in got["receptive_rows"])  # features, layer 1, targets
         scores.unlink()
     append(record, {"step": "predict --nodes test (layer-wise, receptive field)", "setting": "", **row})
 
