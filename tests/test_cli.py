@@ -63,6 +63,13 @@ def test_train_writes_records_and_counts_exact_bytes(tmp_path):
     assert all(r["bytes"]["halo_eval"] == C * (16 + 12) * 4 for r in rows)
     pairs = summary["bytes_by_pair"]["halo_fwd"]
     assert pairs[0][0] == pairs[1][1] == 0 and pairs[0][1] > 0 and pairs[1][0] > 0
+    # every rank's time split: its slowest entry is the epoch's, and the run's is their sum
+    for r in rows:
+        for k in ("comm", "wait", "compute", "epoch"):
+            assert len(r["time_by_rank_s"][k]) == 2 and max(r["time_by_rank_s"][k]) == pytest.approx(r[f"{k}_s"], abs=1e-5)
+    for k in ("comm", "wait", "compute"):
+        assert summary["time_by_rank_s"][k] == pytest.approx([sum(r["time_by_rank_s"][k][q] for r in rows)
+                                                              for q in range(2)], abs=1e-5)
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["partition"]["report"]["comm_volume"] == C
     assert manifest["dataset"]["num_nodes"] == 1500 and len(manifest["dataset"]["fingerprint"]) >= 16

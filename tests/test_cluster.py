@@ -139,7 +139,7 @@ def test_a_failed_build_removes_what_it_made(monkeypatch):
 
     cfg = ClusterConfig(hosts=2, rate_bps=1e8)
     net = EmulatedNetwork(cfg)
-    monkeypatch.setattr(net, "_shape", lambda ns, hv: (_ for _ in ()).throw(OSError("tc: no such qdisc")))
+    monkeypatch.setattr(net, "_shape", lambda ns, hv, rate: (_ for _ in ()).throw(OSError("tc: no such qdisc")))
     with pytest.raises(OSError, match="no such qdisc"):
         with net:
             pass

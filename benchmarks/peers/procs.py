@@ -20,6 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
 
+from commgnn.cluster.netns import namespace_pids
+
 
 @dataclass
 class Line:
@@ -96,7 +98,7 @@ class HostProcesses:
                     pass
         time.sleep(1.0)
         for ns in self.namespaces:
-            for pid in _ns_pids(ns):
+            for pid in namespace_pids(ns):
                 try:
                     os.kill(pid, signal.SIGKILL)
                 except ProcessLookupError:
@@ -114,11 +116,6 @@ class HostProcesses:
         with self._lock:
             lines = list(self.lines)
         return [(ln.t, m) for ln in lines if (host is None or ln.host == host) and (m := rx.search(ln.text))]
-
-
-def _ns_pids(ns: str) -> list[int]:
-    out = subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True).stdout
-    return [int(x) for x in out.split() if x.isdigit()]
 
 
 def pss_kb(pid: int) -> int:
@@ -150,5 +147,5 @@ class PssSampler:
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval_s):
-            pids = {p for ns in self.namespaces for p in _ns_pids(ns)} | set(self.extra)
+            pids = {p for ns in self.namespaces for p in namespace_pids(ns)} | set(self.extra)
             self.peak_kb = max(self.peak_kb, sum(pss_kb(p) for p in pids))

@@ -48,6 +48,10 @@ from commgnn.cluster.agents import torchrun_command  # noqa: E402
 SYSTEMS = ("commgnn-mb", "commgnn-mb-plan", "commgnn-full", "commgnn-full-levers", "distdgl", "bnsgcn")
 MB = {"layers": 2, "hidden": 256, "fanout_hop1_first": (25, 10), "batch": 1000, "lr": 0.003, "dropout": 0.5}
 FULL = {"layers": 3, "hidden": 256, "lr": 0.01, "dropout": 0.5}
+MODEL_FLAGS = {"mb": ["--weight-decay", "0"], "full": ["--weight-decay", "0", "--norm", "layer"]}
+"""commgnn's flags that make its model the peer's: Adam without weight decay (DistDGL's
+example and BNS-GCN's default), and BNS-GCN's LayerNorm between layers (its ``--norm
+layer`` default) for the full-graph entries."""
 LEVERS = {  # full-graph: the first layer's aggregation once, as BNS-GCN's --use-pp (exact)
     # lossless: a degree cache of a quarter of the remote rows, fetched rows as index lists or
     # bitmaps where that is smaller (bag-of-words features), the next batch fetched during this one
@@ -102,10 +106,10 @@ def commgnn_jobs(system: str, ns: argparse.Namespace, cfg: ClusterConfig, out: P
     if system.startswith("commgnn-mb"):
         p = MB
         model = ["--mode", "minibatch", "--fanout", ",".join(map(str, p["fanout_hop1_first"])),
-                 "--batch-size", str(p["batch"])]
+                 "--batch-size", str(p["batch"]), *MODEL_FLAGS["mb"]]
     else:
         p = FULL
-        model = ["--mode", "fullgraph"]
+        model = ["--mode", "fullgraph", *MODEL_FLAGS["full"]]
     args = ["train", *dataset_args(ns.dataset), "--parts", str(cfg.world_size), "--model", "sage",
             "--layers", str(p["layers"]), "--hidden", str(p["hidden"]), "--lr", str(p["lr"]),
             "--dropout", str(p["dropout"]), "--epochs", str(ns.epochs), "--patience", "0", "--seed", str(ns.seed),

@@ -21,7 +21,8 @@ from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any, Mapping, NoReturn, Sequence
 
-from commgnn.cluster.config import CLUSTER_OPTIONS, ClusterConfig, parse_percent, parse_rate, parse_time
+from commgnn.cluster.config import (CLUSTER_OPTIONS, ClusterConfig, parse_cores, parse_list, parse_percent,
+                                    parse_rate, parse_straggle, parse_time)
 from commgnn.errors import UserError
 
 JOBS = ("train", "federate", "calibrate")
@@ -31,8 +32,11 @@ JOBS = ("train", "federate", "calibrate")
 def cluster_config(config: ClusterConfig | None = None, **options: Any) -> ClusterConfig:
     """A :class:`ClusterConfig` from options by keyword (:data:`CLUSTER_OPTIONS`: ``hosts``,
     ``ranks_per_host``, ``rate`` (``"100mbit"`` or bits/s), ``delay``, ``jitter``, ``loss``,
-    ``rdzv_port``), over ``config`` or the defaults."""
-    for key, read in (("rate", parse_rate), ("delay", parse_time), ("jitter", parse_time), ("loss", parse_percent)):
+    ``rdzv_port``, ``host_cpus``, ``host_rate`` (``"1gbit,100mbit"`` or bits/s each),
+    ``straggle``), over ``config`` or the defaults."""
+    for key, read in (("rate", parse_rate), ("delay", parse_time), ("jitter", parse_time), ("loss", parse_percent),
+                      ("host_rate", parse_list(parse_rate)), ("host_cpus", parse_list(parse_cores)),
+                      ("straggle", parse_straggle)):
         if isinstance(options.get(key), str):
             options[key] = read(options[key])
     CLUSTER_OPTIONS.unknown(list(options), "the cluster's")
@@ -41,11 +45,11 @@ def cluster_config(config: ClusterConfig | None = None, **options: Any) -> Clust
 
 def cleanup() -> list[str]:
     """Remove the namespaces and bridges left by killed emulations; their names."""
-    from commgnn.cluster import remove_stale
+    from commgnn.cluster import cpu, remove_stale
     from commgnn.cluster.netns import check_rights
 
     check_rights()
-    return list(remove_stale())
+    return list(remove_stale()) + cpu.remove_stale()
 
 
 class _JobParser(argparse.ArgumentParser):

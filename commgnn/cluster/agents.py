@@ -14,6 +14,7 @@ and any process still inside a namespace is killed before its namespace is delet
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -22,7 +23,9 @@ import time
 from typing import Mapping, Sequence
 
 from commgnn.cluster.config import ClusterConfig
-from commgnn.cluster.netns import EmulatedNetwork, run_tool
+from commgnn.cluster.cpu import HostCPUs
+from commgnn.cluster.netns import EmulatedNetwork
+from commgnn.cluster.straggle import Stragglers
 
 
 def torchrun_command(cfg: ClusterConfig, host: int, run_id: str, job_args: Sequence[str]) -> list[str]:
@@ -39,12 +42,11 @@ def torchrun_command(cfg: ClusterConfig, host: int, run_id: str, job_args: Seque
 
 
 def _kill_namespace_processes(net: EmulatedNetwork) -> None:
-    for ns in net.namespaces:
-        pids = run_tool(["ip", "netns", "pids", ns], check=False).stdout.split()
-        for pid in pids:
+    for host in range(len(net.namespaces)):
+        for pid in net.pids(host):
             try:
-                os.kill(int(pid), signal.SIGKILL)
-            except (ProcessLookupError, ValueError):
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
                 pass
 
 
@@ -78,13 +80,19 @@ def run_cluster(cfg: ClusterConfig, job_args: Sequence[str], *, env: Mapping[str
     for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
         base_env.pop(var, None)  # a launcher's own variables must not leak into the agents
     procs: list[subprocess.Popen[bytes]] = []
-    with EmulatedNetwork(cfg) as net:
+    stragglers: Stragglers | None = None
+    # the CPU cgroups first: a machine that cannot set them refuses before any link is made
+    with (HostCPUs(cfg.host_cpus) if cfg.host_cpus else contextlib.nullcontext()) as cpus, \
+            EmulatedNetwork(cfg) as net:
         print(f"commgnn cluster: {cfg.describe()} (namespaces {net.namespaces[0]}..)", flush=True)
         run_id = f"commgnn-{net.pid}"
         try:
             for host in range(cfg.hosts):
                 procs.append(subprocess.Popen([*net.prefix(host), *torchrun_command(cfg, host, run_id, job_args)],
-                                              env=base_env, start_new_session=True))
+                                              env=base_env, start_new_session=True,
+                                              preexec_fn=cpus.enter_fn(host) if cpus is not None else None))
+            if cfg.stragglers:
+                stragglers = Stragglers(cfg.stragglers, net.pids).start()
             failed_at: float | None = None
             code = 0
             while any(p.poll() is None for p in procs):
@@ -111,6 +119,8 @@ def run_cluster(cfg: ClusterConfig, job_args: Sequence[str], *, env: Mapping[str
             _wait_all(procs, 15.0)
             raise
         finally:
+            if stragglers is not None:  # nothing stays stopped
+                stragglers.stop()
             _stop(procs, signal.SIGKILL)
             _kill_namespace_processes(net)
             _wait_all(procs, 5.0)

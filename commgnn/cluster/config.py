@@ -66,6 +66,19 @@ class ClusterConfig:
     """Fraction of the (1500-byte) packets a host sends that are dropped (TCP retransmits them)."""
     rdzv_port: int = 29400
     """Port of torchrun's c10d rendezvous store on host 0."""
+    host_cpus: tuple[float, ...] = ()
+    """Per host, the cores its processes may use together (``0.5``: half a core), enforced by
+    one CPU cgroup a host (cgroup v1 ``cpu.cfs_quota_us``, v2 ``cpu.max``); empty: no limit.
+    Their sum must stay below the machine's cores, so that each host's speed is its quota
+    and not the noise of the others (:mod:`commgnn.cluster.cpu`)."""
+    host_rates_bps: tuple[float, ...] = ()
+    """Per host, its link rate in bits per second (each direction); empty: ``rate_bps`` for
+    every host. A host behind a slower link, e.g. ``1gbit,1gbit,1gbit,100mbit``."""
+    straggle: tuple[str, ...] = ()
+    """Transient stragglers, ``HOST:every=TIME:for=TIME`` each (``3:every=5s:for=1s``): every
+    ``every`` that host's processes are stopped (SIGSTOP) for ``for``, then continued
+    (:mod:`commgnn.cluster.straggle`). ``for`` must stay below the job's heartbeat time-out
+    (``runtime.heartbeat_s``), or its ranks are declared dead."""
 
     def __post_init__(self) -> None:
         if not 2 <= self.hosts <= 64:
@@ -82,6 +95,28 @@ class ClusterConfig:
             raise ConfigError(f"--loss must be below 100%, got {self.loss:.2%}")
         if not 1024 <= self.rdzv_port <= 65535:
             raise ConfigError(f"--rdzv-port must be between 1024 and 65535, got {self.rdzv_port}")
+        for name, values in (("--host-cpus", self.host_cpus), ("--host-rate", self.host_rates_bps)):
+            if values and len(values) != self.hosts:
+                raise ConfigError(f"{name} gives {len(values)} values for {self.hosts} hosts: give one a host")
+        if any(not 0.01 <= c <= 1024 for c in self.host_cpus):
+            raise ConfigError(f"--host-cpus must be between 0.01 and 1024 cores a host, got {self.host_cpus}")
+        if any(r < 8e3 for r in self.host_rates_bps):
+            raise ConfigError(f"--host-rate must be at least 8kbit a host, got {self.host_rates_bps}")
+        for host, every, length in self.stragglers:
+            if not 0 <= host < self.hosts:
+                raise ConfigError(f"--straggle names host {host}; the hosts are 0 to {self.hosts - 1}")
+            if not 0 < length < every:
+                raise ConfigError(f"--straggle {host}: for= ({length:g}s) must be above 0 and below every= "
+                                  f"({every:g}s)")
+
+    @property
+    def stragglers(self) -> tuple[tuple[int, float, float], ...]:
+        """:attr:`straggle` read: ``(host, every_s, for_s)`` each."""
+        return tuple(parse_straggle_item(item) for item in self.straggle)
+
+    def rate_of(self, host: int) -> float:
+        """Host ``host``'s link rate in bits per second."""
+        return self.host_rates_bps[host] if self.host_rates_bps else self.rate_bps
 
     @property
     def world_size(self) -> int:
@@ -96,15 +131,54 @@ class ClusterConfig:
         return f"198.18.{(host + 1) // 256}.{(host + 1) % 256}"
 
     def describe(self) -> str:
-        rate = self.rate_bps
-        text = f"{rate / 1e9:g} Gbit/s" if rate >= 1e9 else f"{rate / 1e6:g} Mbit/s"
+        rates = self.host_rates_bps or (self.rate_bps,)
+        text = ",".join(f"{r / 1e9:g} Gbit/s" if r >= 1e9 else f"{r / 1e6:g} Mbit/s" for r in rates)
         if self.delay_s:
             text += f", {self.delay_s * 1e3:g} ms delay"
             if self.jitter_s:
                 text += f" ± {self.jitter_s * 1e3:g} ms"
         if self.loss:
             text += f", {self.loss:.2%} loss"
+        if self.host_cpus:
+            text += ", cores " + ",".join(f"{c:g}" for c in self.host_cpus)
+        for h, every, length in self.stragglers:
+            text += f", host {h} stopped {length:g} s every {every:g} s"
         return f"{self.hosts} hosts x {self.ranks_per_host} ranks, {text}"
+
+
+def parse_list(parse: Any) -> Any:
+    """``parse`` over a comma-separated list: ``'1gbit,100mbit'`` -> ``(1e9, 1e8)``."""
+    def read(text: str) -> tuple[Any, ...]:
+        parts = [p for p in str(text).split(",") if p.strip()]
+        if not parts:
+            raise ConfigError(f"give one value a host, separated by commas, got {text!r}")
+        return tuple(parse(p) for p in parts)
+    read.__name__ = f"list of {getattr(parse, '__name__', 'values')}"
+    return read
+
+
+def parse_cores(text: str) -> float:
+    """``'0.5'`` -> 0.5 cores."""
+    try:
+        return float(text)
+    except ValueError:
+        raise ConfigError(f"a CPU share is a number of cores (e.g. 0.5), got {text!r}") from None
+
+
+def parse_straggle_item(item: str) -> tuple[int, float, float]:
+    """``'3:every=5s:for=1s'`` -> ``(3, 5.0, 1.0)``."""
+    m = re.fullmatch(r"\s*(\d+):every=([^:]+):for=([^:]+)\s*", str(item))
+    if not m:
+        raise ConfigError(f"a straggler is HOST:every=TIME:for=TIME (e.g. 3:every=5s:for=1s), got {item!r}")
+    return int(m.group(1)), parse_time(m.group(2)), parse_time(m.group(3))
+
+
+def parse_straggle(text: str) -> tuple[str, ...]:
+    """``'3:every=5s:for=1s,0:every=10s:for=2s'`` -> one checked entry a straggler."""
+    items = tuple(p.strip() for p in str(text).split(",") if p.strip())
+    for item in items or (text,):
+        parse_straggle_item(item)
+    return items
 
 
 def flag_value(parse: Any) -> Any:
@@ -149,6 +223,13 @@ CLUSTER_OPTIONS = OptionSet("cluster", lambda: ClusterConfig, (
     opt("loss", "--loss", "packet loss per host, e.g. 0.1% (of 1500-byte packets)", parse=flag_value(parse_percent),
         show=percent_text),
     opt("rdzv_port", "--rdzv-port", "rendezvous port on host 0"),
+    opt("host_cpus", "--host-cpus", "cores each host may use, e.g. 0.5,0.5,0.5,0.125 (a CPU cgroup a host)",
+        parse=flag_value(parse_list(parse_cores)), show=lambda v: ",".join(f"{c:g}" for c in v)),
+    opt("host_rates_bps", "--host-rate", "each host's own link rate, e.g. 1gbit,1gbit,1gbit,100mbit",
+        parse=flag_value(parse_list(parse_rate)), show=lambda v: ",".join(rate_text(r) for r in v),
+        dest="host_rate"),
+    opt("straggle", "--straggle", "transient stragglers, HOST:every=5s:for=1s (the host's processes stopped, "
+        "then continued; several separated by commas)", parse=flag_value(parse_straggle), show=",".join),
 ))
 """The options of ``commgnn cluster`` (:class:`ClusterConfig`): rates, times and losses
 are written in ``tc`` units (``100mbit``, ``5ms``, ``0.1%``)."""

@@ -64,6 +64,12 @@ def run_tool(args: Sequence[str], *, check: bool = True) -> subprocess.Completed
     return res
 
 
+def namespace_pids(ns: str) -> list[int]:
+    """The processes running in the network namespace ``ns`` (none once it is gone)."""
+    out = run_tool(["ip", "netns", "pids", ns], check=False).stdout.split()
+    return [int(p) for p in out if p.isdigit()]
+
+
 def netem_available() -> bool:
     """Whether this kernel has the netem qdisc (tried on the loopback of a scratch namespace)."""
     ns = f"commgnn-{os.getpid()}-probe"
@@ -164,7 +170,7 @@ class EmulatedNetwork:
                 run_tool(["ip", "link", "set", f"cg{self.pid}p{i}", "netns", ns])
                 run_tool(["ip", "-n", ns, "link", "set", f"cg{self.pid}p{i}", "name", "eth0"])
             else:
-                mtu = str(frame_mtu(cfg.rate_bps))
+                mtu = str(frame_mtu(min(cfg.rate_of(h) for h in range(cfg.hosts))))  # one MTU on the bridge
                 run_tool(["ip", "-n", ns, "link", "set", "eth0", "mtu", mtu])
                 run_tool(["ip", "link", "set", hv, "mtu", mtu])
             run_tool(["ip", "-n", ns, "addr", "add", f"{cfg.address(i)}/15", "dev", "eth0"])
@@ -172,7 +178,7 @@ class EmulatedNetwork:
             run_tool(["ip", "-n", ns, "link", "set", "lo", "up"])
             run_tool(["ip", "link", "set", hv, "master", self.bridge])
             run_tool(["ip", "link", "set", hv, "up"])
-            self._shape(ns, hv)
+            self._shape(ns, hv, cfg.rate_of(i))
 
     def _start_delayline(self) -> None:
         """Start the delay line; it makes each host's TAP pair and holds it until stopped."""
@@ -212,20 +218,20 @@ class EmulatedNetwork:
             proc.kill()
             return proc.communicate()[1] or ""
 
-    def _tbf(self) -> list[str]:
-        rate = self.cfg.rate_bps
+    def _tbf(self, rate: float) -> list[str]:
         # burst: 1 ms at line rate (at least two frames), so even small messages see the
         # rate, as on a real port (tbf splits GSO super-packets larger than the bucket into
         # frames); queue: 100 ms at line rate, as a switch port holds.
-        frame = frame_mtu(rate) + 14 if self.delayline else 1514
+        frame = frame_mtu(min(self.cfg.rate_of(h) for h in range(self.cfg.hosts))) + 14 if self.delayline else 1514
         burst = max(int(rate / 8 * 0.001), 2 * frame)
         return ["tbf", "rate", f"{int(rate)}bit", "burst", str(burst), "latency", "100ms"]
 
-    def _shape(self, ns: str, hv: str) -> None:
+    def _shape(self, ns: str, hv: str, rate: float) -> None:
+        """Host link ``hv`` / ``ns``'s ``eth0`` at ``rate`` bits/s each way (``--host-rate``)."""
         cfg = self.cfg
-        run_tool(["tc", "qdisc", "add", "dev", hv, "root", *self._tbf()])  # what the host receives
+        run_tool(["tc", "qdisc", "add", "dev", hv, "root", *self._tbf(rate)])  # what the host receives
         if not cfg.needs_netem or self.delayline:
-            run_tool(["ip", "netns", "exec", ns, "tc", "qdisc", "add", "dev", "eth0", "root", *self._tbf()])
+            run_tool(["ip", "netns", "exec", ns, "tc", "qdisc", "add", "dev", "eth0", "root", *self._tbf(rate)])
             return
         netem = ["netem", "delay", f"{cfg.delay_s * 1e6:.0f}us"]
         if cfg.jitter_s:
@@ -233,9 +239,13 @@ class EmulatedNetwork:
         if cfg.loss:
             netem += ["loss", f"{cfg.loss * 100:g}%"]
         # The queue must hold a bandwidth-delay product of packets, or netem drops them.
-        limit = max(1000, int(cfg.rate_bps / 8 * (cfg.delay_s + cfg.jitter_s + 0.1) / 1000))
-        netem += ["rate", f"{int(cfg.rate_bps)}bit", "limit", str(limit)]
+        limit = max(1000, int(rate / 8 * (cfg.delay_s + cfg.jitter_s + 0.1) / 1000))
+        netem += ["rate", f"{int(rate)}bit", "limit", str(limit)]
         run_tool(["ip", "netns", "exec", ns, "tc", "qdisc", "add", "dev", "eth0", "root", *netem])
+
+    def pids(self, host: int) -> list[int]:
+        """The processes running in host ``host``'s namespace."""
+        return namespace_pids(self.namespaces[host])
 
     def qdiscs(self, host: int) -> str:
         """``tc qdisc show`` of both ends of host ``host``'s link (for reports and tests)."""

@@ -38,17 +38,17 @@ def _read_int(path: Path) -> int | None:
     return None if text in ("", "max") else int(text)
 
 
-def own_cgroup() -> tuple[Path, bool] | None:
-    """This process's memory cgroup folder and whether it is cgroup v1 (None where neither
-    v1's memory controller nor v2 is mounted)."""
+def own_cgroup(controller: str = "memory") -> tuple[Path, bool] | None:
+    """This process's cgroup folder for ``controller`` (``memory``, ``cpu``) and whether it
+    is cgroup v1 (None where neither v1's controller nor v2 is mounted)."""
     try:
         lines = Path("/proc/self/cgroup").read_text().splitlines()
     except OSError:
         return None
     for line in lines:
         _, controllers, rel = line.split(":", 2)
-        if "memory" in controllers.split(",") and (_ROOT / "memory").is_dir():
-            return _ROOT / "memory" / rel.lstrip("/"), True
+        if controller in controllers.split(",") and (_ROOT / controller).is_dir():
+            return _ROOT / controller / rel.lstrip("/"), True
     for line in lines:
         if line.startswith("0::") and (_ROOT / "cgroup.controllers").exists():
             return _ROOT / line[3:].lstrip("/"), False

@@ -31,7 +31,7 @@ from __future__ import annotations
 import resource
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, get_args
 
 import torch
@@ -84,6 +84,9 @@ class EpochTraffic:
     """Mean over ranks of the seconds per phase."""
     time_busiest: dict[str, float]
     """The seconds per phase of the rank with the most compute this epoch."""
+    time_by_rank: dict[str, list[float]] = field(default_factory=dict)
+    """Every rank's seconds per phase (``compute``, ``comm``, ``wait``, ...), in rank order:
+    on heterogeneous hosts the fast ranks' ``wait`` is the time they block on a late one."""
 
     @property
     def halo_bytes(self) -> int:
@@ -99,7 +102,8 @@ class EpochTraffic:
                 "halo_bytes": self.halo_bytes, "grad_bytes": self.bytes_sum["grad_sync"],
                 "total_bytes": self.total_bytes,
                 **{f"{k}_s": v for k, v in self.time_max.items()},
-                "time_mean_s": self.time_mean, "time_busiest_s": self.time_busiest}
+                "time_mean_s": self.time_mean, "time_busiest_s": self.time_busiest,
+                "time_by_rank_s": self.time_by_rank}
 
 
 class Meter:
@@ -122,6 +126,8 @@ class Meter:
         """Seconds from this meter's creation to :meth:`end_setup` on the slowest rank (the
         trainer's set-up: a precomputed aggregation, a cache filled, a sampler built)."""
         self._born = time.perf_counter()
+        self._run_times = torch.zeros(ctx.world_size, len(TIMES), dtype=torch.float64)
+        """``[P, times]`` every rank's seconds per phase, summed over the epochs."""
 
     def end_setup(self) -> None:
         """Move what was counted so far (set-up traffic) out of the first epoch, and take
@@ -161,6 +167,7 @@ class Meter:
         b_sum, b_max = rows[:, :n].sum(0), rows[:, :n].max(0).values
         t_max, t_mean = rows[:, n:].max(0).values, rows[:, n:].mean(0)
         busiest = rows[int(rows[:, n + TIMES.index("compute")].argmax()), n:]
+        self._run_times += rows[:, n:]
         self._epoch.zero_()
         self._time = dict.fromkeys(PHASES, 0.0)
         self._overlap = 0.0
@@ -168,7 +175,8 @@ class Meter:
                             bytes_max={c: int(b_max[i]) for i, c in enumerate(CLASSES)},
                             time_max={k: float(t_max[i]) for i, k in enumerate(TIMES)},
                             time_mean={k: float(t_mean[i]) for i, k in enumerate(TIMES)},
-                            time_busiest={k: float(busiest[i]) for i, k in enumerate(TIMES)})
+                            time_busiest={k: float(busiest[i]) for i, k in enumerate(TIMES)},
+                            time_by_rank={k: [round(float(v), 6) for v in rows[:, n + i]] for i, k in enumerate(TIMES)})
 
     def totals(self) -> dict[str, Any]:
         """Whole-run bytes by class x (sender, receiver) and by class x layer, and peak
@@ -189,12 +197,16 @@ class Meter:
             "setup_s": self.setup_s,
             "peak_rss_mb": float(rss.max()),
             "peak_rss_mb_by_rank": rss.tolist(),
+            "time_by_rank_s": {k: [round(float(v), 6) for v in self._run_times[:, i]] for i, k in enumerate(TIMES)},
             "peak_device_mb_by_rank": dev.tolist() if dev is not None else None,
         }
 
     def state_dict(self) -> dict[str, Any]:
-        return {"by_peer": self._by_peer.clone(), "by_layer": self._by_layer.clone()}
+        return {"by_peer": self._by_peer.clone(), "by_layer": self._by_layer.clone(),
+                "run_times": self._run_times.clone()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self._by_peer.copy_(state["by_peer"])
         self._by_layer.copy_(state["by_layer"])
+        if "run_times" in state:  # checkpoints written before per-rank times were kept
+            self._run_times.copy_(state["run_times"])

@@ -196,7 +196,8 @@ def summarise(*, dataset: str, model: str, parts: int, rows: Iterable[dict[str, 
     aggregation or a filled cache, pays for it here), ``peak_rss_mb`` (max over ranks),
     ``peak_rss_mb_sum`` (summed over ranks) and
     ``peak_rss_mb_by_rank``, ``peak_device_mb_by_rank`` (CUDA runs: each rank's
-    ``torch.cuda.max_memory_allocated``; ``None`` on the CPU), ``partition``
+    ``torch.cuda.max_memory_allocated``; ``None`` on the CPU), ``time_by_rank_s`` (every
+    rank's seconds per phase summed over the epochs: who computed, who waited), ``partition``
     (edge_cut, comm_volume, max_rank_halo), the byte breakdowns by pair and layer, and in
     mini-batch training the keys of :func:`minibatch_summary`.
     """
@@ -233,6 +234,7 @@ def summarise(*, dataset: str, model: str, parts: int, rows: Iterable[dict[str, 
         "peak_rss_mb_by_rank": totals["peak_rss_mb_by_rank"],
         # CUDA runs only (None on the CPU): the allocator's peak per rank
         "peak_device_mb_by_rank": totals.get("peak_device_mb_by_rank"),
+        "time_by_rank_s": totals.get("time_by_rank_s"),
         "partition": {k: partition.get(k) for k in ("edge_cut", "comm_volume", "max_rank_halo")},
         **minibatch_summary(rows),
         "bytes_by_pair": totals["bytes_by_pair"],
