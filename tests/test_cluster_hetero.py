@@ -116,3 +116,33 @@ def test_each_host_gets_its_own_link_rate(tmp_path):
         measured = _measure(net, tmp_path, 20e6 / 8 * 2 / 1e6)
     assert abs(measured - 20e6) / 20e6 < 0.15, f"{measured / 1e6:.1f} Mbit/s into the 20 Mbit/s host"
     assert os.getpid() > 0
+
+
+WAITER = """
+import signal, sys, threading
+from commgnn.distributed.watchdog import block_sigterm, wait_sigterm
+block_sigterm()
+print("ready", flush=True)
+for _ in range(int(sys.argv[1])):
+    if wait_sigterm(0.1):
+        print("SIGTERM", flush=True)
+        break
+print("done", flush=True)
+"""
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("signals, expected", [(("STOP", "CONT"), ["ready", "done"]), (("TERM",), ["ready", "SIGTERM", "done"])])
+def test_a_paused_rank_is_not_taken_for_a_sigterm(signals, expected):
+    """A rank stopped and continued (a straggler's pause, Ctrl-Z and fg) while its watchdog
+    waits for SIGTERM: CPython's sigtimedwait returns a garbage struct then, which the
+    watchdog took for a SIGTERM and ended the job; a real SIGTERM still counts."""
+    import signal as sg
+
+    child = subprocess.Popen([sys.executable, "-c", WAITER, "30"], stdout=subprocess.PIPE, text=True)
+    assert child.stdout is not None and child.stdout.readline().strip() == "ready"
+    for name in signals:
+        time.sleep(0.3)
+        os.kill(child.pid, getattr(sg, f"SIG{name}"))
+    out, _ = child.communicate(timeout=30)
+    assert ["ready", *out.split()] == expected

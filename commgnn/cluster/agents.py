@@ -41,6 +41,15 @@ def torchrun_command(cfg: ClusterConfig, host: int, run_id: str, job_args: Seque
             "-m", "commgnn", *job_args]
 
 
+def _is_agent(pid: int) -> bool:
+    """Whether ``pid`` is a torchrun agent (or gone)."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as fh:
+            return b"torch.distributed.run" in fh.read()
+    except OSError:
+        return True
+
+
 def _kill_namespace_processes(net: EmulatedNetwork) -> None:
     for host in range(len(net.namespaces)):
         for pid in net.pids(host):
@@ -91,8 +100,8 @@ def run_cluster(cfg: ClusterConfig, job_args: Sequence[str], *, env: Mapping[str
                 procs.append(subprocess.Popen([*net.prefix(host), *torchrun_command(cfg, host, run_id, job_args)],
                                               env=base_env, start_new_session=True,
                                               preexec_fn=cpus.enter_fn(host) if cpus is not None else None))
-            if cfg.stragglers:
-                stragglers = Stragglers(cfg.stragglers, net.pids).start()
+            if cfg.stragglers:  # the ranks, not the agents: torchrun's rendezvous keep-alive must go on
+                stragglers = Stragglers(cfg.stragglers, lambda h: [p for p in net.pids(h) if not _is_agent(p)]).start()
             failed_at: float | None = None
             code = 0
             while any(p.poll() is None for p in procs):

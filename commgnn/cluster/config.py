@@ -76,7 +76,7 @@ class ClusterConfig:
     every host. A host behind a slower link, e.g. ``1gbit,1gbit,1gbit,100mbit``."""
     straggle: tuple[str, ...] = ()
     """Transient stragglers, ``HOST:every=TIME:for=TIME`` each (``3:every=5s:for=1s``): every
-    ``every`` that host's processes are stopped (SIGSTOP) for ``for``, then continued
+    ``every`` that host's ranks are stopped (SIGSTOP) for ``for``, then continued
     (:mod:`commgnn.cluster.straggle`). ``for`` must stay below the job's heartbeat time-out
     (``runtime.heartbeat_s``), or its ranks are declared dead."""
 

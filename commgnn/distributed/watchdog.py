@@ -105,6 +105,16 @@ def process_end(pid: int) -> str | None:
     return f"exit code {os.WEXITSTATUS(status)}"
 
 
+def wait_sigterm(timeout_s: float) -> bool:
+    """Whether a (blocked) SIGTERM arrived within ``timeout_s``. CPython's
+    ``sigtimedwait`` returns a struct of garbage, not None, when the process is stopped
+    and continued (SIGSTOP, SIGCONT: Ctrl-Z and ``fg``, a straggler's pause) while it
+    waits, so the signal's number is checked: taken at its word, one pause of a rank
+    ended the whole job as if it had been sent SIGTERM."""
+    sig = signal.sigtimedwait({signal.SIGTERM}, timeout_s)
+    return sig is not None and sig.si_signo == signal.SIGTERM
+
+
 def block_sigterm() -> None:
     """Block SIGTERM in this thread (and in every thread started after): the watchdog
     receives it with ``sigtimedwait``. Call before any other thread starts."""
@@ -283,8 +293,7 @@ class Watchdog:
         beat = 0
         while not self._stop.is_set():
             if self.handle_sigterm:
-                sig = signal.sigtimedwait({signal.SIGTERM}, self.interval_s)
-                if sig is not None:
+                if wait_sigterm(self.interval_s):
                     if self.parent_pid is None or os.getppid() == self.parent_pid:
                         self.report("signal", "stopped by SIGTERM")
                     self._call(self.on_sigterm)
