@@ -10,8 +10,9 @@ One full-graph GraphSAGE job (the default synthetic graph, 2 layers, equal parti
 
 For each, the run's ``summary.json`` gives every rank's seconds of compute, communication
 and waiting summed over the epochs (``time_by_rank_s``) and the median epoch. Waiting
-(``wait``) is the time a rank blocks before the gradient sync for a rank that is late; a
-rank that waits inside a halo exchange shows it as ``comm``. Equal shares of work are what
+(``wait``) is the time a rank blocks for a rank that is late: before each halo exchange
+(``--split-wait``: one barrier before it) and before the gradient sync; ``comm`` is the
+transfers alone. Equal shares of work are what
 commgnn gives every rank today, so this is the baseline that speed-proportional shares
 (issue #57's balance) are to drive down.
 
@@ -45,7 +46,7 @@ def run(setting: str, epochs: int, work: Path) -> dict[str, Any]:
     out = work / setting
     cmd = [sys.executable, "-m", "commgnn", "cluster", "--hosts", "2", "--rate", "1gbit", *SETTINGS[setting], "--",
            "train", "--model", "sage", "--layers", "2", "--hidden", "64", "--epochs", str(epochs),
-           "--patience", "0", "--no-energy", "--quiet", "--no-compute-alone", "--heartbeat-s", "20",
+           "--patience", "0", "--no-energy", "--quiet", "--no-compute-alone", "--heartbeat-s", "20", "--split-wait",
            "--out", str(out)]
     res = subprocess.run(cmd, capture_output=True, text=True)
     row: dict[str, Any] = {"setting": setting, "flags": " ".join(SETTINGS[setting]), "rc": res.returncode}

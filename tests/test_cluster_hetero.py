@@ -146,3 +146,44 @@ def test_a_paused_rank_is_not_taken_for_a_sigterm(signals, expected):
         os.kill(child.pid, getattr(sg, f"SIG{name}"))
     out, _ = child.communicate(timeout=30)
     assert ["ready", *out.split()] == expected
+
+
+def _late_exchange(ctx, split: bool) -> dict:
+    """Rank 1 reaches a halo exchange 0.4 s after rank 0; rank 0's seconds by phase."""
+    from dataclasses import replace as dc_replace
+
+    import torch
+    from commgnn.comm.halo.alltoall import AllToAllHalo
+    from commgnn.distributed.events import Hooks, TimeEvent
+    from commgnn.partition import build_local_partition
+    from commgnn.trainers.fullgraph import halo_plan
+    from helpers import small_graph
+
+    ctx = dc_replace(ctx, split_wait=split)
+    data = small_graph(n=40, m=160)
+    parts = torch.arange(40) % 2
+    part = build_local_partition(data, parts, 2, ctx.rank)
+    hooks, times = Hooks(), {"wait": 0.0, "comm": 0.0}
+    hooks.subscribe(lambda ev: times.__setitem__(ev.phase, times.get(ev.phase, 0.0) + ev.seconds)
+                    if isinstance(ev, TimeEvent) else None)
+    halo = AllToAllHalo(ctx, halo_plan(part), hooks)
+    if ctx.rank == 1:
+        time.sleep(0.4)
+    got = halo.exchange(data.x[part.global_ids].float(), 0)
+    return {"times": times, "ok": bool(torch.equal(got, data.x[part.halo_global_ids].float()))}
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("split", [False, True])
+def test_the_wait_for_a_late_rank_is_timed_apart_from_the_transfer(tmp_path, split):
+    """``runtime.split_wait``: rank 0's 0.4 s wait for the late rank is counted as ``wait``
+    and the transfer alone as ``comm``; without it, all of it is ``comm``."""
+    from helpers import run_on_ranks
+
+    res = run_on_ranks(_late_exchange, 2, tmp_path, split)
+    assert all(r["ok"] for r in res)
+    early = res[0]["times"]
+    if split:
+        assert early["wait"] > 0.3 and early["comm"] < 0.2, early
+    else:
+        assert early["wait"] == 0.0 and early["comm"] > 0.3, early

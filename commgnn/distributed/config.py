@@ -49,6 +49,11 @@ class RuntimeConfig:
     sharing few cores then all collect at once, which makes one epoch several times longer
     than the others. Off by default: it evens the epochs of short runs (probes, twins), but
     long runs were not faster with it (see the docs' results pages)."""
+    split_wait: bool = False
+    """Time each halo exchange's wait for the last rank to arrive apart from its transfer:
+    one barrier before the exchange, its seconds counted as ``wait`` (``time_by_rank_s``),
+    not ``comm``. For uneven hosts: without it, a rank blocked in an exchange for a late
+    peer is counted as communicating. It costs one round trip an exchange."""
     checkpoint_every: int = 0
     """Write an atomic checkpoint of every rank's state every k epochs (0 = never); a
     resumed or elastically restarted run continues from the newest complete one."""

@@ -69,6 +69,8 @@ class DistContext:
     """The default group (None when world_size == 1)."""
     watchdog: Watchdog | None = None
     """This rank's heartbeat and failure watcher (None when world_size == 1)."""
+    split_wait: bool = False
+    """``runtime.split_wait``: a barrier before each halo exchange, timed as ``wait``."""
 
     @property
     def is_distributed(self) -> bool:
@@ -253,7 +255,8 @@ def init_distributed(info: LaunchInfo, cfg: RuntimeConfig) -> DistContext:
                         parent_pid=parent, handle_sigterm=True).start()
     return DistContext(rank=info.rank, world_size=info.world_size, local_rank=info.local_rank,
                        local_world_size=info.local_world_size, device=device, backend=backend,
-                       timeout_s=cfg.timeout_s, group=dist.group.WORLD, watchdog=watchdog)
+                       timeout_s=cfg.timeout_s, group=dist.group.WORLD, watchdog=watchdog,
+                       split_wait=cfg.split_wait)
 
 
 def loopback_interface() -> str | None:

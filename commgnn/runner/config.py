@@ -244,6 +244,8 @@ RUN_OPTIONS = OptionSet("run", lambda: RunConfig, (
     opt("runtime.backend", "--backend", "auto | gloo | nccl"),
     opt("runtime.checkpoint_every", "--checkpoint-every", "write an atomic checkpoint every k epochs (0 = never)",
         resume=True),
+    opt("runtime.split_wait", "--split-wait", "time each halo exchange's wait for the last rank apart from its "
+        "transfer (one barrier before it, counted as wait)", const=True),
     opt("runtime.gc_freeze", "--gc-freeze", "keep the heap held at the first epoch out of Python's full garbage "
         "collections during the epochs", negatable=True, resume=True),
     opt("runtime.memory_limit_gb", "--memory-limit-gb",

@@ -1,4 +1,6 @@
-"""Exact halo exchange: one ``all_to_all_single`` with per-peer splits per layer.
+"""Exact halo exchange: one all-to-all with per-peer splits per layer
+(:func:`commgnn.distributed.request.all_to_all`: over gloo, rows of 256 bytes or more go
+point to point, both directions of each link at once).
 
 Forward (rank r, width d, element size s bytes)::
 
@@ -23,6 +25,7 @@ from torch import Tensor
 from commgnn.comm.halo.exchange import RowExchange
 from commgnn.comm.halo.protocol import HaloPlan
 from commgnn.distributed.context import DistContext
+from commgnn.distributed.request import all_to_all
 from commgnn.distributed.events import Hooks
 
 
@@ -42,8 +45,8 @@ class AllToAllHalo(RowExchange):
             width *= dim
         for peer, n in enumerate(out_counts):
             self.hooks.sent(kind, layer, peer, n * width)  # type: ignore[arg-type]
-        recv = rows.new_empty((sum(in_counts), *rows.shape[1:]))
+        if self.ctx.split_wait:  # the wait for the last rank to arrive, apart from the transfer
+            with self.hooks.timed("wait"):
+                dist.barrier(group=self.group)
         with self.hooks.timed("comm"):
-            dist.all_to_all_single(recv, rows.contiguous(), output_split_sizes=list(in_counts),
-                                   input_split_sizes=list(out_counts), group=self.group)
-        return recv
+            return all_to_all(self.ctx, self.group, rows, list(out_counts), list(in_counts))
