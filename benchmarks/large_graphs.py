@@ -110,6 +110,32 @@ def generate(ns: argparse.Namespace, graph: Path, params: dict[str, Any], logs: 
     append(record, {"step": "generate", "setting": "", **row})
 
 
+def predict_and_report(ns: argparse.Namespace, run: Path, logs: Path, record: Path) -> None:
+    """Target 4 on a run folder: ``commgnn predict RUN`` under the cap, its scores checked
+    against the run's own ``predictions.pt``, then ``commgnn report RUN``; a row each."""
+    import torch
+
+    scores = run.parent / f"scores-{run.name}.pt"
+    row = commgnn(["predict", str(run), "--out", str(scores)], ns.cap_gb, logs / f"predict-{run.name}.log")
+    if scores.exists() and "error" not in row:
+        mine, trained = torch.load(scores), torch.load(run / "predictions.pt")
+        row["max_abs_diff_vs_run_predictions"] = float((mine - trained).abs().max())
+        del mine, trained
+        scores.unlink()
+    append(record, {"step": "predict", "setting": run.name, **row})
+    report_row(ns, run, logs, record)
+
+
+def report_row(ns: argparse.Namespace, run: Path, logs: Path, record: Path) -> None:
+    """``commgnn report RUN`` under the cap (target 4); its row, with the page's size."""
+    page = run.parent / f"report-{run.name}.html"
+    row = commgnn(["report", str(run), "--out", str(page)], ns.cap_gb, logs / f"report-{run.name}.log")
+    if page.exists():
+        row["page_kb"] = round(page.stat().st_size / 1e3)
+        page.unlink()
+    append(record, {"step": "report", "setting": run.name, **row})
+
+
 def check(ns: argparse.Namespace, graph: Path, log: Path, record: Path) -> None:
     """``commgnn datasets check`` (streamed validation and hashes) under the cap; its row."""
     row = commgnn(["datasets", "check", str(graph)], ns.cap_gb, log)
@@ -135,6 +161,11 @@ def products(ns: argparse.Namespace, work: Path, csv_path: Path) -> None:
         append(csv_path, {"step": f"partition {method}", "setting": "", **row})
     pdir = work / f"parts-{ns.partitioners[0]}"
     meta = json.loads((pdir / "meta.json").read_text())
+    if ns.predict_only:  # target 4 on the runs already in --work
+        for run in sorted(work.glob("run-*-exact")):
+            if (run / "predictions.pt").exists():
+                predict_and_report(ns, run, logs, csv_path)
+        return
     for model in ns.models:
         for setting in ns.settings:
             out = work / f"run-{model}-{setting}"
@@ -183,6 +214,7 @@ def big10m(ns: argparse.Namespace, work: Path, record: Path) -> None:
         del mine, trained
         scores.unlink()
     append(record, {"step": "predict (layer-wise)", "setting": "", **row})
+    report_row(ns, out, logs, record)
 
 
 def train10m(ns: argparse.Namespace, graph: Path, pdir: Path, out: Path, logs: Path, record: Path) -> None:
@@ -297,6 +329,7 @@ def predict_papers(ns: argparse.Namespace, graph: Path, out: Path, logs: Path, r
         row["receptive_rows"] = "/".join(str(int(v)) for v in got["receptive_rows"])  # features, layer 1, targets
         scores.unlink()
     append(record, {"step": "predict --nodes test (layer-wise, receptive field)", "setting": "", **row})
+    report_row(ns, out, logs, record)
 
 
 def train_papers(ns: argparse.Namespace, graph: Path, pdir: Path, out: Path, logs: Path, record: Path) -> None:
@@ -363,7 +396,7 @@ def main() -> None:
                     help="train's --memory-limit-gb (default: the cap); larger measures past the estimate")
     ap.add_argument("--report-only", action="store_true")
     ap.add_argument("--predict-only", action="store_true",
-                    help="big10m, papers: predict with the run already in --work")
+                    help="predict (and report) with the runs already in --work")
     ns = ap.parse_args()
     RESULTS.mkdir(parents=True, exist_ok=True)
     csv_path = RESULTS / f"{datetime.date.today()}-{ns.target}.jsonl"  # the .csv and .md are made from it
