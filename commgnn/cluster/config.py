@@ -224,12 +224,12 @@ CLUSTER_OPTIONS = OptionSet("cluster", lambda: ClusterConfig, (
         show=percent_text),
     opt("rdzv_port", "--rdzv-port", "rendezvous port on host 0"),
     opt("host_cpus", "--host-cpus", "cores each host may use, e.g. 0.5,0.5,0.5,0.125 (a CPU cgroup a host)",
-        parse=flag_value(parse_list(parse_cores)), show=lambda v: ",".join(f"{c:g}" for c in v)),
+        parse=flag_value(parse_list(parse_cores)), show=lambda v: ",".join(f"{c:g}" for c in v) or "none"),
     opt("host_rates_bps", "--host-rate", "each host's own link rate, e.g. 1gbit,1gbit,1gbit,100mbit",
-        parse=flag_value(parse_list(parse_rate)), show=lambda v: ",".join(rate_text(r) for r in v),
+        parse=flag_value(parse_list(parse_rate)), show=lambda v: ",".join(rate_text(r) for r in v) or "--rate's",
         dest="host_rate"),
     opt("straggle", "--straggle", "transient stragglers, HOST:every=5s:for=1s (the host's processes stopped, "
-        "then continued; several separated by commas)", parse=flag_value(parse_straggle), show=",".join),
+        "then continued; several separated by commas)", parse=flag_value(parse_straggle), show=lambda v: ",".join(v) or "none"),
 ))
 """The options of ``commgnn cluster`` (:class:`ClusterConfig`): rates, times and losses
 are written in ``tc`` units (``100mbit``, ``5ms``, ``0.1%``)."""
