@@ -174,7 +174,7 @@ def _late_exchange(ctx, split: bool) -> dict:
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.parametrize("split", [False, True])
+@pytest.mark.parametrize("split", [pytest.param(False, marks=pytest.mark.slow), True])  # CI time: the default path
 def test_the_wait_for_a_late_rank_is_timed_apart_from_the_transfer(tmp_path, split):
     """``runtime.split_wait``: rank 0's 0.4 s wait for the late rank is counted as ``wait``
     and the transfer alone as ``comm``; without it, all of it is ``comm``."""

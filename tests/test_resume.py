@@ -105,7 +105,8 @@ def _assert_active(out: Path, levers: list[str]) -> None:
     ["--bits", "4"],
     ["--staleness", "pipeline"],
     # re-solving at epochs 3 and 6, either side of the checkpoint, under a budget that binds
-    ["--bits", "adaptive", "--budget-mb", "0.01", "--adapt-every", "3"],
+    # (slow: CI time; maxk-adaptive-bits below runs the same solver and its state in CI)
+    pytest.param(["--bits", "adaptive", "--budget-mb", "0.01", "--adapt-every", "3"], marks=pytest.mark.slow),
     # MaxK pairs whose values the solver sizes: the fixed index bytes it budgets per row
     ["--activation", "maxk", "--maxk-k", "4", "--bits", "adaptive", "--budget-mb", "0.011", "--adapt-every", "3"],
     # (slow: CI time; its state is a halo RNG stream, as 4-bit-halo's, which runs in CI)
