@@ -51,6 +51,8 @@ def test_host_flags_parse_and_describe_the_cluster(capsys):
 def test_cpu_shares_beyond_the_machine_are_refused_in_one_line():
     with pytest.raises(UserError, match="adds up to 3 cores and this machine has 2"):
         HostCPUs((1.5, 1.5), cores=2)
+    with pytest.raises(UserError, match="adds up to 5 cores and this machine has 4"):
+        HostCPUs((2.5, 2.5), cores=4)
 
 
 def _cgroups_writable() -> str | None:

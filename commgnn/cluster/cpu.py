@@ -35,7 +35,7 @@ class HostCPUs:
 
     def __init__(self, shares: Sequence[float], *, owner_pid: int | None = None, cores: int | None = None) -> None:
         self.shares = tuple(float(c) for c in shares)
-        cores = os.cpu_count() or 1 if cores is None else cores
+        cores = (os.cpu_count() or 1) if cores is None else cores
         if sum(self.shares) > cores + 1e-9:
             raise UserError(f"--host-cpus adds up to {sum(self.shares):g} cores and this machine has {cores}: keep the "
                             f"sum at most {cores}, so that each host's speed is its share")
