@@ -90,12 +90,6 @@ class HostCPUs:
                 fh.write(str(os.getpid()))
         return enter
 
-    def pids(self, host: int) -> list[int]:
-        try:
-            return [int(p) for p in (self.paths[host] / "cgroup.procs").read_text().split()]
-        except OSError:
-            return []
-
     def close(self) -> None:
         """Remove the cgroups (a cgroup goes once its processes have exited; retried 5 s)."""
         while self._made:

@@ -3,8 +3,8 @@ and continued on a schedule.
 
 One thread a straggler: it lets the host run ``every - for`` seconds, then sends SIGSTOP to
 the host's ranks and SIGCONT ``for`` seconds later, for as long as the job runs. The
-host's torchrun agent keeps running: stopped with its ranks, its rendezvous keep-alive
-broke its connection to the store and the job ended. A stopped rank makes every rank that exchanges with
+host's torchrun agent keeps running: host 0's agent serves the store that every rank's
+heartbeat and the rendezvous go through, so stopping it would stall every host, not one. A stopped rank makes every rank that exchanges with
 it wait, which is what the emulation is for. :meth:`Stragglers.stop` continues whatever it
 stopped, so no process is left stopped when the job ends, and :attr:`Stragglers.log`
 keeps each pause (host, start and length, seconds from the start).
